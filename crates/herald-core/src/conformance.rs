@@ -1,0 +1,1 @@
+//! Engine conformance scenarios, shared by every engine's tests.

@@ -1,0 +1,19 @@
+//! Herald's domain core: namespaces and their options, the delivery model,
+//! and the [`Engine`] trait behind which everything durable and cross-node
+//! lives.
+//!
+//! This crate must never open a socket, know about HTTP or WebSocket
+//! libraries, or name a storage backend. Engines (embedded, Redis) implement
+//! [`Engine`]; the server drives them.
+
+pub mod engine;
+pub mod namespace;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use engine::{
+    AppendRequest, Dedup, Engine, EngineError, Epoch, FanoutSink, Health, Message, Page, Position, Receipt,
+    Retention, Seq,
+};
+pub use namespace::{Delivery, NamespaceOptions, Namespaces, UnknownNamespace};

@@ -1,0 +1,167 @@
+//! Namespaces: the part of a channel name before the first `:`, carrying the
+//! channel's delivery options.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use herald_proto::ChannelName;
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Retention;
+
+/// How a namespace's messages are delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// No log, live only (typing, cursors, signals). No seq, no resume.
+    Volatile,
+    /// Logged; a client resumes with its last seq.
+    Durable,
+    /// Logged, with a server-held cursor per subscriber (acked delivery).
+    Acked,
+}
+
+/// Options of one namespace. Every field has a default, so a config file may
+/// name only what it changes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamespaceOptions {
+    pub delivery: Delivery,
+    /// Keep at most this many messages per channel (0 = unlimited).
+    pub history_size: u64,
+    /// Remove messages older than this (e.g. "72h"; absent = no age limit).
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub history_ttl: Option<Duration>,
+    /// Connected clients may publish (if their token allows the channel).
+    pub client_publish: bool,
+    /// API publishes without an `Idempotency-Key` are rejected.
+    pub require_idempotency_key: bool,
+    /// Keep presence (members with leases). Reserved for the rooms issue.
+    pub presence: bool,
+    /// The channel has a room lifecycle. Reserved for the rooms issue.
+    pub room: bool,
+}
+
+impl Default for NamespaceOptions {
+    fn default() -> Self {
+        Self {
+            delivery: Delivery::Durable,
+            history_size: 10_000,
+            history_ttl: Some(Duration::from_secs(72 * 3600)),
+            client_publish: false,
+            require_idempotency_key: false,
+            presence: false,
+            room: false,
+        }
+    }
+}
+
+impl NamespaceOptions {
+    pub fn retention(&self) -> Retention {
+        Retention { max_len: self.history_size, max_age: self.history_ttl }
+    }
+
+    pub fn is_durable(&self) -> bool {
+        self.delivery != Delivery::Volatile
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("channel namespace `{0}` is not configured")]
+pub struct UnknownNamespace(pub String);
+
+/// The configured namespaces, by name. `""` is the namespace of channel names
+/// without a `:`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Namespaces(pub BTreeMap<String, NamespaceOptions>);
+
+impl Default for Namespaces {
+    /// `chat` (durable, clients publish), `user` (durable), `room` (durable),
+    /// `live` (volatile, clients publish).
+    fn default() -> Self {
+        let mut m = BTreeMap::new();
+        m.insert("chat".into(), NamespaceOptions { client_publish: true, ..Default::default() });
+        m.insert("user".into(), NamespaceOptions::default());
+        m.insert("room".into(), NamespaceOptions { client_publish: true, ..Default::default() });
+        m.insert(
+            "live".into(),
+            NamespaceOptions {
+                delivery: Delivery::Volatile,
+                history_size: 0,
+                history_ttl: None,
+                client_publish: true,
+                ..Default::default()
+            },
+        );
+        Self(m)
+    }
+}
+
+impl Namespaces {
+    pub fn resolve(&self, channel: &ChannelName) -> Result<&NamespaceOptions, UnknownNamespace> {
+        self.0.get(channel.namespace()).ok_or_else(|| UnknownNamespace(channel.namespace().to_owned()))
+    }
+
+    /// Check cross-field rules. Returns one message per problem.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, ns) in &self.0 {
+            if !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b'@' | b'='))
+            {
+                return Err(format!("namespace `{name}`: name may only use letters, digits and _-.@="));
+            }
+            if ns.delivery == Delivery::Acked {
+                return Err(format!(
+                    "namespace `{name}`: delivery = \"acked\" is not available in this version; use \"durable\""
+                ));
+            }
+            if ns.delivery == Delivery::Volatile && (ns.presence || ns.room) {
+                return Err(format!("namespace `{name}`: presence and room need a durable namespace"));
+            }
+            if ns.presence || ns.room {
+                return Err(format!(
+                    "namespace `{name}`: presence and room are not available in this version"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_have_the_four_documented_namespaces() {
+        let ns = Namespaces::default();
+        let chat = ns.resolve(&ChannelName::new("chat:1").unwrap()).unwrap();
+        assert!(chat.client_publish && chat.is_durable());
+        let live = ns.resolve(&ChannelName::new("live:x").unwrap()).unwrap();
+        assert_eq!(live.delivery, Delivery::Volatile);
+        assert!(ns.resolve(&ChannelName::new("user:42").unwrap()).is_ok());
+        assert!(ns.resolve(&ChannelName::new("room:abc").unwrap()).is_ok());
+        assert_eq!(ns.resolve(&ChannelName::new("nope:1").unwrap()), Err(UnknownNamespace("nope".into())));
+        ns.validate().unwrap();
+    }
+
+    #[test]
+    fn parses_from_toml_with_partial_fields() {
+        let ns: Namespaces = toml::from_str(
+            r#"
+            [orders]
+            history_ttl = "24h"
+            require_idempotency_key = true
+            "#,
+        )
+        .unwrap();
+        let o = &ns.0["orders"];
+        assert_eq!(o.history_ttl, Some(Duration::from_secs(86400)));
+        assert!(o.require_idempotency_key);
+        assert_eq!(o.history_size, 10_000);
+        let bad: Result<Namespaces, _> = toml::from_str("[x]\ndelivery = \"sometimes\"");
+        assert!(bad.is_err());
+    }
+}
