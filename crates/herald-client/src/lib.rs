@@ -1,1 +1,46 @@
+//! Rust client for Herald, used by the integration tests, the `herald tail`
+//! and `herald publish` commands and the load generator.
+//!
+//! Three layers:
+//!
+//! - [`Connection`]: one WebSocket connection and nothing more. It sends
+//!   what it is given and returns every frame in order, so tests can assert
+//!   exact wire behaviour. [`Connection::request`] matches a reply to its
+//!   `req` while keeping other frames for later.
+//! - [`Client`]: the resilient subscriber. One background task owns the
+//!   socket, reconnects with exponential backoff and full jitter, resumes
+//!   every subscription with `since = {last delivered seq, epoch}`, drops
+//!   duplicates by seq, and reports truncation, epoch changes and gaps as
+//!   [`Event`]s — never silently.
+//! - [`HttpApi`]: publish and history over the HTTP API.
+//!
+//! What it must never do: deliver a seq twice or out of order to a
+//! [`Subscription`], skip seqs without telling the caller, retry a publish
+//! on its own (only the caller knows whether it has an idempotency key), or
+//! log credentials. Every queue is bounded. No TLS: Herald is reached
+//! directly or through a TLS-terminating proxy.
 
+mod backoff;
+mod client;
+mod connection;
+mod error;
+mod handshake;
+mod http_api;
+mod resume;
+mod url;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+pub use backoff::Backoff;
+pub use client::{
+    Client, ClientOptions, ClientStatus, ConnState, Delivery, Event, PublishReply, SubscribeInfo,
+    Subscription,
+};
+pub use connection::{
+    Auth, ConnectOptions, Connection, ServerEvent, HANDSHAKE_TIMEOUT, MAX_BUFFERED_FRAMES, MAX_FRAME_BYTES,
+};
+pub use error::ClientError;
+pub use herald_proto::{MessageView, Meta};
+pub use http_api::{History, HistoryMessage, HttpApi, PublishResult, RawResponse};

@@ -1,1 +1,428 @@
 //! Engine conformance scenarios, shared by every engine's tests.
+//!
+//! Each scenario takes a [`Fixture`] (a fresh engine with a recording
+//! [`FanoutSink`] installed) and panics on a violation of the [`Engine`]
+//! contract. Channel names and dedup keys carry a per-fixture prefix, so the
+//! scenarios may share one backing store (one Redis) with other runs.
+//!
+//! An engine's tests either call [`run_all`] with a factory, or run the
+//! scenarios one test each (see `herald-store/tests/conformance.rs`) and
+//! check that none was forgotten with [`scenarios`].
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures_util::future::BoxFuture;
+use herald_proto::{ChannelName, MessageView, Meta};
+use serde_json::value::RawValue;
+
+use crate::engine::{AppendRequest, Dedup, Engine, EngineError, FanoutSink, Message, Retention};
+
+/// How long a scenario waits for fan-out before it fails.
+const FANOUT_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A [`FanoutSink`] that keeps everything it is given, in delivery order.
+#[derive(Default)]
+pub struct RecordingSink {
+    delivered: Mutex<Vec<Arc<Message>>>,
+}
+
+impl FanoutSink for RecordingSink {
+    fn deliver(&self, msg: Arc<Message>) {
+        self.delivered.lock().unwrap_or_else(|e| e.into_inner()).push(msg);
+    }
+}
+
+impl RecordingSink {
+    /// Everything delivered so far, in order.
+    pub fn delivered(&self) -> Vec<Arc<Message>> {
+        self.delivered.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// What was delivered for `channel`, in order.
+    pub fn delivered_on(&self, channel: &ChannelName) -> Vec<Arc<Message>> {
+        self.delivered().into_iter().filter(|m| &m.channel == channel).collect()
+    }
+
+    /// Wait until `channel` has had at least `n` deliveries; panics after
+    /// [`FANOUT_DEADLINE`].
+    pub async fn wait_for(&self, channel: &ChannelName, n: usize) -> Vec<Arc<Message>> {
+        let deadline = tokio::time::Instant::now() + FANOUT_DEADLINE;
+        loop {
+            let got = self.delivered_on(channel);
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "fan-out on {channel}: {} of {n} messages after {FANOUT_DEADLINE:?}",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// A fresh engine under test, its recording sink and a name prefix.
+pub struct Fixture {
+    pub engine: Arc<dyn Engine>,
+    pub sink: Arc<RecordingSink>,
+    prefix: String,
+}
+
+impl Fixture {
+    /// Wrap a freshly made engine and install the recording sink (before any
+    /// append, as the contract asks).
+    pub fn new(engine: Arc<dyn Engine>) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let sink = Arc::new(RecordingSink::default());
+        engine.set_sink(sink.clone());
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let prefix = format!("conf{nanos}n{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        Self { engine, sink, prefix }
+    }
+
+    /// A channel name unique to this fixture.
+    pub fn channel(&self, name: &str) -> ChannelName {
+        ChannelName::new(&format!("{}:{name}", self.prefix)).expect("scenario channel names are valid")
+    }
+
+    /// A dedup spec with a key unique to this fixture; `fingerprint` stands
+    /// for the request's hash.
+    pub fn dedup(&self, key: &str, fingerprint: u8) -> Dedup {
+        Dedup {
+            key: Arc::from(format!("{}/{key}", self.prefix)),
+            fingerprint: [fingerprint; 32],
+            ttl: Duration::from_secs(3600),
+        }
+    }
+
+    /// `watch` the channel (needed for fan-out by engines that subscribe per
+    /// channel, like Redis).
+    pub async fn watch(&self, channel: &ChannelName) {
+        self.engine.watch(channel).await.expect("watch");
+    }
+}
+
+/// A durable append of `data` (JSON) with no retention and no dedup.
+pub fn request(channel: &ChannelName, data: &str) -> AppendRequest {
+    AppendRequest {
+        channel: channel.clone(),
+        data: RawValue::from_string(data.to_owned()).expect("scenario data is valid JSON"),
+        meta: None,
+        durable: true,
+        retention: Retention { max_len: 0, max_age: None },
+        dedup: None,
+    }
+}
+
+fn seqs(messages: &[Arc<Message>]) -> Vec<u64> {
+    messages.iter().map(|m| m.seq.expect("durable messages have a seq")).collect()
+}
+
+/// Seqs start at 1 and are gap-free per channel, independently across
+/// channels; a channel never written is at head 0, first 1.
+pub async fn seqs_are_gap_free_per_channel(fx: &Fixture) {
+    let (a, b) = (fx.channel("a"), fx.channel("b"));
+    let empty = fx.engine.position(&a).await.expect("position");
+    assert_eq!((empty.head, empty.first), (0, 1), "a channel never written");
+    assert!(fx.engine.read(&a, 0, 10).await.expect("read").messages.is_empty());
+
+    let mut ids = HashSet::new();
+    for i in 1..=5u64 {
+        let r = fx.engine.append(request(&a, &format!("{{\"n\":{i}}}"))).await.expect("append a");
+        assert_eq!((r.seq, r.duplicate, &r.channel), (Some(i), false, &a));
+        assert!(ids.insert(r.id.clone()), "ids are unique");
+        assert_eq!(r.epoch, empty.epoch, "one epoch per channel log");
+        if i <= 3 {
+            let r = fx.engine.append(request(&b, "true")).await.expect("append b");
+            assert_eq!(r.seq, Some(i), "channels count independently");
+            assert!(ids.insert(r.id.clone()), "ids are unique across channels");
+        }
+    }
+    let pa = fx.engine.position(&a).await.expect("position a");
+    let pb = fx.engine.position(&b).await.expect("position b");
+    assert_eq!((pa.head, pa.first), (5, 1));
+    assert_eq!((pb.head, pb.first), (3, 1));
+}
+
+/// 200 concurrent appends to one channel get the seqs 1..=200, each once, and
+/// `read` returns them in order with the ids that were returned.
+pub async fn concurrent_appends_get_each_seq_once(fx: &Fixture) {
+    const N: u64 = 200;
+    let ch = fx.channel("busy");
+    let tasks: Vec<_> = (0..N)
+        .map(|i| {
+            let (engine, ch) = (fx.engine.clone(), ch.clone());
+            tokio::spawn(async move { engine.append(request(&ch, &i.to_string())).await })
+        })
+        .collect();
+    let mut receipts = Vec::new();
+    for t in futures_util::future::join_all(tasks).await {
+        receipts.push(t.expect("task").expect("append"));
+    }
+    receipts.sort_by_key(|r| r.seq);
+    assert_eq!(receipts.iter().map(|r| r.seq.unwrap_or(0)).collect::<Vec<_>>(), (1..=N).collect::<Vec<_>>());
+
+    let page = fx.engine.read(&ch, 0, 1000).await.expect("read");
+    assert_eq!(seqs(&page.messages), (1..=N).collect::<Vec<_>>());
+    for (m, r) in page.messages.iter().zip(&receipts) {
+        assert_eq!((&m.id, m.ts), (&r.id, r.ts), "read returns what the append reported");
+    }
+    assert_eq!(page.position.head, N);
+}
+
+/// Same key and fingerprint: the original receipt, `duplicate: true`, and
+/// nothing appended.
+pub async fn duplicate_append_returns_original_receipt(fx: &Fixture) {
+    let ch = fx.channel("dedup");
+    let with_key = || AppendRequest { dedup: Some(fx.dedup("k1", 1)), ..request(&ch, "{\"x\":1}") };
+    let first = fx.engine.append(with_key()).await.expect("first");
+    assert!(!first.duplicate);
+    let again = fx.engine.append(with_key()).await.expect("retry");
+    assert!(again.duplicate, "a retry is reported as a duplicate");
+    assert_eq!(
+        (&again.channel, again.seq, &again.id, again.ts, &again.epoch),
+        (&first.channel, first.seq, &first.id, first.ts, &first.epoch),
+        "a retry gets the original receipt"
+    );
+    assert_eq!(fx.engine.position(&ch).await.expect("position").head, 1, "a retry appends nothing");
+    let next = fx.engine.append(request(&ch, "2")).await.expect("next");
+    assert_eq!(next.seq, Some(2));
+}
+
+/// Same key, different fingerprint: `IdempotencyMismatch`, nothing appended.
+pub async fn reused_key_with_other_request_is_mismatch(fx: &Fixture) {
+    let ch = fx.channel("mismatch");
+    let first = AppendRequest { dedup: Some(fx.dedup("k", 1)), ..request(&ch, "1") };
+    fx.engine.append(first).await.expect("first");
+    let other = AppendRequest { dedup: Some(fx.dedup("k", 2)), ..request(&ch, "2") };
+    assert_eq!(fx.engine.append(other).await, Err(EngineError::IdempotencyMismatch));
+    assert_eq!(fx.engine.position(&ch).await.expect("position").head, 1);
+}
+
+/// 50 concurrent appends with one key append once; all get that receipt,
+/// and it is fanned out once.
+pub async fn concurrent_duplicates_append_once(fx: &Fixture) {
+    let ch = fx.channel("race");
+    fx.watch(&ch).await;
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (engine, ch, dedup) = (fx.engine.clone(), ch.clone(), fx.dedup("same", 9));
+            tokio::spawn(async move {
+                engine.append(AppendRequest { dedup: Some(dedup), ..request(&ch, "\"once\"") }).await
+            })
+        })
+        .collect();
+    let receipts: Vec<_> = futures_util::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(|t| t.expect("task").expect("append"))
+        .collect();
+    assert_eq!(receipts.iter().filter(|r| !r.duplicate).count(), 1, "exactly one original");
+    for r in &receipts {
+        assert_eq!(
+            (r.seq, &r.id, r.ts),
+            (Some(1), &receipts[0].id, receipts[0].ts),
+            "all receipts are equal"
+        );
+    }
+    assert_eq!(fx.engine.position(&ch).await.expect("position").head, 1);
+    // A later append on the channel is delivered after the original: once
+    // it is seen, a duplicate fan-out would have been seen too.
+    fx.engine.append(request(&ch, "\"marker\"")).await.expect("marker");
+    let got = fx.sink.wait_for(&ch, 2).await;
+    assert_eq!(seqs(&got), vec![1, 2], "the original is fanned out once, duplicates never");
+}
+
+/// `read(after, limit)` pages through the log; past the head it is empty.
+pub async fn read_pages_by_after_and_limit(fx: &Fixture) {
+    let ch = fx.channel("pages");
+    for i in 1..=10 {
+        fx.engine.append(request(&ch, &i.to_string())).await.expect("append");
+    }
+    let read = |after, limit| {
+        let (engine, ch) = (fx.engine.clone(), ch.clone());
+        async move { engine.read(&ch, after, limit).await.expect("read") }
+    };
+    assert_eq!(seqs(&read(0, 3).await.messages), vec![1, 2, 3]);
+    assert_eq!(seqs(&read(3, 3).await.messages), vec![4, 5, 6]);
+    assert_eq!(seqs(&read(6, 100).await.messages), vec![7, 8, 9, 10]);
+    assert_eq!(seqs(&read(9, 1).await.messages), vec![10]);
+    let past = read(10, 5).await;
+    assert!(past.messages.is_empty());
+    assert_eq!((past.position.head, past.position.first), (10, 1));
+    assert!(read(50, 5).await.messages.is_empty(), "after beyond head");
+    assert!(read(0, 0).await.messages.is_empty(), "limit 0");
+}
+
+/// `max_len` trims the oldest messages, advances `first`, and a read after
+/// a trimmed seq starts at `first`.
+pub async fn max_len_trims_oldest(fx: &Fixture) {
+    const MAX_LEN: u64 = 5;
+    let ch = fx.channel("trim");
+    for i in 1..=12 {
+        let req = AppendRequest {
+            retention: Retention { max_len: MAX_LEN, max_age: None },
+            ..request(&ch, &i.to_string())
+        };
+        fx.engine.append(req).await.expect("append");
+    }
+    let pos = fx.engine.position(&ch).await.expect("position");
+    assert_eq!(pos.head, 12);
+    // "At most max_len": an engine may keep fewer, never more.
+    let oldest_kept = pos.head - MAX_LEN + 1;
+    assert!((oldest_kept..=pos.head).contains(&pos.first), "first = {}", pos.first);
+    let all = fx.engine.read(&ch, 0, 100).await.expect("read");
+    assert_eq!(seqs(&all.messages), (pos.first..=12).collect::<Vec<_>>());
+    assert_eq!(all.position.first, pos.first);
+    let from_trimmed = fx.engine.read(&ch, 2, 2).await.expect("read");
+    assert_eq!(seqs(&from_trimmed.messages), vec![pos.first, pos.first + 1], "starts at first");
+}
+
+/// Every append is fanned out once, per channel in seq order; duplicates are
+/// not fanned out.
+pub async fn fanout_delivers_each_append_once_in_seq_order(fx: &Fixture) {
+    const N: u64 = 30;
+    let channels = [fx.channel("f1"), fx.channel("f2")];
+    for ch in &channels {
+        fx.watch(ch).await;
+    }
+    let mut tasks = Vec::new();
+    for i in 0..N {
+        for ch in &channels {
+            let (engine, ch, dedup) = (fx.engine.clone(), ch.clone(), fx.dedup(&format!("{ch}/{i}"), 3));
+            tasks.push(tokio::spawn(async move {
+                let req = || AppendRequest { dedup: Some(dedup.clone()), ..request(&ch, &i.to_string()) };
+                let first = engine.append(req()).await.expect("append");
+                let retry = engine.append(req()).await.expect("retry");
+                assert!(retry.duplicate);
+                first
+            }));
+        }
+    }
+    for t in futures_util::future::join_all(tasks).await {
+        t.expect("task");
+    }
+    for ch in &channels {
+        let marker = fx.engine.append(request(ch, "\"marker\"")).await.expect("marker");
+        assert_eq!(marker.seq, Some(N + 1));
+        let got = fx.sink.wait_for(ch, (N + 1) as usize).await;
+        assert_eq!(seqs(&got), (1..=N + 1).collect::<Vec<_>>(), "{ch}: once each, in seq order");
+        for m in &got {
+            let view = MessageView::parse(&m.frame).expect("frame is JSON");
+            assert_eq!(
+                (view.kind.as_str(), view.channel.as_deref(), view.seq),
+                ("message", Some(ch.as_str()), m.seq)
+            );
+        }
+    }
+}
+
+/// Volatile appends get no seq, are fanned out, and are not stored; a
+/// deduped volatile retry is not fanned out again.
+pub async fn volatile_appends_are_fanned_out_not_stored(fx: &Fixture) {
+    let ch = fx.channel("typing");
+    fx.watch(&ch).await;
+    let volatile = |data: &str| AppendRequest { durable: false, ..request(&ch, data) };
+    let plain = fx.engine.append(volatile("1")).await.expect("volatile");
+    assert_eq!((plain.seq, plain.duplicate), (None, false));
+    let keyed = || AppendRequest { dedup: Some(fx.dedup("v", 4)), ..volatile("2") };
+    let first = fx.engine.append(keyed()).await.expect("keyed");
+    let retry = fx.engine.append(keyed()).await.expect("retry");
+    assert!(retry.duplicate && retry.seq.is_none());
+    assert_eq!((&retry.id, retry.ts), (&first.id, first.ts));
+    let marker = fx.engine.append(volatile("3")).await.expect("marker");
+
+    let got = fx.sink.wait_for(&ch, 3).await;
+    let ids: Vec<_> = got.iter().map(|m| m.id.clone()).collect();
+    assert_eq!(ids, vec![plain.id, first.id, marker.id], "each volatile message once, retry not");
+    assert!(got.iter().all(|m| m.seq.is_none()));
+    let view = MessageView::parse(&got[0].frame).expect("frame");
+    assert_eq!((view.kind.as_str(), view.seq), ("message", None));
+
+    let pos = fx.engine.position(&ch).await.expect("position");
+    assert_eq!((pos.head, pos.first), (0, 1), "volatile messages are not stored");
+    assert!(fx.engine.read(&ch, 0, 10).await.expect("read").messages.is_empty());
+}
+
+/// The stored frame is the fanned-out frame: data byte for byte, meta, and
+/// the receipt's seq, id and ts.
+pub async fn stored_frames_are_the_fanned_out_frames(fx: &Fixture) {
+    let ch = fx.channel("frames");
+    fx.watch(&ch).await;
+    let data = r#"{"text": "hé \"quoted\"", "n": [1, 2.50]}"#;
+    let mut meta = Meta::new();
+    meta.insert("trace_id".into(), "t-1".into());
+    let receipt =
+        fx.engine.append(AppendRequest { meta: Some(meta), ..request(&ch, data) }).await.expect("append");
+    let live = fx.sink.wait_for(&ch, 1).await.remove(0);
+    let stored = fx.engine.read(&ch, 0, 1).await.expect("read").messages.remove(0);
+    assert_eq!(live.frame, stored.frame, "one encoding, stored and sent");
+    for m in [&live, &stored] {
+        assert_eq!((m.seq, &m.id, m.ts, &m.epoch), (receipt.seq, &receipt.id, receipt.ts, &receipt.epoch));
+    }
+    let view = MessageView::parse(&stored.frame).expect("frame");
+    assert_eq!(view.kind, "message");
+    assert_eq!(view.channel.as_deref(), Some(ch.as_str()));
+    assert_eq!((view.seq, view.id.as_deref(), view.ts), (receipt.seq, Some(&*receipt.id), Some(receipt.ts)));
+    assert_eq!(view.data.expect("data").get(), data, "data is kept byte for byte");
+    assert_eq!(view.meta.expect("meta")["trace_id"], "t-1");
+}
+
+/// After `close`, appends fail with `ShuttingDown`.
+pub async fn appends_after_close_are_refused(fx: &Fixture) {
+    let ch = fx.channel("closed");
+    fx.engine.append(request(&ch, "1")).await.expect("append before close");
+    fx.engine.close().await;
+    assert_eq!(fx.engine.append(request(&ch, "2")).await, Err(EngineError::ShuttingDown));
+}
+
+/// One scenario, type-erased so [`run_all`] can hold them in a list.
+pub type Scenario = for<'a> fn(&'a Fixture) -> BoxFuture<'a, ()>;
+
+macro_rules! scenario_list {
+    ($($name:ident),* $(,)?) => {
+        /// Every scenario with its name, in the order [`run_all`] runs them.
+        pub fn scenarios() -> Vec<(&'static str, Scenario)> {
+            vec![$((stringify!($name), {
+                fn erased(fx: &Fixture) -> BoxFuture<'_, ()> {
+                    Box::pin($name(fx))
+                }
+                erased as Scenario
+            })),*]
+        }
+    };
+}
+
+scenario_list![
+    seqs_are_gap_free_per_channel,
+    concurrent_appends_get_each_seq_once,
+    duplicate_append_returns_original_receipt,
+    reused_key_with_other_request_is_mismatch,
+    concurrent_duplicates_append_once,
+    read_pages_by_after_and_limit,
+    max_len_trims_oldest,
+    fanout_delivers_each_append_once_in_seq_order,
+    volatile_appends_are_fanned_out_not_stored,
+    stored_frames_are_the_fanned_out_frames,
+    appends_after_close_are_refused,
+];
+
+/// Run every scenario, each on a fresh engine from `make`, closing it after.
+/// Panics (naming the scenario on stderr first) at the first violation.
+pub async fn run_all<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Arc<dyn Engine>>,
+{
+    for (name, scenario) in scenarios() {
+        eprintln!("engine conformance: {name}");
+        let fx = Fixture::new(make().await);
+        scenario(&fx).await;
+        fx.engine.close().await;
+    }
+}

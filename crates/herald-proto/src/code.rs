@@ -17,6 +17,10 @@ pub mod close {
     pub const TOKEN_EXPIRED: u16 = 4003;
     /// Nothing received within the idle timeout.
     pub const IDLE_TIMEOUT: u16 = 4004;
+    /// The log was reset or trimmed past this client's position while it
+    /// was subscribed; resubscribe with `since` and the reply says what
+    /// happened (`epoch_changed` or `truncated`).
+    pub const RESYNC: u16 = 4005;
     /// The connection's outbox overflowed; resume from the last seq.
     pub const SLOW_CONSUMER: u16 = 4008;
     /// The client sent frames faster than allowed.

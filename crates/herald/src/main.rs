@@ -1,1 +1,148 @@
-fn main() {}
+//! The `herald` command: `serve`, `publish`, `tail`, `config`.
+
+mod cli;
+mod config_load;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use config_load::ServeFlags;
+use herald_server::config::FsyncSetting;
+use herald_server::Server;
+use herald_store::{EmbeddedEngine, FsyncMode, StoreConfig};
+
+#[derive(Parser)]
+#[command(
+    name = "herald",
+    version,
+    about = "Realtime message delivery: durable, ordered, exactly-once publish"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server (embedded engine in --data-dir)
+    Serve(ServeFlags),
+    /// Publish one message over the HTTP API
+    Publish(cli::PublishArgs),
+    /// Subscribe to a channel and print its messages (resumes on reconnect)
+    Tail(cli::TailArgs),
+    /// Print the default configuration (TOML)
+    Config,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Config => {
+            print!("{}", config_load::default_toml());
+            ExitCode::SUCCESS
+        }
+        Command::Serve(flags) => {
+            let config = match config_load::load(&flags) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("herald: invalid configuration: {e}");
+                    return ExitCode::from(config_load::EXIT_CONFIG as u8);
+                }
+            };
+            init_tracing();
+            run_async(serve(config))
+        }
+        Command::Publish(args) => run_async(cli::publish(args)),
+        Command::Tail(args) => run_async(cli::tail(args)),
+    }
+}
+
+fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("herald: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(fut) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("herald: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("HERALD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = std::env::var("HERALD_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
+    let mut store = StoreConfig::new(&config.data_dir);
+    store.fsync = match config.storage.fsync {
+        FsyncSetting::Always => FsyncMode::Always,
+        FsyncSetting::Never => FsyncMode::Never,
+    };
+    store.max_batch = config.storage.max_batch;
+    let engine = EmbeddedEngine::open(store)
+        .map_err(|e| anyhow::anyhow!("cannot open the data dir {}: {e}", config.data_dir.display()))?;
+    let engine: Arc<dyn herald_core::Engine> = Arc::new(engine);
+    let dev = config.dev;
+    let no_keys = config.api_keys.is_empty();
+    let data_dir = config.data_dir.clone();
+    let server = Server::bind(config, engine).await.map_err(|e| anyhow::anyhow!("cannot listen: {e}"))?;
+    let addr = server.local_addr();
+    if dev {
+        tracing::warn!("DEV MODE: token-less connections and key-less API calls are accepted. INSECURE: never expose this server.");
+    }
+    if no_keys && !dev {
+        tracing::warn!("no API keys configured: the HTTP API refuses every request (set HERALD_API_KEYS)");
+    }
+    tracing::info!(
+        listen = %addr,
+        data_dir = %data_dir.display(),
+        max_connections = server.state().max_connections,
+        "herald is serving"
+    );
+    println!("herald listening on http://{addr}");
+    println!("  publish:   curl -X POST http://{addr}/api/v1/channels/chat:demo/messages -H 'content-type: application/json' -d '{{\"data\":{{\"text\":\"hi\"}}}}'");
+    if dev {
+        println!("  subscribe: ws://{addr}/ws?user=alice   (or: herald tail chat:demo --url http://{addr} --user alice)");
+    } else {
+        println!("  subscribe: ws://{addr}/ws with Authorization: Bearer <JWT>");
+    }
+    server.run(shutdown_signal()).await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("signal received");
+}

@@ -1,0 +1,273 @@
+//! [`HttpApi`]: a small client for Herald's HTTP API.
+
+use bytes::Bytes;
+use herald_proto::{Meta, Problem};
+use http::{HeaderMap, Method};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::url::encode_path_segment;
+use crate::ClientError;
+
+/// A response as received, for asserting exact statuses, headers and bodies.
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl RawResponse {
+    /// The body as JSON.
+    pub fn json(&self) -> Result<serde_json::Value, ClientError> {
+        serde_json::from_slice(&self.body)
+            .map_err(|e| ClientError::Protocol(format!("response body is not JSON: {e}")))
+    }
+
+    /// The body as a problem document, if it is one.
+    pub fn problem(&self) -> Option<Problem> {
+        serde_json::from_slice(&self.body).ok()
+    }
+
+    /// A header value as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// `Ok(self)` for 2xx, [`ClientError::Api`] otherwise.
+    pub fn error_for_status(self) -> Result<Self, ClientError> {
+        if self.is_success() {
+            return Ok(self);
+        }
+        Err(ClientError::Api {
+            status: self.status,
+            problem: self.problem().map(Box::new),
+            body: String::from_utf8_lossy(&self.body[..self.body.len().min(2048)]).into_owned(),
+        })
+    }
+}
+
+/// A successful publish.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct PublishResult {
+    /// 201 for a new message; a replay returns the original status.
+    #[serde(skip)]
+    pub status: u16,
+    pub channel: String,
+    /// `None` on volatile channels.
+    #[serde(default)]
+    pub seq: Option<u64>,
+    pub id: String,
+    #[serde(default)]
+    pub epoch: Option<String>,
+    /// `Idempotent-Replayed: true`: the key matched an earlier publish and
+    /// this is its original result.
+    #[serde(skip)]
+    pub replayed: bool,
+}
+
+/// A page of a channel's log.
+#[derive(Debug, Clone, Deserialize)]
+pub struct History {
+    pub channel: String,
+    #[serde(default)]
+    pub epoch: Option<String>,
+    #[serde(default)]
+    pub first: u64,
+    #[serde(default)]
+    pub head: u64,
+    pub messages: Vec<HistoryMessage>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct HistoryMessage {
+    pub seq: u64,
+    pub id: String,
+    pub ts: u64,
+    pub data: Box<RawValue>,
+    #[serde(default)]
+    pub meta: Option<Meta>,
+}
+
+#[derive(Serialize)]
+struct PublishBody<'a> {
+    data: &'a serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    meta: Option<&'a Meta>,
+}
+
+/// Client for `/api/v1`. Cheap to clone (the connection pool is shared).
+#[derive(Debug, Clone)]
+pub struct HttpApi {
+    http: reqwest::Client,
+    /// `http://host:port[/prefix]`, no trailing slash.
+    base: String,
+    api_key: Option<String>,
+}
+
+impl HttpApi {
+    /// `base_url` is the server address (`http://host:port`; `ws://` is
+    /// accepted and means the same). Every request carries
+    /// `Authorization: Bearer <api_key>`.
+    pub fn new(base_url: &str, api_key: impl Into<String>) -> Self {
+        Self { http: build_client(), base: normalise_base(base_url), api_key: Some(api_key.into()) }
+    }
+
+    /// A client without credentials (to test refusals, or for `/healthz`).
+    pub fn anonymous(base_url: &str) -> Self {
+        Self { http: build_client(), base: normalise_base(base_url), api_key: None }
+    }
+
+    /// The same server and connection pool with another key (`None`: none).
+    pub fn with_api_key(&self, api_key: Option<&str>) -> Self {
+        Self { http: self.http.clone(), base: self.base.clone(), api_key: api_key.map(str::to_owned) }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// `POST /api/v1/channels/{channel}/messages`. Non-2xx is
+    /// [`ClientError::Api`] with the status and problem document.
+    pub async fn publish(
+        &self,
+        channel: &str,
+        data: &serde_json::Value,
+        meta: Option<&Meta>,
+        idempotency_key: Option<&str>,
+    ) -> Result<PublishResult, ClientError> {
+        let body = serde_json::to_vec(&PublishBody { data, meta })
+            .map_err(|e| ClientError::Config(format!("publish body does not serialise: {e}")))?;
+        let resp = self.publish_raw(channel, body, idempotency_key).await?.error_for_status()?;
+        let mut result: PublishResult = serde_json::from_slice(&resp.body)
+            .map_err(|e| ClientError::Protocol(format!("unexpected publish response: {e}")))?;
+        result.status = resp.status;
+        result.replayed = resp.header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        Ok(result)
+    }
+
+    /// Publish with a body given byte for byte (malformed bodies, exact
+    /// replays); returns whatever the server answered.
+    pub async fn publish_raw(
+        &self,
+        channel: &str,
+        body: impl Into<Bytes>,
+        idempotency_key: Option<&str>,
+    ) -> Result<RawResponse, ClientError> {
+        let path = format!("/api/v1/channels/{}/messages", encode_path_segment(channel));
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(key) = idempotency_key {
+            headers.push(("idempotency-key", key));
+        }
+        self.request(Method::POST, &path, &headers, Some(body.into())).await
+    }
+
+    /// `GET /api/v1/channels/{channel}/messages?after=SEQ&limit=N`.
+    pub async fn history(
+        &self,
+        channel: &str,
+        after: Option<u64>,
+        limit: Option<u32>,
+    ) -> Result<History, ClientError> {
+        let resp = self.history_raw(channel, after, limit).await?.error_for_status()?;
+        serde_json::from_slice(&resp.body)
+            .map_err(|e| ClientError::Protocol(format!("unexpected history response: {e}")))
+    }
+
+    /// [`HttpApi::history`] without interpreting the response.
+    pub async fn history_raw(
+        &self,
+        channel: &str,
+        after: Option<u64>,
+        limit: Option<u32>,
+    ) -> Result<RawResponse, ClientError> {
+        let mut path = format!("/api/v1/channels/{}/messages", encode_path_segment(channel));
+        let mut sep = '?';
+        if let Some(after) = after {
+            path.push_str(&format!("{sep}after={after}"));
+            sep = '&';
+        }
+        if let Some(limit) = limit {
+            path.push_str(&format!("{sep}limit={limit}"));
+        }
+        self.request(Method::GET, &path, &[], None).await
+    }
+
+    /// `GET path` (e.g. `/healthz`, `/metrics`).
+    pub async fn get(&self, path: &str) -> Result<RawResponse, ClientError> {
+        self.request(Method::GET, path, &[], None).await
+    }
+
+    /// Any request. `path` is appended to the base URL and may carry a
+    /// query. The API key is sent unless `headers` has its own
+    /// `Authorization`.
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Bytes>,
+    ) -> Result<RawResponse, ClientError> {
+        let url = format!("{}{}", self.base, path);
+        let mut req = self.http.request(method, url);
+        let has_auth = headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("authorization"));
+        if let (Some(key), false) = (&self.api_key, has_auth) {
+            req = req.bearer_auth(key);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(body) = body {
+            req = req.body(body);
+        }
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await?;
+        Ok(RawResponse { status, headers, body })
+    }
+}
+
+fn build_client() -> reqwest::Client {
+    // Herald is addressed directly; a proxy from the environment would only
+    // get in the way. Building without TLS does not fail in practice; the
+    // fallback keeps this constructor infallible.
+    reqwest::Client::builder().no_proxy().build().unwrap_or_else(|_| reqwest::Client::new())
+}
+
+fn normalise_base(base_url: &str) -> String {
+    let base = base_url.trim().trim_end_matches('/');
+    let base = match base.strip_prefix("ws://") {
+        Some(rest) => format!("http://{rest}"),
+        None if base.contains("://") => base.to_owned(),
+        None => format!("http://{base}"),
+    };
+    // A base given as the WebSocket endpoint means the server root.
+    match base.strip_suffix("/ws") {
+        Some(root) => root.to_owned(),
+        None => base,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_url_is_normalised() {
+        assert_eq!(normalise_base("http://127.0.0.1:8080/"), "http://127.0.0.1:8080");
+        assert_eq!(normalise_base("ws://h:1/ws"), "http://h:1");
+        assert_eq!(normalise_base("h:1"), "http://h:1");
+        assert_eq!(normalise_base("http://h/prefix"), "http://h/prefix");
+    }
+
+    #[test]
+    fn publish_result_tolerates_volatile_replies() {
+        let r: PublishResult = serde_json::from_str(r#"{"channel":"typing:1","id":"x"}"#).unwrap();
+        assert_eq!((r.seq, r.epoch), (None, None));
+    }
+}

@@ -1,0 +1,226 @@
+//! Authentication: JWTs for WebSocket clients, API keys for the HTTP API.
+//!
+//! Tokens and keys are never logged; errors name the failed check only.
+
+use std::sync::Arc;
+
+use herald_proto::{ChannelName, ErrorCode};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use crate::config::JwtConfig;
+
+/// Who a WebSocket connection is, and what it may do.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub sub: Arc<str>,
+    pub device: Option<Arc<str>>,
+    subscribe: Vec<Pattern>,
+    publish: Vec<Pattern>,
+    /// Token expiry (seconds since the Unix epoch); `None` in dev mode.
+    pub exp: Option<u64>,
+}
+
+impl Identity {
+    /// A dev-mode identity: may subscribe and publish everywhere.
+    pub fn dev(user: &str, device: Option<&str>) -> Self {
+        Self {
+            sub: Arc::from(user),
+            device: device.map(Arc::from),
+            subscribe: vec![Pattern::All],
+            publish: vec![Pattern::All],
+            exp: None,
+        }
+    }
+
+    /// `user:{sub}` is always allowed for its own sub.
+    fn is_own_user_channel(&self, channel: &ChannelName) -> bool {
+        channel.namespace() == "user" && channel.local_part() == &*self.sub
+    }
+
+    pub fn may_subscribe(&self, channel: &ChannelName) -> bool {
+        self.is_own_user_channel(channel) || self.subscribe.iter().any(|p| p.matches(channel.as_str()))
+    }
+
+    pub fn may_publish(&self, channel: &ChannelName) -> bool {
+        self.publish.iter().any(|p| p.matches(channel.as_str()))
+    }
+}
+
+/// A channel pattern from a token: exact, or a prefix ending in `*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Pattern {
+    All,
+    Exact(String),
+    Prefix(String),
+}
+
+impl Pattern {
+    fn parse(s: &str) -> Self {
+        match s.strip_suffix('*') {
+            Some("") => Pattern::All,
+            Some(prefix) => Pattern::Prefix(prefix.to_owned()),
+            None => Pattern::Exact(s.to_owned()),
+        }
+    }
+
+    fn matches(&self, channel: &str) -> bool {
+        match self {
+            Pattern::All => true,
+            Pattern::Exact(s) => s == channel,
+            Pattern::Prefix(p) => channel.starts_with(p.as_str()),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Claims {
+    sub: String,
+    #[serde(default)]
+    channels: Vec<String>,
+    #[serde(default)]
+    publish: Vec<String>,
+    #[serde(default)]
+    device: Option<String>,
+    exp: u64,
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("{message}")]
+pub struct AuthError {
+    pub code: ErrorCode,
+    pub message: &'static str,
+}
+
+impl AuthError {
+    const fn new(code: ErrorCode, message: &'static str) -> Self {
+        Self { code, message }
+    }
+}
+
+/// Verifies client JWTs against the configured keys. Each algorithm is only
+/// accepted with its own key type, so an HS256 token "signed" with an RSA
+/// public key (key confusion) and `alg: none` are rejected.
+pub struct JwtVerifier {
+    keys: Vec<(Algorithm, DecodingKey)>,
+    leeway: u64,
+}
+
+impl JwtVerifier {
+    pub fn new(cfg: &JwtConfig) -> Result<Self, String> {
+        let mut keys = Vec::new();
+        if let Some(secret) = &cfg.hs256_secret {
+            keys.push((Algorithm::HS256, DecodingKey::from_secret(secret.as_bytes())));
+        }
+        if let Some(pem) = &cfg.rs256_public_key_pem {
+            let key = DecodingKey::from_rsa_pem(pem.as_bytes())
+                .map_err(|e| format!("rs256_public_key_pem is not an RSA public key: {e}"))?;
+            keys.push((Algorithm::RS256, key));
+        }
+        if let Some(pem) = &cfg.es256_public_key_pem {
+            let key = DecodingKey::from_ec_pem(pem.as_bytes())
+                .map_err(|e| format!("es256_public_key_pem is not an EC public key: {e}"))?;
+            keys.push((Algorithm::ES256, key));
+        }
+        Ok(Self { keys, leeway: cfg.leeway_secs })
+    }
+
+    pub fn is_configured(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    pub fn verify(&self, token: &str, device_param: Option<&str>) -> Result<Identity, AuthError> {
+        use jsonwebtoken::errors::ErrorKind;
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|_| AuthError::new(ErrorCode::Unauthorized, "malformed token or unsupported alg"))?;
+        let (alg, key) = self
+            .keys
+            .iter()
+            .find(|(alg, _)| *alg == header.alg)
+            .ok_or(AuthError::new(ErrorCode::Unauthorized, "token algorithm not accepted"))?;
+        let mut validation = Validation::new(*alg);
+        validation.leeway = self.leeway;
+        validation.validate_nbf = true;
+        validation.validate_exp = true;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        let data = jsonwebtoken::decode::<Claims>(token, key, &validation).map_err(|e| match e.kind() {
+            ErrorKind::ExpiredSignature => AuthError::new(ErrorCode::TokenExpired, "token expired"),
+            ErrorKind::ImmatureSignature => {
+                AuthError::new(ErrorCode::Unauthorized, "token not valid yet (nbf)")
+            }
+            ErrorKind::InvalidSignature => AuthError::new(ErrorCode::Unauthorized, "bad token signature"),
+            ErrorKind::MissingRequiredClaim(_) => {
+                AuthError::new(ErrorCode::Unauthorized, "token lacks a required claim (exp, sub)")
+            }
+            _ => AuthError::new(ErrorCode::Unauthorized, "invalid token"),
+        })?;
+        let c = data.claims;
+        if c.sub.is_empty() || c.sub.len() > 200 {
+            return Err(AuthError::new(ErrorCode::Unauthorized, "token `sub` must be 1..=200 bytes"));
+        }
+        // A device claim in the token wins over the query parameter.
+        let device = c.device.as_deref().or(device_param).map(Arc::from);
+        Ok(Identity {
+            sub: Arc::from(c.sub),
+            device,
+            subscribe: c.channels.iter().map(|p| Pattern::parse(p)).collect(),
+            publish: c.publish.iter().map(|p| Pattern::parse(p)).collect(),
+            exp: Some(c.exp),
+        })
+    }
+}
+
+/// The API credentials. Each key is identified by a short hash of itself, which
+/// scopes its idempotency keys; the key itself is never stored elsewhere.
+pub struct ApiKeys {
+    digests: Vec<[u8; 32]>,
+}
+
+impl ApiKeys {
+    pub fn new(keys: &[String]) -> Self {
+        Self { digests: keys.iter().map(|k| Sha256::digest(k.as_bytes()).into()).collect() }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.digests.is_empty()
+    }
+
+    /// Check a bearer key; returns its scope id.
+    pub fn check(&self, key: &str) -> Option<String> {
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        self.digests.iter().find(|d| **d == digest).map(|d| hex::encode(&d[..8]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_exact_prefix_and_all() {
+        assert!(Pattern::parse("chat:*").matches("chat:1"));
+        assert!(!Pattern::parse("chat:*").matches("chatx:1"));
+        assert!(Pattern::parse("chat:1").matches("chat:1"));
+        assert!(!Pattern::parse("chat:1").matches("chat:10"));
+        assert!(Pattern::parse("*").matches("anything"));
+    }
+
+    #[test]
+    fn own_user_channel_is_always_allowed() {
+        let id = Identity { sub: "42".into(), device: None, subscribe: vec![], publish: vec![], exp: None };
+        assert!(id.may_subscribe(&ChannelName::new("user:42").unwrap()));
+        assert!(!id.may_subscribe(&ChannelName::new("user:43").unwrap()));
+        assert!(!id.may_subscribe(&ChannelName::new("user:420").unwrap()));
+        assert!(!id.may_publish(&ChannelName::new("user:42").unwrap()));
+    }
+
+    #[test]
+    fn api_keys_scope_by_digest() {
+        let keys = ApiKeys::new(&["0123456789abcdef".into(), "fedcba9876543210".into()]);
+        let a = keys.check("0123456789abcdef").unwrap();
+        let b = keys.check("fedcba9876543210").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(keys.check("nope"), None);
+    }
+}

@@ -1,0 +1,223 @@
+//! Server configuration, with every default in one place.
+//!
+//! Loaded by the binary from `herald.toml` plus `HERALD_*` overrides, then
+//! checked with [`Config::validate`] before anything starts.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use herald_core::Namespaces;
+use serde::{Deserialize, Serialize};
+
+/// Default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8700";
+/// Default data directory of the embedded engine.
+pub const DEFAULT_DATA_DIR: &str = "./herald-data";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address of the HTTP API and the WebSocket endpoint.
+    pub listen: SocketAddr,
+    /// Data directory of the embedded engine.
+    pub data_dir: PathBuf,
+    /// Allow token-less WebSocket connections with `?user=NAME`. Insecure.
+    pub dev: bool,
+    /// API keys for `/api/v1` (`Authorization: Bearer <key>`). Each key is its
+    /// own idempotency scope.
+    pub api_keys: Vec<String>,
+    pub jwt: JwtConfig,
+    pub limits: Limits,
+    pub storage: StorageConfig,
+    /// How long idempotency receipts are kept.
+    #[serde(with = "humantime_serde")]
+    pub idempotency_ttl: Duration,
+    pub namespaces: Namespaces,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.parse().expect("valid default address"),
+            data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            dev: false,
+            api_keys: Vec::new(),
+            jwt: JwtConfig::default(),
+            limits: Limits::default(),
+            storage: StorageConfig::default(),
+            idempotency_ttl: Duration::from_secs(24 * 3600),
+            namespaces: Namespaces::default(),
+        }
+    }
+}
+
+/// Token verification for WebSocket clients.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JwtConfig {
+    /// HS256 shared secret. Enables HS256 when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hs256_secret: Option<String>,
+    /// RS256 public key, PEM text. Enables RS256 when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rs256_public_key_pem: Option<String>,
+    /// ES256 (P-256) public key, PEM text. Enables ES256 when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub es256_public_key_pem: Option<String>,
+    /// Clock skew allowed on `exp` and `nbf`, in seconds.
+    pub leeway_secs: u64,
+}
+
+/// Explicit limits. Every queue and size in the server is bounded by one of
+/// these.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Most concurrent WebSocket connections. Capped at start to stay below
+    /// the open-files limit; upgrades above it get 503.
+    pub max_connections: usize,
+    /// Largest WebSocket frame a client may send, in bytes (close 1009 above).
+    pub max_message_bytes: usize,
+    /// Largest HTTP request body, in bytes (413 above).
+    pub max_body_bytes: usize,
+    /// Frames queued for one connection before it is a slow consumer.
+    pub outbox_capacity: usize,
+    /// Subscriptions one connection may hold.
+    pub max_subscriptions: usize,
+    /// Channels one batch publish may name.
+    pub max_batch_channels: usize,
+    /// Messages one history request may return.
+    pub max_history_limit: usize,
+    /// Client frames per second per connection (burst of the same size).
+    pub client_frames_per_sec: u32,
+    /// Interval of server WebSocket pings.
+    #[serde(with = "humantime_serde")]
+    pub ping_interval: Duration,
+    /// A connection that sends nothing (not even a pong) for this long is closed.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    /// Time given to connections to close on shutdown.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 100_000,
+            max_message_bytes: 64 * 1024,
+            max_body_bytes: 256 * 1024,
+            outbox_capacity: 1024,
+            max_subscriptions: 256,
+            max_batch_channels: 100,
+            max_history_limit: 1000,
+            client_frames_per_sec: 100,
+            ping_interval: Duration::from_secs(25),
+            idle_timeout: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Embedded engine settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageConfig {
+    /// `always`: a publish is answered after its batch is fsynced (default).
+    /// `never`: answered after the write reaches the OS; a machine crash can
+    /// lose the last moments of acknowledged publishes.
+    pub fsync: FsyncSetting,
+    /// Most appends sharing one fsync.
+    pub max_batch: usize,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self { fsync: FsyncSetting::Always, max_batch: 512 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FsyncSetting {
+    Always,
+    Never,
+}
+
+impl Config {
+    /// Check the whole configuration; the error is one line for the operator.
+    pub fn validate(&self) -> Result<(), String> {
+        self.namespaces.validate()?;
+        let l = &self.limits;
+        if l.max_connections == 0 {
+            return Err("limits.max_connections must be at least 1".into());
+        }
+        if l.max_message_bytes < 256 {
+            return Err("limits.max_message_bytes must be at least 256".into());
+        }
+        if l.max_body_bytes < 256 {
+            return Err("limits.max_body_bytes must be at least 256".into());
+        }
+        if l.outbox_capacity < 16 {
+            return Err("limits.outbox_capacity must be at least 16".into());
+        }
+        if l.max_subscriptions == 0 || l.max_batch_channels == 0 || l.max_history_limit == 0 {
+            return Err(
+                "limits.max_subscriptions, max_batch_channels and max_history_limit must be at least 1"
+                    .into(),
+            );
+        }
+        if l.client_frames_per_sec == 0 {
+            return Err("limits.client_frames_per_sec must be at least 1".into());
+        }
+        if l.ping_interval.is_zero() || l.idle_timeout <= l.ping_interval {
+            return Err(
+                "limits.idle_timeout must be longer than limits.ping_interval (and both non-zero)".into()
+            );
+        }
+        if self.storage.max_batch == 0 {
+            return Err("storage.max_batch must be at least 1".into());
+        }
+        if self.idempotency_ttl.is_zero() {
+            return Err("idempotency_ttl must be positive".into());
+        }
+        if self.api_keys.iter().any(|k| k.len() < 16) {
+            return Err("api_keys must each be at least 16 characters".into());
+        }
+        if let Some(s) = &self.jwt.hs256_secret {
+            if s.len() < 32 {
+                return Err("jwt.hs256_secret must be at least 32 bytes".into());
+            }
+        }
+        crate::auth::JwtVerifier::new(&self.jwt).map_err(|e| format!("jwt: {e}"))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_round_trip_through_toml() {
+        let c = Config::default();
+        c.validate().unwrap();
+        let text = toml::to_string(&c).unwrap();
+        let back: Config = toml::from_str(&text).unwrap();
+        assert_eq!(back.listen, c.listen);
+        assert_eq!(back.limits.max_message_bytes, 64 * 1024);
+        assert_eq!(back.namespaces, c.namespaces);
+    }
+
+    #[test]
+    fn rejects_unknown_keys_and_bad_limits() {
+        assert!(toml::from_str::<Config>("listen_addr = \"x\"").is_err());
+        let mut c = Config::default();
+        c.limits.idle_timeout = Duration::from_secs(1);
+        assert!(c.validate().unwrap_err().contains("idle_timeout"));
+        let mut c = Config::default();
+        c.api_keys = vec!["short".into()];
+        assert!(c.validate().is_err());
+    }
+}

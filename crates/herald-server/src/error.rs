@@ -1,0 +1,67 @@
+//! The one mapping from failures to HTTP responses (problem+json) and
+//! WebSocket error frames.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use herald_core::EngineError;
+use herald_proto::{ErrorCode, ErrorFrame, Problem};
+
+/// A wire-visible failure: a stable code plus a human detail.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub detail: String,
+    /// Seconds, sent as `Retry-After` on 503.
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, detail: impl Into<String>) -> Self {
+        Self { code, detail: detail.into(), retry_after: None }
+    }
+
+    pub fn frame(&self, req: Option<u64>, channel: Option<&str>) -> Vec<u8> {
+        ErrorFrame { req, code: self.code, message: self.detail.clone(), channel: channel.map(str::to_owned) }
+            .encode()
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::IdempotencyMismatch => ApiError::new(
+                ErrorCode::IdempotencyKeyReused,
+                "this Idempotency-Key was used with a different request",
+            ),
+            EngineError::Unavailable(_) => ApiError {
+                code: ErrorCode::Unavailable,
+                detail: "storage is unavailable; nothing was stored, retry later".into(),
+                retry_after: Some(1),
+            },
+            EngineError::Failed(_) => ApiError {
+                code: ErrorCode::Unavailable,
+                detail: "storage has failed and refuses writes; nothing was stored".into(),
+                retry_after: Some(5),
+            },
+            EngineError::ShuttingDown => ApiError {
+                code: ErrorCode::ShuttingDown,
+                detail: "server is shutting down; nothing was stored".into(),
+                retry_after: Some(1),
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let problem = Problem::new(self.code, self.detail);
+        let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&problem).expect("problem serialises");
+        let mut resp = (status, body).into_response();
+        resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
+    }
+}

@@ -1,0 +1,98 @@
+//! Prometheus metrics. One `Metrics` per server, shared by handle; every
+//! update is a relaxed atomic, cheap on hot paths.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+pub struct Metrics {
+    registry: Registry,
+    /// Open WebSocket connections.
+    pub connections: Gauge,
+    pub connections_total: Counter,
+    /// Upgrades refused at the connection cap.
+    pub connections_rejected: Counter,
+    /// Active subscriptions over all connections.
+    pub subscriptions: Gauge,
+    /// Messages appended (or broadcast, for volatile) by publishes.
+    pub published: Counter,
+    /// Publishes answered from an idempotency receipt.
+    pub dedup_hits: Counter,
+    /// Message frames written to sockets (catch-up and live).
+    pub delivered: Counter,
+    /// Connections closed with 4008 because their outbox was full.
+    pub slow_consumers: Counter,
+    /// Volatile messages dropped for a full outbox.
+    pub volatile_dropped: Counter,
+    /// Publish requests failed by the engine (answered 503).
+    pub engine_errors: Counter,
+    /// Time from publish request to durable receipt, seconds.
+    pub publish_latency: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("herald");
+        let m = Metrics {
+            connections: Gauge::default(),
+            connections_total: Counter::default(),
+            connections_rejected: Counter::default(),
+            subscriptions: Gauge::default(),
+            published: Counter::default(),
+            dedup_hits: Counter::default(),
+            delivered: Counter::default(),
+            slow_consumers: Counter::default(),
+            volatile_dropped: Counter::default(),
+            engine_errors: Counter::default(),
+            publish_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            registry: Registry::default(),
+        };
+        registry.register("connections", "Open WebSocket connections", m.connections.clone());
+        registry.register(
+            "connections_opened",
+            "WebSocket connections accepted",
+            m.connections_total.clone(),
+        );
+        registry.register(
+            "connections_rejected",
+            "WebSocket upgrades refused at the connection cap",
+            m.connections_rejected.clone(),
+        );
+        registry.register("subscriptions", "Active subscriptions", m.subscriptions.clone());
+        registry.register("published", "Messages published", m.published.clone());
+        registry.register(
+            "dedup_hits",
+            "Publishes answered from an idempotency receipt",
+            m.dedup_hits.clone(),
+        );
+        registry.register("delivered", "Message frames written to sockets", m.delivered.clone());
+        registry.register(
+            "slow_consumer_disconnects",
+            "Connections closed because their outbox was full",
+            m.slow_consumers.clone(),
+        );
+        registry.register(
+            "volatile_dropped",
+            "Volatile messages dropped for a full outbox",
+            m.volatile_dropped.clone(),
+        );
+        registry.register("engine_errors", "Publishes failed by the storage engine", m.engine_errors.clone());
+        registry.register(
+            "publish_latency_seconds",
+            "Publish request to durable receipt",
+            m.publish_latency.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+}
+
+impl Metrics {
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("writing to a String cannot fail");
+        out
+    }
+}

@@ -1,0 +1,577 @@
+//! One WebSocket connection: a single task owns the socket and all session
+//! state, looping over a biased `select!` of shutdown, slow-consumer kick,
+//! outbox, inbound frames, catch-up work and the heartbeat tick.
+//!
+//! Delivery invariant per durable subscription: frames go out in seq order,
+//! each seq once, with no gap. A subscription is either *catching up* (reading
+//! pages from the log; live messages for it are dropped because the log read
+//! that follows them includes them) or *live* (a live message with
+//! `seq == next` goes out; `seq < next` is a duplicate; `seq > next` is a gap,
+//! and the subscription goes back to catching up from `next`). The hub
+//! registration happens before the first position read, so nothing committed
+//! after it can be missed.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use herald_core::{Epoch, Message, Seq};
+use herald_proto::{close, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame};
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::TokioIo;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
+
+use crate::auth::Identity;
+use crate::error::ApiError;
+use crate::hub::ConnHandle;
+use crate::publish::{fingerprint, scoped_key, validate_idempotency_key, Publish};
+use crate::State;
+
+pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
+
+/// Messages read from the log per catch-up step. Between steps the session
+/// serves its other work, so one long catch-up does not starve the rest.
+const CATCHUP_PAGE: usize = 256;
+/// Outbox frames written per flush.
+const OUTBOX_BATCH: usize = 64;
+/// How long to wait for the peer's close frame after sending ours.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+struct Sub {
+    /// `None` for volatile channels.
+    log: Option<LogCursor>,
+}
+
+struct LogCursor {
+    epoch: Epoch,
+    /// The next seq to send.
+    next: Seq,
+    catching_up: bool,
+}
+
+/// Hub entries of this connection. Dropping it removes them all, so cleanup
+/// runs on every exit path of the task, panics included.
+struct Registrations {
+    state: Arc<State>,
+    conn_id: u64,
+    channels: HashSet<ChannelName>,
+}
+
+impl Registrations {
+    fn remove(&mut self, channel: &ChannelName) {
+        if self.channels.remove(channel) {
+            self.state.metrics.subscriptions.dec();
+            if self.state.hub.remove(channel, self.conn_id) {
+                let engine = self.state.engine.clone();
+                let channel = channel.clone();
+                tokio::spawn(async move { engine.unwatch(&channel).await });
+            }
+        }
+    }
+}
+
+impl Drop for Registrations {
+    fn drop(&mut self) {
+        for channel in std::mem::take(&mut self.channels) {
+            self.state.metrics.subscriptions.dec();
+            if self.state.hub.remove(&channel, self.conn_id) {
+                let engine = self.state.engine.clone();
+                // The runtime may be gone at process exit; then there is
+                // nothing left to unwatch.
+                if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                    rt.spawn(async move { engine.unwatch(&channel).await });
+                }
+            }
+        }
+        self.state.metrics.connections.dec();
+    }
+}
+
+/// Why the loop ended.
+enum End {
+    /// The peer closed or the socket failed: nothing more to send.
+    Gone,
+    /// We close with this code and reason.
+    Close { code: u16, reason: &'static str, reconnect: bool },
+}
+
+pub struct Session {
+    state: Arc<State>,
+    identity: Identity,
+    ws: Ws,
+    handle: ConnHandle,
+    subs: HashMap<ChannelName, Sub>,
+    regs: Registrations,
+    /// Subscriptions with catch-up work pending, served round-robin.
+    catchup: VecDeque<ChannelName>,
+    last_rx: Instant,
+    bucket: TokenBucket,
+}
+
+impl Session {
+    /// Run the connection to its end. Cleanup is guaranteed by `Registrations`.
+    pub async fn run(state: Arc<State>, ws: Ws, identity: Identity, conn_id: u64) {
+        let (outbox_tx, outbox_rx) = mpsc::channel(state.config.limits.outbox_capacity);
+        let handle = ConnHandle { id: conn_id, outbox_tx, slow: CancellationToken::new() };
+        state.metrics.connections.inc();
+        state.metrics.connections_total.inc();
+        let rate = state.config.limits.client_frames_per_sec;
+        let mut session = Session {
+            regs: Registrations { state: state.clone(), conn_id, channels: HashSet::new() },
+            state,
+            identity,
+            ws,
+            handle,
+            subs: HashMap::new(),
+            catchup: VecDeque::new(),
+            last_rx: Instant::now(),
+            bucket: TokenBucket::new(rate),
+        };
+        let end = session.run_loop(outbox_rx).await;
+        if let End::Close { code, reason, reconnect } = end {
+            session.close(code, reason, reconnect).await;
+        }
+        tracing::debug!(conn = conn_id, "connection ended");
+    }
+
+    async fn run_loop(&mut self, mut outbox_rx: mpsc::Receiver<Arc<Message>>) -> End {
+        let limits = &self.state.config.limits;
+        let mut tick = tokio::time::interval(limits.ping_interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.reset();
+        let shutdown = self.state.shutdown.clone();
+        let slow = self.handle.slow.clone();
+        loop {
+            let has_catchup = !self.catchup.is_empty();
+            let step = async {
+                tokio::select! {
+                    biased;
+                    Some(msg) = outbox_rx.recv() => self.on_outbox(msg, &mut outbox_rx).await,
+                    frame = self.ws.next() => match frame {
+                        None => Err(End::Gone),
+                        Some(Err(e)) => Err(self.on_read_error(e)),
+                        Some(Ok(m)) => {
+                            self.last_rx = Instant::now();
+                            self.on_inbound(m).await
+                        }
+                    },
+                    () = std::future::ready(()), if has_catchup => self.catchup_step().await,
+                    _ = tick.tick() => self.on_tick().await,
+                }
+            };
+            // The kick and shutdown also interrupt a step blocked on a full
+            // socket, so a peer that stops reading cannot pin the task.
+            let result = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => Err(End::Close {
+                    code: close::GOING_AWAY,
+                    reason: "server shutting down",
+                    reconnect: true,
+                }),
+                _ = slow.cancelled() => {
+                    self.state.metrics.slow_consumers.inc();
+                    Err(End::Close { code: close::SLOW_CONSUMER, reason: "slow consumer", reconnect: true })
+                }
+                r = step => r,
+            };
+            if let Err(end) = result {
+                return end;
+            }
+        }
+    }
+
+    fn on_read_error(&self, e: tokio_websockets::Error) -> End {
+        match e {
+            // tokio-websockets has already queued a 1009 close frame.
+            tokio_websockets::Error::PayloadTooLong { .. } => {
+                End::Close { code: close::MESSAGE_TOO_BIG, reason: "message too big", reconnect: false }
+            }
+            tokio_websockets::Error::Protocol(_) => {
+                End::Close { code: close::BAD_REQUEST, reason: "protocol violation", reconnect: false }
+            }
+            e => {
+                tracing::debug!(conn = self.handle.id, error = %e, "socket read failed");
+                End::Gone
+            }
+        }
+    }
+
+    async fn on_tick(&mut self) -> Result<(), End> {
+        let limits = &self.state.config.limits;
+        if self.last_rx.elapsed() >= limits.idle_timeout {
+            return Err(End::Close { code: close::IDLE_TIMEOUT, reason: "idle timeout", reconnect: true });
+        }
+        if let Some(exp) = self.identity.exp {
+            if unix_now_secs() >= exp + self.state.config.jwt.leeway_secs {
+                return Err(End::Close {
+                    code: close::TOKEN_EXPIRED,
+                    reason: "token expired",
+                    reconnect: true,
+                });
+            }
+        }
+        self.ws.send(WsMessage::ping(Bytes::new())).await.map_err(|_| End::Gone)
+    }
+
+    /// Live messages from the hub, written in batches with one flush.
+    async fn on_outbox(
+        &mut self,
+        first: Arc<Message>,
+        outbox_rx: &mut mpsc::Receiver<Arc<Message>>,
+    ) -> Result<(), End> {
+        let mut written = 0u64;
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(msg) = next.take() {
+            if self.accept_live(&msg) {
+                self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
+                written += 1;
+            }
+            taken += 1;
+            if taken < OUTBOX_BATCH {
+                next = outbox_rx.try_recv().ok();
+            }
+        }
+        if written > 0 {
+            self.ws.flush().await.map_err(|_| End::Gone)?;
+            self.state.metrics.delivered.inc_by(written);
+        }
+        Ok(())
+    }
+
+    /// Decide whether a live message goes out now (see the module invariant).
+    fn accept_live(&mut self, msg: &Message) -> bool {
+        let Some(sub) = self.subs.get_mut(&msg.channel) else { return false };
+        let (Some(cursor), Some(seq)) = (sub.log.as_mut(), msg.seq) else {
+            // Volatile channel: live only.
+            return sub.log.is_none();
+        };
+        if cursor.catching_up || seq < cursor.next {
+            return false;
+        }
+        if seq > cursor.next || msg.epoch != cursor.epoch {
+            // A gap (or a reset log): read from the log what we have not seen.
+            cursor.catching_up = true;
+            self.catchup.push_back(msg.channel.clone());
+            return false;
+        }
+        cursor.next = seq + 1;
+        true
+    }
+
+    /// One page of catch-up for the subscription at the front of the queue.
+    async fn catchup_step(&mut self) -> Result<(), End> {
+        let Some(channel) = self.catchup.pop_front() else { return Ok(()) };
+        let Some(cursor) = self.subs.get(&channel).and_then(|s| s.log.as_ref()) else {
+            return Ok(()); // unsubscribed meanwhile
+        };
+        let (next, epoch) = (cursor.next, cursor.epoch.clone());
+        let page = match self.state.engine.read(&channel, next - 1, CATCHUP_PAGE).await {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(channel = %channel, error = %e, "catch-up read failed");
+                return Err(End::Close {
+                    code: close::INTERNAL,
+                    reason: "storage unavailable",
+                    reconnect: true,
+                });
+            }
+        };
+        let starts_late = page.messages.first().and_then(|m| m.seq).is_some_and(|s| s > next)
+            || (page.messages.is_empty() && page.position.first > next);
+        if page.position.epoch != epoch || starts_late {
+            // The log was reset or trimmed past what this client has seen:
+            // it must resubscribe, and the reply will say so.
+            return Err(End::Close { code: close::RESYNC, reason: "resync needed", reconnect: true });
+        }
+        let mut last = None;
+        for msg in &page.messages {
+            self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
+            last = msg.seq;
+        }
+        if !page.messages.is_empty() {
+            self.ws.flush().await.map_err(|_| End::Gone)?;
+            self.state.metrics.delivered.inc_by(page.messages.len() as u64);
+        }
+        let Some(cursor) = self.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else { return Ok(()) };
+        if let Some(last) = last {
+            cursor.next = last + 1;
+        }
+        if page.messages.len() < CATCHUP_PAGE {
+            cursor.catching_up = false;
+        } else {
+            self.catchup.push_back(channel);
+        }
+        Ok(())
+    }
+
+    async fn on_inbound(&mut self, msg: WsMessage) -> Result<(), End> {
+        if msg.is_ping() || msg.is_pong() {
+            return Ok(());
+        }
+        if msg.is_close() {
+            // tokio-websockets answers the close; the next read ends the loop.
+            return Ok(());
+        }
+        let Some(text) = msg.as_text() else {
+            self.send_bytes(
+                ApiError::new(ErrorCode::BadRequest, "binary frames are not supported; send JSON text")
+                    .frame(None, None),
+            )
+            .await?;
+            return Err(End::Close { code: close::BAD_REQUEST, reason: "binary frame", reconnect: false });
+        };
+        if !self.bucket.take() {
+            if self.bucket.strikes() > 3 * self.state.config.limits.client_frames_per_sec {
+                return Err(End::Close {
+                    code: close::RATE_LIMITED,
+                    reason: "rate limited",
+                    reconnect: true,
+                });
+            }
+            let req = serde_json::from_str::<serde_json::Value>(text)
+                .ok()
+                .and_then(|v| v.get("req").and_then(serde_json::Value::as_u64));
+            let err = ApiError::new(ErrorCode::RateLimited, "too many frames; slow down");
+            return self.send_bytes(err.frame(req, None)).await;
+        }
+        let frame = match ClientFrame::parse(text) {
+            Ok(f) => f,
+            Err(e) => {
+                let err = ApiError::new(e.code, e.message);
+                return self.send_bytes(err.frame(e.req, None)).await;
+            }
+        };
+        match frame {
+            ClientFrame::Subscribe { req, channel, since } => {
+                let reply = match self.subscribe(req, &channel, since).await {
+                    Ok(ok) => ok.encode(),
+                    Err(e) => e.frame(req, Some(channel.as_str())),
+                };
+                self.send_bytes(reply).await
+            }
+            ClientFrame::Unsubscribe { req, channel } => {
+                let reply = if self.subs.remove(&channel).is_some() {
+                    self.regs.remove(&channel);
+                    self.catchup.retain(|c| c != &channel);
+                    OkFrame { req, channel: Some(channel.to_string()), ..Default::default() }.encode()
+                } else {
+                    ApiError::new(ErrorCode::NotSubscribed, "not subscribed to this channel")
+                        .frame(req, Some(channel.as_str()))
+                };
+                self.send_bytes(reply).await
+            }
+            ClientFrame::Publish { req, channel, data, meta, idempotency_key } => {
+                let reply = match self.publish(&channel, data, meta, idempotency_key).await {
+                    Ok(ok) => OkFrame { req, ..ok }.encode(),
+                    Err(e) => e.frame(req, Some(channel.as_str())),
+                };
+                self.send_bytes(reply).await
+            }
+            ClientFrame::Ping { req } => self.send_bytes(herald_proto::encode_pong(req)).await,
+            ClientFrame::Ack { req, channel, .. } | ClientFrame::Presence { req, channel } => {
+                let err = ApiError::new(
+                    ErrorCode::NotSupported,
+                    "this frame needs an acked or presence namespace, which this server does not have",
+                );
+                self.send_bytes(err.frame(req, Some(channel.as_str()))).await
+            }
+        }
+    }
+
+    async fn subscribe(
+        &mut self,
+        req: Option<u64>,
+        channel: &ChannelName,
+        since: Option<herald_proto::Since>,
+    ) -> Result<OkFrame, ApiError> {
+        let state = self.state.clone();
+        let ns = state
+            .config
+            .namespaces
+            .resolve(channel)
+            .map_err(|e| ApiError::new(ErrorCode::UnknownNamespace, e.to_string()))?;
+        if !self.identity.may_subscribe(channel) {
+            return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
+        }
+        if self.subs.contains_key(channel) {
+            return Err(ApiError::new(ErrorCode::AlreadySubscribed, "already subscribed on this connection"));
+        }
+        if self.subs.len() >= state.config.limits.max_subscriptions {
+            return Err(ApiError::new(
+                ErrorCode::TooManySubscriptions,
+                format!("at most {} subscriptions per connection", state.config.limits.max_subscriptions),
+            ));
+        }
+        // Register before reading the position: anything committed after
+        // this point reaches the outbox, anything before is in the log.
+        let first_local = state.hub.add(channel, self.handle.clone());
+        self.regs.channels.insert(channel.clone());
+        state.metrics.subscriptions.inc();
+        let durable = ns.is_durable();
+        self.subs.insert(
+            channel.clone(),
+            Sub { log: durable.then(|| LogCursor { epoch: Epoch::new(""), next: 1, catching_up: true }) },
+        );
+        let result = self.start_subscription(req, channel, since, durable, first_local).await;
+        if result.is_err() {
+            self.subs.remove(channel);
+            self.regs.remove(channel);
+        }
+        result
+    }
+
+    async fn start_subscription(
+        &mut self,
+        req: Option<u64>,
+        channel: &ChannelName,
+        since: Option<herald_proto::Since>,
+        durable: bool,
+        first_local: bool,
+    ) -> Result<OkFrame, ApiError> {
+        if first_local {
+            self.state.engine.watch(channel).await?;
+        }
+        let mut ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
+        if !durable {
+            return Ok(ok);
+        }
+        let pos = self.state.engine.position(channel).await?;
+        let mut next = pos.head + 1;
+        let (mut truncated, mut epoch_changed) = (false, false);
+        if let Some(since) = since {
+            // An empty epoch means "unknown": trust the seq.
+            let epoch = since.epoch.as_deref().filter(|e| !e.is_empty());
+            if epoch.is_some_and(|e| e != pos.epoch.as_str()) {
+                epoch_changed = true;
+                next = pos.first;
+            } else if since.seq > pos.head {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    format!("since.seq {} is beyond the channel head {}", since.seq, pos.head),
+                ));
+            } else if since.seq + 1 < pos.first {
+                truncated = true;
+                next = pos.first;
+            } else {
+                next = since.seq + 1;
+            }
+        }
+        let catching_up = next <= pos.head;
+        if let Some(cursor) = self.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
+            *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up };
+        }
+        if catching_up {
+            self.catchup.push_back(channel.clone());
+        }
+        ok.epoch = Some(pos.epoch.to_string());
+        ok.first = Some(pos.first);
+        ok.head = Some(pos.head);
+        ok.truncated = Some(truncated);
+        if epoch_changed {
+            ok.epoch_changed = Some(true);
+        }
+        Ok(ok)
+    }
+
+    async fn publish(
+        &mut self,
+        channel: &ChannelName,
+        data: Box<serde_json::value::RawValue>,
+        meta: Option<herald_proto::Meta>,
+        idempotency_key: Option<String>,
+    ) -> Result<OkFrame, ApiError> {
+        let state = self.state.clone();
+        let ns = state
+            .config
+            .namespaces
+            .resolve(channel)
+            .map_err(|e| ApiError::new(ErrorCode::UnknownNamespace, e.to_string()))?;
+        if !ns.client_publish {
+            return Err(ApiError::new(ErrorCode::Forbidden, "clients may not publish to this namespace"));
+        }
+        if !self.identity.may_publish(channel) {
+            return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow publishing here"));
+        }
+        let dedup = match &idempotency_key {
+            Some(key) => {
+                validate_idempotency_key(key)?;
+                let scope = format!("client:{}", self.identity.sub);
+                let fp = fingerprint("publish", std::slice::from_ref(channel), &data, meta.as_ref());
+                Some((scoped_key(&scope, key, None), fp))
+            }
+            None => None,
+        };
+        let receipt = state.publish(ns, Publish { channel: channel.clone(), data, meta, dedup }).await?;
+        Ok(OkFrame {
+            channel: Some(channel.to_string()),
+            seq: receipt.seq,
+            id: Some(receipt.id.to_string()),
+            duplicate: Some(receipt.duplicate),
+            ..Default::default()
+        })
+    }
+
+    async fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), End> {
+        self.ws.send(WsMessage::text(Bytes::from(bytes))).await.map_err(|_| End::Gone)
+    }
+
+    /// Say why, close, and wait briefly for the peer's close so our last
+    /// frames are not lost to a reset. Bounded: a peer that reads nothing
+    /// (a slow consumer) cannot hold the task.
+    async fn close(&mut self, code: u16, reason: &'static str, reconnect: bool) {
+        let frame = DisconnectFrame { code, reason: reason.to_owned(), reconnect }.encode();
+        let close_code = CloseCode::try_from(code).unwrap_or(CloseCode::INTERNAL_SERVER_ERROR);
+        let ws = &mut self.ws;
+        let _ = tokio::time::timeout(CLOSE_WAIT, async {
+            // After a protocol error or an oversize frame the library has
+            // already queued its own close; these sends then fail harmlessly.
+            let _ = ws.feed(WsMessage::text(Bytes::from(frame))).await;
+            let _ = ws.send(WsMessage::close(Some(close_code), reason)).await;
+            while let Some(Ok(_)) = ws.next().await {}
+        })
+        .await;
+    }
+}
+
+fn unix_now_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Client frame budget: `rate` frames per second with a burst of `rate`.
+struct TokenBucket {
+    rate: u32,
+    tokens: f64,
+    last: Instant,
+    strikes: u32,
+}
+
+impl TokenBucket {
+    fn new(rate: u32) -> Self {
+        Self { rate, tokens: f64::from(rate), last: Instant::now(), strikes: 0 }
+    }
+
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let refill = now.duration_since(self.last).as_secs_f64() * f64::from(self.rate);
+        self.last = now;
+        self.tokens = (self.tokens + refill).min(f64::from(self.rate));
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            self.strikes = 0;
+            true
+        } else {
+            self.strikes += 1;
+            false
+        }
+    }
+
+    /// Frames refused in a row.
+    fn strikes(&self) -> u32 {
+        self.strikes
+    }
+}

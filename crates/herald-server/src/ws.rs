@@ -1,0 +1,162 @@
+//! `GET /ws`: authentication and the WebSocket upgrade. Auth and the
+//! connection cap are checked before the 101, so a refused client gets a
+//! plain HTTP status with a problem document.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::{Query, Request, State as AxState};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use herald_proto::ErrorCode;
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use tokio_websockets::{Limits, ServerBuilder};
+
+use crate::auth::Identity;
+use crate::error::ApiError;
+use crate::session::Session;
+use crate::State;
+
+const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+#[derive(Deserialize)]
+pub struct WsQuery {
+    token: Option<String>,
+    user: Option<String>,
+    device: Option<String>,
+}
+
+fn authenticate(state: &State, headers: &HeaderMap, q: &WsQuery) -> Result<Identity, ApiError> {
+    if let Some(device) = &q.device {
+        if device.is_empty() || device.len() > 128 || device.chars().any(char::is_control) {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                "`device` must be 1..=128 printable characters",
+            ));
+        }
+    }
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+    if let Some(token) = bearer.or(q.token.as_deref()) {
+        if !state.jwt.is_configured() {
+            return Err(ApiError::new(ErrorCode::Unauthorized, "this server has no JWT keys configured"));
+        }
+        return state
+            .jwt
+            .verify(token.trim(), q.device.as_deref())
+            .map_err(|e| ApiError::new(e.code, e.message));
+    }
+    match &q.user {
+        Some(user) if state.config.dev => {
+            if user.is_empty() || user.len() > 200 || user.chars().any(char::is_control) {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    "`user` must be 1..=200 printable characters",
+                ));
+            }
+            Ok(Identity::dev(user, q.device.as_deref()))
+        }
+        Some(_) => Err(ApiError::new(
+            ErrorCode::Forbidden,
+            "token-less `?user=` connections are only accepted in --dev mode",
+        )),
+        None => {
+            Err(ApiError::new(ErrorCode::Unauthorized, "missing token (Authorization: Bearer or ?token=)"))
+        }
+    }
+}
+
+fn accept_key(headers: &HeaderMap) -> Result<String, ApiError> {
+    let has_token = |name: header::HeaderName, token: &str| {
+        headers
+            .get_all(name)
+            .iter()
+            .any(|v| v.to_str().is_ok_and(|s| s.split(',').any(|p| p.trim().eq_ignore_ascii_case(token))))
+    };
+    if !has_token(header::UPGRADE, "websocket") || !has_token(header::CONNECTION, "upgrade") {
+        return Err(ApiError::new(ErrorCode::BadRequest, "expected a WebSocket upgrade request"));
+    }
+    if headers.get(header::SEC_WEBSOCKET_VERSION).and_then(|v| v.to_str().ok()) != Some("13") {
+        return Err(ApiError::new(ErrorCode::BadRequest, "Sec-WebSocket-Version must be 13"));
+    }
+    let key = headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .ok_or_else(|| ApiError::new(ErrorCode::BadRequest, "missing Sec-WebSocket-Key"))?;
+    let mut sha = sha1_smol::Sha1::new();
+    sha.update(key.as_bytes());
+    sha.update(WS_GUID.as_bytes());
+    Ok(base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes()))
+}
+
+/// Holds one place under the connection cap; released on drop.
+pub struct ConnSlot(Arc<State>);
+
+impl ConnSlot {
+    fn acquire(state: &Arc<State>) -> Option<Self> {
+        let prev = state.open_connections.fetch_add(1, Ordering::AcqRel);
+        if prev >= state.max_connections {
+            state.open_connections.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(Self(state.clone()))
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0.open_connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+pub async fn upgrade(
+    AxState(state): AxState<Arc<State>>,
+    query: Result<Query<WsQuery>, axum::extract::rejection::QueryRejection>,
+    mut req: Request,
+) -> Response {
+    if state.shutdown.is_cancelled() {
+        return ApiError::new(ErrorCode::ShuttingDown, "server is shutting down").into_response();
+    }
+    let q = match query {
+        Ok(Query(q)) => q,
+        Err(e) => return ApiError::new(ErrorCode::BadRequest, e.body_text()).into_response(),
+    };
+    let identity = match authenticate(&state, req.headers(), &q) {
+        Ok(id) => id,
+        Err(e) => return e.into_response(),
+    };
+    let accept = match accept_key(req.headers()) {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    let Some(slot) = ConnSlot::acquire(&state) else {
+        state.metrics.connections_rejected.inc();
+        let mut e = ApiError::new(ErrorCode::TooManyConnections, "server is at its connection limit");
+        e.retry_after = Some(5);
+        return e.into_response();
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let conn_id = state.next_conn_id.fetch_add(1, Ordering::Relaxed);
+    let task_state = state.clone();
+    state.tasks.spawn(async move {
+        let _slot = slot;
+        match on_upgrade.await {
+            Ok(upgraded) => {
+                let limits =
+                    Limits::default().max_payload_len(Some(task_state.config.limits.max_message_bytes));
+                let ws = ServerBuilder::new().limits(limits).serve(TokioIo::new(upgraded));
+                Session::run(task_state, ws, identity, conn_id).await;
+            }
+            Err(e) => tracing::debug!(error = %e, "upgrade failed"),
+        }
+    });
+    let mut resp = StatusCode::SWITCHING_PROTOCOLS.into_response();
+    let h = resp.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::SEC_WEBSOCKET_ACCEPT, HeaderValue::from_str(&accept).expect("base64 is a valid header"));
+    resp
+}

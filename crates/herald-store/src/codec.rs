@@ -1,0 +1,331 @@
+//! Binary encodings of the store's keys and values.
+//!
+//! Fixed-width integers are big-endian so keys sort numerically. Every value
+//! starts with a format byte so the layout can evolve; an unknown format is
+//! reported as corruption, never guessed at.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+/// Separates the channel from the seq in a log key. Channel names never
+/// contain `\0` (see `ChannelName`), and `\0` sorts before every byte a
+/// name may contain, so the keys of one channel form one contiguous range
+/// that no other channel's keys interleave with.
+const LOG_KEY_SEP: u8 = 0;
+
+const FORMAT_V1: u8 = 1;
+
+/// Bytes before the frame in a log value: format, ts, id.
+pub(crate) const LOG_HEADER_LEN: usize = 1 + 8 + 16;
+
+/// A value that does not decode: the store is corrupt or from a newer
+/// version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("undecodable {what}")]
+pub(crate) struct CodecError {
+    pub what: &'static str,
+}
+
+fn bad(what: &'static str) -> CodecError {
+    CodecError { what }
+}
+
+/// `channel ++ 0x00 ++ seq (u64 BE)`.
+pub(crate) fn log_key(channel: &str, seq: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(channel.len() + 9);
+    key.extend_from_slice(channel.as_bytes());
+    key.push(LOG_KEY_SEP);
+    key.extend_from_slice(&seq.to_be_bytes());
+    key
+}
+
+/// The seq of a log key of `channel`.
+pub(crate) fn log_key_seq(channel: &str, key: &[u8]) -> Result<u64, CodecError> {
+    let rest = key
+        .strip_prefix(channel.as_bytes())
+        .and_then(|r| r.strip_prefix(&[LOG_KEY_SEP]))
+        .ok_or(bad("log key"))?;
+    let seq: [u8; 8] = rest.try_into().map_err(|_| bad("log key"))?;
+    Ok(u64::from_be_bytes(seq))
+}
+
+/// The fixed header stored before each message frame. Kept outside the frame
+/// so reads and the age sweeper never parse JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LogHeader {
+    pub ts: u64,
+    pub id: Uuid,
+}
+
+/// `format ++ ts (u64 BE) ++ id (16 bytes) ++ frame`.
+pub(crate) fn encode_log_value(header: &LogHeader, frame: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(LOG_HEADER_LEN + frame.len());
+    v.push(FORMAT_V1);
+    v.extend_from_slice(&header.ts.to_be_bytes());
+    v.extend_from_slice(header.id.as_bytes());
+    v.extend_from_slice(frame);
+    v
+}
+
+/// The header and the frame of a log value.
+pub(crate) fn decode_log_value(v: &[u8]) -> Result<(LogHeader, &[u8]), CodecError> {
+    let mut r = Reader::new(v, "log value");
+    r.format()?;
+    let ts = r.u64()?;
+    let id = Uuid::from_bytes(r.array()?);
+    Ok((LogHeader { ts, id }, r.rest()))
+}
+
+/// Where a channel's log stands, plus the retention the sweeper applies.
+///
+/// Invariant: `1 <= first <= head + 1`; the log holds exactly the seqs
+/// `first..=head`. The meta is written in the same atomic batch as the log
+/// entries it describes, so the two never disagree, even after a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChannelMeta {
+    pub head: u64,
+    pub first: u64,
+    /// Age limit from the channel's latest append; applied by the sweeper.
+    pub max_age: Option<Duration>,
+}
+
+impl Default for ChannelMeta {
+    /// A channel never written.
+    fn default() -> Self {
+        Self { head: 0, first: 1, max_age: None }
+    }
+}
+
+impl ChannelMeta {
+    /// `format ++ head ++ first ++ has_max_age (u8) ++ max_age_ms`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(1 + 8 + 8 + 1 + 8);
+        v.push(FORMAT_V1);
+        v.extend_from_slice(&self.head.to_be_bytes());
+        v.extend_from_slice(&self.first.to_be_bytes());
+        let age_ms = self.max_age.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        v.push(u8::from(age_ms.is_some()));
+        v.extend_from_slice(&age_ms.unwrap_or(0).to_be_bytes());
+        v
+    }
+
+    pub fn decode(v: &[u8]) -> Result<Self, CodecError> {
+        let mut r = Reader::new(v, "channel meta");
+        r.format()?;
+        let head = r.u64()?;
+        let first = r.u64()?;
+        let has_age = r.u8()?;
+        let age_ms = r.u64()?;
+        r.end()?;
+        if first == 0 || first > head.saturating_add(1) {
+            return Err(bad("channel meta (first out of range)"));
+        }
+        let max_age = (has_age != 0).then(|| Duration::from_millis(age_ms));
+        Ok(Self { head, first, max_age })
+    }
+}
+
+/// A stored idempotency receipt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct IdemRecord {
+    pub fingerprint: [u8; 32],
+    pub channel: String,
+    /// `None` for a volatile append.
+    pub seq: Option<u64>,
+    pub id: Uuid,
+    pub ts: u64,
+    pub epoch: String,
+    /// Ms since the Unix epoch; the record counts as absent from then on.
+    pub expires_at: u64,
+}
+
+impl IdemRecord {
+    pub fn is_expired(&self, now_ms: u64) -> bool {
+        self.expires_at <= now_ms
+    }
+
+    /// `format ++ fingerprint ++ has_seq (u8) ++ seq ++ id ++ ts ++ expires_at
+    /// ++ channel_len (u16) ++ channel ++ epoch_len (u16) ++ epoch`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v =
+            Vec::with_capacity(1 + 32 + 1 + 8 + 16 + 8 + 8 + 4 + self.channel.len() + self.epoch.len());
+        v.push(FORMAT_V1);
+        v.extend_from_slice(&self.fingerprint);
+        v.push(u8::from(self.seq.is_some()));
+        v.extend_from_slice(&self.seq.unwrap_or(0).to_be_bytes());
+        v.extend_from_slice(self.id.as_bytes());
+        v.extend_from_slice(&self.ts.to_be_bytes());
+        v.extend_from_slice(&self.expires_at.to_be_bytes());
+        put_str(&mut v, &self.channel);
+        put_str(&mut v, &self.epoch);
+        v
+    }
+
+    pub fn decode(v: &[u8]) -> Result<Self, CodecError> {
+        let mut r = Reader::new(v, "idempotency record");
+        r.format()?;
+        let fingerprint = r.array()?;
+        let has_seq = r.u8()?;
+        let seq = r.u64()?;
+        let id = Uuid::from_bytes(r.array()?);
+        let ts = r.u64()?;
+        let expires_at = r.u64()?;
+        let channel = r.str()?;
+        let epoch = r.str()?;
+        r.end()?;
+        Ok(Self { fingerprint, channel, seq: (has_seq != 0).then_some(seq), id, ts, epoch, expires_at })
+    }
+}
+
+/// `expires_at (u64 BE) ++ dedup key`: the expiry index, so the sweeper
+/// finds expired receipts with one range scan instead of a full scan.
+pub(crate) fn idem_exp_key(expires_at: u64, dedup_key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + dedup_key.len());
+    k.extend_from_slice(&expires_at.to_be_bytes());
+    k.extend_from_slice(dedup_key);
+    k
+}
+
+/// The expiry and the dedup key of an expiry-index key.
+pub(crate) fn split_idem_exp_key(k: &[u8]) -> Result<(u64, &[u8]), CodecError> {
+    let (exp, key) = k.split_first_chunk::<8>().ok_or(bad("receipt expiry key"))?;
+    Ok((u64::from_be_bytes(*exp), key))
+}
+
+/// Strings are bounded by the callers (channel names <= 255 bytes, epochs are
+/// UUIDs); the u16 length saturates rather than panics.
+fn put_str(v: &mut Vec<u8>, s: &str) {
+    let len = u16::try_from(s.len()).unwrap_or(u16::MAX);
+    v.extend_from_slice(&len.to_be_bytes());
+    v.extend_from_slice(&s.as_bytes()[..usize::from(len)]);
+}
+
+/// A bounds-checked cursor over a value.
+struct Reader<'a> {
+    buf: &'a [u8],
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8], what: &'static str) -> Self {
+        Self { buf, what }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+        if self.buf.len() < n {
+            return Err(bad(self.what));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], CodecError> {
+        self.take(N)?.try_into().map_err(|_| bad(self.what))
+    }
+
+    fn u8(&mut self) -> Result<u8, CodecError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    fn u64(&mut self) -> Result<u64, CodecError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+
+    fn str(&mut self) -> Result<String, CodecError> {
+        let len = u16::from_be_bytes(self.array()?);
+        let bytes = self.take(usize::from(len))?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| bad(self.what))
+    }
+
+    fn format(&mut self) -> Result<(), CodecError> {
+        match self.u8()? {
+            FORMAT_V1 => Ok(()),
+            _ => Err(bad(self.what)),
+        }
+    }
+
+    fn rest(self) -> &'a [u8] {
+        self.buf
+    }
+
+    fn end(self) -> Result<(), CodecError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(bad(self.what))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_keys_sort_by_channel_then_seq() {
+        // Sorted order: a channel's keys are contiguous and in seq order, and
+        // a channel sorts before any channel it is a prefix of.
+        let sorted = [
+            log_key("a", 1),
+            log_key("a", 2),
+            log_key("a:", u64::MAX),
+            log_key("a:b", 1),
+            log_key("a:b", 256),
+        ];
+        let mut shuffled = [&sorted[3], &sorted[1], &sorted[4], &sorted[0], &sorted[2]];
+        shuffled.sort();
+        assert!(shuffled.iter().copied().eq(sorted.iter()));
+        assert_eq!(log_key_seq("a:b", &log_key("a:b", 256)), Ok(256));
+        assert!(log_key_seq("a", &log_key("a:b", 1)).is_err());
+    }
+
+    #[test]
+    fn log_value_round_trips() {
+        let header = LogHeader { ts: 1_700_000_000_123, id: Uuid::now_v7() };
+        let v = encode_log_value(&header, br#"{"type":"message"}"#);
+        let (h, frame) = decode_log_value(&v).unwrap();
+        assert_eq!(h, header);
+        assert_eq!(frame, br#"{"type":"message"}"#);
+        assert!(decode_log_value(&v[..10]).is_err());
+    }
+
+    #[test]
+    fn channel_meta_round_trips_and_rejects_bad_ranges() {
+        for meta in [
+            ChannelMeta::default(),
+            ChannelMeta { head: 10, first: 4, max_age: Some(Duration::from_secs(3600)) },
+            ChannelMeta { head: 10, first: 11, max_age: None },
+        ] {
+            assert_eq!(ChannelMeta::decode(&meta.encode()), Ok(meta));
+        }
+        let bad = ChannelMeta { head: 3, first: 5, max_age: None }.encode();
+        assert!(ChannelMeta::decode(&bad).is_err());
+    }
+
+    #[test]
+    fn idem_record_round_trips() {
+        let rec = IdemRecord {
+            fingerprint: [7; 32],
+            channel: "chat:1".into(),
+            seq: Some(42),
+            id: Uuid::now_v7(),
+            ts: 5,
+            epoch: "e".into(),
+            expires_at: 99,
+        };
+        assert_eq!(IdemRecord::decode(&rec.encode()), Ok(rec.clone()));
+        let volatile = IdemRecord { seq: None, ..rec };
+        assert_eq!(IdemRecord::decode(&volatile.encode()), Ok(volatile.clone()));
+        assert!(volatile.is_expired(99) && !volatile.is_expired(98));
+    }
+
+    #[test]
+    fn expiry_keys_sort_by_time() {
+        let a = idem_exp_key(5, b"zzz");
+        let b = idem_exp_key(6, b"aaa");
+        assert!(a < b);
+        assert_eq!(split_idem_exp_key(&b), Ok((6, &b"aaa"[..])));
+    }
+}

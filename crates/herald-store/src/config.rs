@@ -1,0 +1,109 @@
+//! Engine configuration and its defaults.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::StoreError;
+
+/// Appends committed together (one storage batch, one fsync) at most.
+pub const DEFAULT_MAX_BATCH: usize = 512;
+/// Appends queued for the writer before `append` waits for room.
+pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
+/// How often retention by age and receipt expiry run.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+
+/// When an append counts as durable.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum FsyncMode {
+    /// The reply waits for an fsync of the journal (shared by every append of
+    /// one group commit). An acknowledged append survives a power loss.
+    #[default]
+    Always,
+    /// The reply waits until the journal write reached the OS page cache: an
+    /// acknowledged append survives a crash of Herald (`kill -9`) but may be
+    /// lost, with every later append, if the machine loses power or the OS
+    /// crashes. The OS writes dirty pages back on its own schedule.
+    Never,
+}
+
+impl FromStr for FsyncMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "always" => Ok(Self::Always),
+            "never" => Ok(Self::Never),
+            other => Err(format!("unknown fsync mode `{other}` (expected `always` or `never`)")),
+        }
+    }
+}
+
+impl fmt::Display for FsyncMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Always => "always",
+            Self::Never => "never",
+        })
+    }
+}
+
+/// Configuration of an [`EmbeddedEngine`](crate::EmbeddedEngine).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// Directory of the store; created if missing. One engine at a time.
+    pub data_dir: PathBuf,
+    pub fsync: FsyncMode,
+    /// Appends per group commit at most (>= 1).
+    pub max_batch: usize,
+    /// Capacity of the writer's request queue (>= 1); a full queue makes
+    /// `append` wait, which is the engine's backpressure.
+    pub queue_capacity: usize,
+    /// Interval of the retention-by-age and receipt-expiry sweep (> 0).
+    pub sweep_interval: Duration,
+}
+
+impl StoreConfig {
+    /// The defaults, with the given data dir.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            fsync: FsyncMode::default(),
+            max_batch: DEFAULT_MAX_BATCH,
+            queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), StoreError> {
+        let invalid = |m: &str| Err(StoreError::Config(m.to_owned()));
+        if self.max_batch == 0 {
+            return invalid("max_batch must be at least 1");
+        }
+        if self.queue_capacity == 0 || self.queue_capacity > tokio::sync::Semaphore::MAX_PERMITS {
+            return invalid("queue_capacity must be at least 1 (and fit a tokio channel)");
+        }
+        if self.sweep_interval.is_zero() {
+            return invalid("sweep_interval must be positive");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_zeroes_are_not() {
+        let c = StoreConfig::new("/tmp/x");
+        assert!(c.validate().is_ok());
+        assert_eq!(c.fsync, FsyncMode::Always);
+        assert!(StoreConfig { max_batch: 0, ..c.clone() }.validate().is_err());
+        assert!(StoreConfig { queue_capacity: 0, ..c.clone() }.validate().is_err());
+        assert!(StoreConfig { sweep_interval: Duration::ZERO, ..c }.validate().is_err());
+        assert_eq!("never".parse::<FsyncMode>(), Ok(FsyncMode::Never));
+        assert!("sometimes".parse::<FsyncMode>().is_err());
+    }
+}

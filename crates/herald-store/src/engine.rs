@@ -1,0 +1,182 @@
+//! [`EmbeddedEngine`]: the handle the server holds.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use async_trait::async_trait;
+use herald_core::{
+    AppendRequest, Engine, EngineError, Epoch, FanoutSink, Health, Page, Position, Receipt, Seq,
+};
+use herald_proto::ChannelName;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::read;
+use crate::shared::Shared;
+use crate::storage::{Storage, StorageError};
+use crate::writer::{Command, Writer};
+use crate::{StoreConfig, StoreError, StoreStats};
+
+/// The embedded (single-node) engine. See the crate docs.
+///
+/// Prefer `close().await` before dropping it: dropping without `close`
+/// still finishes and persists the queued appends, but blocks the dropping
+/// thread until the writer thread has exited.
+pub struct EmbeddedEngine {
+    shared: Arc<Shared>,
+    /// `None` only inside `Drop`, which drops it to stop the writer.
+    tx: Option<mpsc::Sender<Command>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    queue_capacity: usize,
+    data_dir: PathBuf,
+}
+
+impl EmbeddedEngine {
+    /// Open (or create) the store in `config.data_dir` and start its writer
+    /// thread. Fails with [`StoreError::Locked`] when another engine, in this
+    /// process or another, has the data dir open.
+    ///
+    /// Blocking (recovers the journal); call it before serving, or from
+    /// `spawn_blocking`.
+    pub fn open(config: StoreConfig) -> Result<Self, StoreError> {
+        config.validate()?;
+        let storage = Storage::open(&config.data_dir)?;
+        let shared = Arc::new(Shared::new(storage));
+        let (tx, rx) = mpsc::channel(config.queue_capacity);
+        // A private current-thread runtime, owned by the writer thread, only
+        // for its timed wait on the queue.
+        let rt =
+            tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(StoreError::Spawn)?;
+        let writer = Writer::new(shared.clone(), rx, config.fsync, config.max_batch, config.sweep_interval);
+        let handle = std::thread::Builder::new()
+            .name("herald-store-writer".into())
+            .spawn(move || writer.run(rt))
+            .map_err(StoreError::Spawn)?;
+        tracing::info!(
+            data_dir = %config.data_dir.display(),
+            epoch = %shared.storage.epoch(),
+            fsync = %config.fsync,
+            "embedded store open"
+        );
+        Ok(Self {
+            shared,
+            tx: Some(tx),
+            writer: Mutex::new(Some(handle)),
+            queue_capacity: config.queue_capacity,
+            data_dir: config.data_dir,
+        })
+    }
+
+    /// The epoch of this data dir (every channel shares it).
+    pub fn epoch(&self) -> Epoch {
+        self.shared.storage.epoch().clone()
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The engine's counters, for metrics.
+    pub fn stats(&self) -> StoreStats {
+        let free = self.tx.as_ref().map_or(self.queue_capacity, mpsc::Sender::capacity);
+        let depth = self.queue_capacity.saturating_sub(free);
+        self.shared.counters.snapshot(u64::try_from(depth).unwrap_or(u64::MAX))
+    }
+
+    /// Test hook: make the next storage commit fail as an I/O error would,
+    /// which puts the engine into fail-stop.
+    #[doc(hidden)]
+    pub fn inject_failure(&self) {
+        self.shared.storage.inject_commit_failure();
+    }
+
+    /// A storage error on the read path is a storage error like any other:
+    /// fail-stop (STYLE: an I/O error makes the engine refuse writes).
+    fn read_failed(&self, e: StorageError) -> EngineError {
+        EngineError::Failed(self.shared.fail(format!("read failed: {e}")))
+    }
+}
+
+#[async_trait]
+impl Engine for EmbeddedEngine {
+    fn set_sink(&self, sink: Arc<dyn FanoutSink>) {
+        self.shared.set_sink(sink);
+    }
+
+    async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
+        if let Some(reason) = self.shared.failure() {
+            crate::stats::bump(&self.shared.counters.failed, 1);
+            return Err(EngineError::Failed(reason.to_owned()));
+        }
+        if self.shared.is_closing() {
+            return Err(EngineError::ShuttingDown);
+        }
+        let tx = self.tx.as_ref().ok_or(EngineError::ShuttingDown)?;
+        let (reply_tx, reply_rx) = oneshot::channel();
+        // Waits while the queue is full: that is the engine's backpressure.
+        // If this future is dropped after the send, the append still happens.
+        tx.send(Command::Append { req, reply: reply_tx }).await.map_err(|_| self.shared.stopped_error())?;
+        reply_rx.await.map_err(|_| self.shared.stopped_error())?
+    }
+
+    /// Runs inline: one point read of the channel meta, served from the
+    /// memtable or block cache (a few µs, see the `append_bench` example's
+    /// read figures), which is cheaper than a hop to the blocking pool.
+    async fn position(&self, channel: &ChannelName) -> Result<Position, EngineError> {
+        read::position(&self.shared.storage, channel).map_err(|e| self.read_failed(e))
+    }
+
+    /// Runs on the blocking pool: a page is a range scan of up to `limit`
+    /// entries that may touch disk, too long to hold a runtime worker.
+    async fn read(&self, channel: &ChannelName, after: Seq, limit: usize) -> Result<Page, EngineError> {
+        let shared = self.shared.clone();
+        let channel = channel.clone();
+        let page =
+            tokio::task::spawn_blocking(move || read::read_page(&shared.storage, &channel, after, limit))
+                .await
+                .map_err(|e| EngineError::Failed(format!("read task failed: {e}")))?;
+        page.map_err(|e| self.read_failed(e))
+    }
+
+    fn health(&self) -> Health {
+        if let Some(reason) = self.shared.failure() {
+            Health::Failed(reason.to_owned())
+        } else if self.shared.is_closing() {
+            Health::Unavailable("embedded store is closed".into())
+        } else {
+            Health::Ready
+        }
+    }
+
+    /// Refuse new appends, let the writer finish the queued ones, persist,
+    /// and join the writer thread. Idempotent. The data dir stays locked
+    /// until the engine is dropped (reads keep working until then).
+    async fn close(&self) {
+        self.shared.begin_close();
+        if let Some(tx) = &self.tx {
+            // Fails only if the writer already stopped taking requests.
+            let _ = tx.send(Command::Close).await;
+        }
+        self.shared.writer_finished().await;
+        let handle = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(handle) = handle {
+            // The writer has signalled it is done; joining only waits for
+            // the thread to unwind, but is still a blocking call.
+            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
+        }
+    }
+}
+
+impl Drop for EmbeddedEngine {
+    fn drop(&mut self) {
+        // Dropping the only sender ends the writer's loop after it has
+        // processed everything queued.
+        self.tx.take();
+        let handle = self.writer.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(handle) = handle {
+            if handle.join().is_err() {
+                tracing::error!("embedded store writer thread panicked");
+            }
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! State shared by the engine handle, the writer thread and readers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use herald_core::{EngineError, FanoutSink};
+use tokio::sync::watch;
+
+use crate::stats::Counters;
+use crate::storage::Storage;
+
+pub(crate) struct Shared {
+    pub storage: Storage,
+    sink: RwLock<Option<Arc<dyn FanoutSink>>>,
+    /// Set once, on the first storage error: the engine is fail-stopped.
+    failure: OnceLock<String>,
+    /// `close` was called: new appends are refused.
+    closing: AtomicBool,
+    /// The writer thread has finished (its last batch is persisted).
+    writer_done: watch::Sender<bool>,
+    pub counters: Counters,
+}
+
+impl Shared {
+    pub fn new(storage: Storage) -> Self {
+        Self {
+            storage,
+            sink: RwLock::new(None),
+            failure: OnceLock::new(),
+            closing: AtomicBool::new(false),
+            writer_done: watch::Sender::new(false),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn set_sink(&self, sink: Arc<dyn FanoutSink>) {
+        // A poisoned lock only means a panic elsewhere while replacing an
+        // `Option<Arc>`; the value is still whole.
+        *self.sink.write().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+    }
+
+    pub fn sink(&self) -> Option<Arc<dyn FanoutSink>> {
+        self.sink.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Enter fail-stop (first reason wins) and return the reason in force.
+    pub fn fail(&self, reason: String) -> String {
+        if self.failure.set(reason.clone()).is_ok() {
+            tracing::error!(%reason, "embedded store failed; refusing writes until restarted");
+        }
+        self.failure.get().cloned().unwrap_or(reason)
+    }
+
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.get().map(String::as_str)
+    }
+
+    pub fn begin_close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
+    pub fn mark_writer_done(&self) {
+        self.writer_done.send_replace(true);
+    }
+
+    pub async fn writer_finished(&self) {
+        let mut rx = self.writer_done.subscribe();
+        // The sender lives in `self`, so `wait_for` cannot see it dropped.
+        let _ = rx.wait_for(|done| *done).await;
+    }
+
+    /// What a request gets when the writer is gone or going.
+    pub fn stopped_error(&self) -> EngineError {
+        match self.failure() {
+            Some(reason) => EngineError::Failed(reason.to_owned()),
+            None => EngineError::ShuttingDown,
+        }
+    }
+}

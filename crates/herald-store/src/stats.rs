@@ -1,0 +1,76 @@
+//! Counters for the server's metrics. Monotonic since open, except
+//! `queue_depth` (a gauge). Cheap enough to read on every scrape.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of the engine's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Durable messages appended to a log.
+    pub appends: u64,
+    /// Volatile messages fanned out (not stored).
+    pub volatile: u64,
+    /// Appends answered from a stored receipt (nothing appended).
+    pub dedup_hits: u64,
+    /// Appends refused: dedup key reused with a different request.
+    pub dedup_mismatches: u64,
+    /// Group commits that carried at least one request.
+    pub batches: u64,
+    /// Requests carried by those group commits (mean batch size =
+    /// `batch_requests / batches`).
+    pub batch_requests: u64,
+    /// Journal fsyncs (group commits with `FsyncMode::Always`, sweeps, close).
+    pub fsyncs: u64,
+    /// Messages removed by `max_len` retention.
+    pub trimmed: u64,
+    /// Messages removed by `max_age` retention.
+    pub expired: u64,
+    /// Idempotency receipts removed after their TTL.
+    pub receipts_expired: u64,
+    /// Requests answered with `EngineError::Failed`.
+    pub failed: u64,
+    /// Requests waiting in the writer's queue right now.
+    pub queue_depth: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub appends: AtomicU64,
+    pub volatile: AtomicU64,
+    pub dedup_hits: AtomicU64,
+    pub dedup_mismatches: AtomicU64,
+    pub batches: AtomicU64,
+    pub batch_requests: AtomicU64,
+    pub fsyncs: AtomicU64,
+    pub trimmed: AtomicU64,
+    pub expired: AtomicU64,
+    pub receipts_expired: AtomicU64,
+    pub failed: AtomicU64,
+}
+
+/// Relaxed: counters are independent and read for reporting only.
+pub(crate) fn bump(c: &AtomicU64, n: u64) {
+    if n > 0 {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl Counters {
+    pub fn snapshot(&self, queue_depth: u64) -> StoreStats {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StoreStats {
+            appends: get(&self.appends),
+            volatile: get(&self.volatile),
+            dedup_hits: get(&self.dedup_hits),
+            dedup_mismatches: get(&self.dedup_mismatches),
+            batches: get(&self.batches),
+            batch_requests: get(&self.batch_requests),
+            fsyncs: get(&self.fsyncs),
+            trimmed: get(&self.trimmed),
+            expired: get(&self.expired),
+            receipts_expired: get(&self.receipts_expired),
+            failed: get(&self.failed),
+            queue_depth,
+        }
+    }
+}

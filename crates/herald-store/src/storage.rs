@@ -1,0 +1,263 @@
+//! The only module that knows the storage library (fjall).
+//!
+//! The rest of the crate sees five byte-keyed spaces, point reads, bounded
+//! range scans, consistent read views and one atomic [`WriteSet`] commit.
+//! Replacing fjall (for example with redb) means rewriting this file only.
+//!
+//! Properties the rest of the crate relies on, which a replacement must keep:
+//! - a commit is atomic across spaces, also across a crash;
+//! - a committed write becomes visible to readers only once it is as durable
+//!   as the commit asked for (fjall writes and syncs its journal before it
+//!   applies the batch to the memtables, under the journal lock), so a reader
+//!   never sees a message that a crash could take back;
+//! - a [`View`] sees one committed state across all spaces;
+//! - a failed commit leaves nothing visible (fjall poisons itself after a
+//!   journal error and refuses further writes).
+
+use std::ops::{Bound, ControlFlow};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
+use herald_core::Epoch;
+
+use crate::StoreError;
+
+/// Format of the data dir; bumped on an incompatible layout change.
+const STORE_FORMAT: &[u8] = b"1";
+const META_FORMAT_KEY: &[u8] = b"format";
+const META_EPOCH_KEY: &[u8] = b"epoch";
+
+/// The keyspaces of the data dir; see the crate docs for their layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Space {
+    Log,
+    Channels,
+    Idem,
+    IdemExp,
+}
+
+/// A storage failure. Any of these puts the engine into fail-stop.
+#[derive(Debug, Clone, thiserror::Error)]
+pub(crate) enum StorageError {
+    #[error("storage I/O error: {0}")]
+    Backend(String),
+    #[error("corrupt store: {0}")]
+    Corrupt(String),
+    #[error("injected storage failure")]
+    Injected,
+}
+
+impl From<fjall::Error> for StorageError {
+    fn from(e: fjall::Error) -> Self {
+        Self::Backend(e.to_string())
+    }
+}
+
+impl From<crate::codec::CodecError> for StorageError {
+    fn from(e: crate::codec::CodecError) -> Self {
+        Self::Corrupt(e.to_string())
+    }
+}
+
+/// Writes staged for one atomic commit. The last write to a key wins, so a
+/// key is never both inserted and removed in one storage batch (fjall gives
+/// every item of a batch the same sequence number, which would make the
+/// outcome of a put and a delete of one key ambiguous).
+#[derive(Default)]
+pub(crate) struct WriteSet {
+    ops: std::collections::HashMap<(Space, Vec<u8>), Option<Vec<u8>>>,
+}
+
+impl WriteSet {
+    pub fn put(&mut self, space: Space, key: Vec<u8>, value: Vec<u8>) {
+        self.ops.insert((space, key), Some(value));
+    }
+
+    pub fn delete(&mut self, space: Space, key: Vec<u8>) {
+        self.ops.insert((space, key), None);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+pub(crate) struct Storage {
+    db: Database,
+    log: Keyspace,
+    channels: Keyspace,
+    idem: Keyspace,
+    idem_exp: Keyspace,
+    epoch: Epoch,
+    /// Test hook: the next commit fails without writing.
+    fail_next_commit: AtomicBool,
+}
+
+impl Storage {
+    /// Open or create the data dir. Fails with [`StoreError::Locked`] if
+    /// another engine (in this or another process) has it open.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|source| StoreError::CreateDir { path: dir.to_path_buf(), source })?;
+        let db = Database::builder(dir).open().map_err(|e| open_error(dir, e))?;
+        let space =
+            |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(|e| open_error(dir, e));
+        let meta = space("meta")?;
+        let epoch = init_meta(&db, &meta).map_err(|e| match e {
+            StorageError::Corrupt(m) => StoreError::Corrupt(m),
+            other => StoreError::Storage(other.to_string()),
+        })?;
+        Ok(Self {
+            log: space("log")?,
+            channels: space("channels")?,
+            idem: space("idem")?,
+            idem_exp: space("idem_exp")?,
+            epoch,
+            db,
+            fail_next_commit: AtomicBool::new(false),
+        })
+    }
+
+    /// The epoch of this data dir, created with it.
+    pub fn epoch(&self) -> &Epoch {
+        &self.epoch
+    }
+
+    fn keyspace(&self, space: Space) -> &Keyspace {
+        match space {
+            Space::Log => &self.log,
+            Space::Channels => &self.channels,
+            Space::Idem => &self.idem,
+            Space::IdemExp => &self.idem_exp,
+        }
+    }
+
+    /// The latest committed value. Only the writer thread uses this: as the
+    /// only committer it always reads its own complete state.
+    pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.keyspace(space).get(key)?.map(|v| v.to_vec()))
+    }
+
+    /// Visit keys in `range` in ascending order until `f` breaks; latest
+    /// committed state (writer thread only, like [`Storage::get`]).
+    pub fn scan(
+        &self,
+        space: Space,
+        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+        f: impl FnMut(&[u8], &[u8]) -> Result<ControlFlow<()>, StorageError>,
+    ) -> Result<(), StorageError> {
+        scan_iter(self.keyspace(space).range(range), f)
+    }
+
+    /// A consistent read view across all spaces, for readers that must not
+    /// see half of a commit.
+    pub fn view(&self) -> View<'_> {
+        View { storage: self, snapshot: self.db.snapshot() }
+    }
+
+    /// Apply `ws` atomically. With `sync`, the journal is fsynced before the
+    /// writes become visible; without it they reach the OS page cache
+    /// (survive a process crash, not a power loss).
+    pub fn commit(&self, ws: WriteSet, sync: bool) -> Result<(), StorageError> {
+        if self.fail_next_commit.swap(false, Ordering::SeqCst) {
+            return Err(StorageError::Injected);
+        }
+        if ws.is_empty() {
+            return Ok(());
+        }
+        let mode = if sync { PersistMode::SyncAll } else { PersistMode::Buffer };
+        let mut batch = self.db.batch().durability(Some(mode));
+        for ((space, key), value) in ws.ops {
+            let ks = self.keyspace(space);
+            match value {
+                Some(v) => batch.insert(ks, key, v),
+                None => batch.remove(ks, key),
+            }
+        }
+        batch.commit()?;
+        Ok(())
+    }
+
+    /// Fsync everything written so far.
+    pub fn sync(&self) -> Result<(), StorageError> {
+        self.db.persist(PersistMode::SyncAll)?;
+        Ok(())
+    }
+
+    pub fn inject_commit_failure(&self) {
+        self.fail_next_commit.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A consistent snapshot of every space.
+pub(crate) struct View<'a> {
+    storage: &'a Storage,
+    snapshot: fjall::Snapshot,
+}
+
+impl View<'_> {
+    pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.snapshot.get(self.storage.keyspace(space), key)?.map(|v| v.to_vec()))
+    }
+
+    pub fn scan(
+        &self,
+        space: Space,
+        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+        f: impl FnMut(&[u8], &[u8]) -> Result<ControlFlow<()>, StorageError>,
+    ) -> Result<(), StorageError> {
+        scan_iter(self.snapshot.range(self.storage.keyspace(space), range), f)
+    }
+}
+
+fn scan_iter(
+    iter: fjall::Iter,
+    mut f: impl FnMut(&[u8], &[u8]) -> Result<ControlFlow<()>, StorageError>,
+) -> Result<(), StorageError> {
+    for guard in iter {
+        let (k, v) = guard.into_inner()?;
+        if f(&k, &v)?.is_break() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Check the data dir's format and read its epoch, creating both (durably)
+/// in a new data dir.
+fn init_meta(db: &Database, meta: &Keyspace) -> Result<Epoch, StorageError> {
+    match meta.get(META_FORMAT_KEY)? {
+        Some(f) if &*f == STORE_FORMAT => {}
+        Some(f) => {
+            return Err(StorageError::Corrupt(format!(
+                "data dir format {:?} is not supported (expected {:?})",
+                String::from_utf8_lossy(&f),
+                String::from_utf8_lossy(STORE_FORMAT)
+            )));
+        }
+        None => {
+            // A new data dir: a new epoch, so clients resuming with seqs of
+            // another (lost) log resync instead of trusting them.
+            let epoch = uuid::Uuid::new_v4().hyphenated().to_string();
+            let mut batch = db.batch().durability(Some(PersistMode::SyncAll));
+            batch.insert(meta, META_FORMAT_KEY, STORE_FORMAT);
+            batch.insert(meta, META_EPOCH_KEY, epoch.as_bytes());
+            batch.commit()?;
+        }
+    }
+    let epoch = meta
+        .get(META_EPOCH_KEY)?
+        .ok_or_else(|| StorageError::Corrupt("data dir has a format marker but no epoch".into()))?;
+    let epoch = std::str::from_utf8(&epoch)
+        .map_err(|_| StorageError::Corrupt("epoch is not UTF-8".into()))?
+        .to_owned();
+    Ok(Epoch::new(epoch))
+}
+
+fn open_error(dir: &Path, e: fjall::Error) -> StoreError {
+    match e {
+        fjall::Error::Locked => StoreError::Locked { path: PathBuf::from(dir) },
+        other => StoreError::Storage(format!("cannot open {}: {other}", dir.display())),
+    }
+}

@@ -1,0 +1,449 @@
+//! The writer thread: the only code that mutates the store.
+//!
+//! It takes every queued request (up to `max_batch`), stages them into one
+//! [`WriteSet`] (dedup check, seq assignment, frame encoding, trimming,
+//! receipt), commits that set atomically with one fsync, then answers every
+//! request, then fans the new messages out in seq order. Between batches it
+//! runs bounded slices of the retention sweep (`sweep.rs`).
+//!
+//! Invariants:
+//! - one thread owns `channels` (the head/first cache); after every
+//!   successful commit the cache equals the committed state, so it can be
+//!   dropped and reloaded at any time;
+//! - no request is answered `Ok` before the commit carrying its writes
+//!   succeeded; a failed commit answers the whole batch `Failed` and puts the
+//!   engine into fail-stop (nothing is retried: after an fsync error the
+//!   state of the journal is unknown);
+//! - fan-out happens only for committed, non-duplicate appends, in the order
+//!   they were staged, which is seq order per channel.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use herald_core::{AppendRequest, EngineError, Epoch, Message, Receipt};
+use herald_proto::{encode_message_frame, ChannelName};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+use crate::codec::{self, ChannelMeta, IdemRecord, LogHeader};
+use crate::shared::Shared;
+use crate::stats::bump;
+use crate::storage::{Space, StorageError, WriteSet};
+use crate::sweep::SweepState;
+use crate::FsyncMode;
+
+/// Channels whose head/first the writer keeps in memory; past this the
+/// cache is dropped after a batch and reloaded on demand (it only saves a
+/// point read per batch and channel).
+const CHANNEL_CACHE_CAP: usize = 65_536;
+
+/// Log entries one append deletes for `max_len` at most. Normally one; more
+/// only after `max_len` shrank, and then the excess goes over a few appends
+/// instead of stalling one batch.
+const TRIM_BUDGET_PER_APPEND: u64 = 1024;
+
+pub(crate) enum Command {
+    Append {
+        req: AppendRequest,
+        reply: oneshot::Sender<Result<Receipt, EngineError>>,
+    },
+    /// Stop accepting, finish what is queued, persist, exit.
+    Close,
+}
+
+struct Pending {
+    reply: PendingReply,
+    result: Result<Receipt, EngineError>,
+    fanout: Option<Arc<Message>>,
+}
+
+/// Why staging one request did not produce an append.
+enum StageError {
+    /// Answer this request with the error; the batch goes on.
+    Refused(EngineError),
+    /// Storage failed: the whole batch fails and the engine fail-stops.
+    Storage(StorageError),
+}
+
+impl From<StorageError> for StageError {
+    fn from(e: StorageError) -> Self {
+        Self::Storage(e)
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    appends: u64,
+    volatile: u64,
+    dedup_hits: u64,
+    dedup_mismatches: u64,
+    trimmed: u64,
+}
+
+/// Message timestamps: wall-clock ms, never going backwards within a run, so
+/// each channel's log is ordered by `ts` too (the age sweeper relies on it).
+pub(crate) struct Clock {
+    last_ms: u64,
+}
+
+impl Clock {
+    pub fn now_ms(&mut self) -> u64 {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        self.last_ms = self.last_ms.max(wall);
+        self.last_ms
+    }
+}
+
+pub(crate) struct Writer {
+    pub(crate) shared: Arc<Shared>,
+    rx: mpsc::Receiver<Command>,
+    pub(crate) fsync: FsyncMode,
+    max_batch: usize,
+    pub(crate) sweep_interval: Duration,
+    pub(crate) channels: HashMap<ChannelName, ChannelMeta>,
+    pub(crate) clock: Clock,
+    pub(crate) sweep: SweepState,
+}
+
+impl Writer {
+    pub fn new(
+        shared: Arc<Shared>,
+        rx: mpsc::Receiver<Command>,
+        fsync: FsyncMode,
+        max_batch: usize,
+        sweep_interval: Duration,
+    ) -> Self {
+        Self {
+            shared,
+            rx,
+            fsync,
+            max_batch,
+            sweep_interval,
+            channels: HashMap::new(),
+            clock: Clock { last_ms: 0 },
+            sweep: SweepState::new(Instant::now() + sweep_interval),
+        }
+    }
+
+    /// The thread's body. `rt` only drives the timed wait for the next
+    /// request (a current-thread runtime with a timer, owned by this thread).
+    pub fn run(mut self, rt: tokio::runtime::Runtime) {
+        let shared = self.shared.clone();
+        // Marks the writer done on every exit path, also on a panic, so
+        // `close` never waits forever.
+        let _done = DoneGuard(shared);
+        let mut batch = Vec::with_capacity(self.max_batch);
+        loop {
+            let first = match self.rx.try_recv() {
+                Ok(cmd) => Some(cmd),
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {
+                    let deadline = tokio::time::Instant::from_std(self.sweep.next_at);
+                    // The timer must be created inside `block_on` (it needs the
+                    // runtime's time driver in context).
+                    let rx = &mut self.rx;
+                    match rt.block_on(async { tokio::time::timeout_at(deadline, rx.recv()).await }) {
+                        Ok(Some(cmd)) => Some(cmd),
+                        // Every sender is gone: the engine was dropped.
+                        Ok(None) => break,
+                        Err(_elapsed) => None,
+                    }
+                }
+            };
+            let mut closing = false;
+            if let Some(cmd) = first {
+                closing |= collect(cmd, &mut batch);
+                while batch.len() < self.max_batch && !closing {
+                    match self.rx.try_recv() {
+                        Ok(cmd) => closing |= collect(cmd, &mut batch),
+                        Err(_) => break,
+                    }
+                }
+            }
+            self.process(&mut batch);
+            if closing {
+                // Refuse new sends, then finish everything already queued:
+                // those requests were accepted before the close.
+                self.rx.close();
+                while let Ok(cmd) = self.rx.try_recv() {
+                    collect(cmd, &mut batch);
+                    if batch.len() >= self.max_batch {
+                        self.process(&mut batch);
+                    }
+                }
+                self.process(&mut batch);
+                break;
+            }
+            if Instant::now() >= self.sweep.next_at {
+                self.sweep_step();
+            }
+        }
+        self.finish();
+    }
+
+    /// Persist everything before the thread exits (also with
+    /// `FsyncMode::Never`: a clean shutdown loses nothing).
+    fn finish(&mut self) {
+        if self.shared.failure().is_some() {
+            return;
+        }
+        match self.shared.storage.sync() {
+            Ok(()) => bump(&self.shared.counters.fsyncs, 1),
+            Err(e) => {
+                self.shared.fail(format!("final sync failed: {e}"));
+            }
+        }
+    }
+
+    /// One group commit: stage every request, commit once, answer, fan out.
+    fn process(&mut self, batch: &mut Vec<(AppendRequest, PendingReply)>) {
+        if batch.is_empty() {
+            return;
+        }
+        let shared = self.shared.clone();
+        let counters = &shared.counters;
+        let n = batch.len() as u64;
+        if let Some(reason) = self.shared.failure() {
+            let reason = reason.to_owned();
+            for (_, reply) in batch.drain(..) {
+                let _ = reply.send(Err(EngineError::Failed(reason.clone())));
+            }
+            bump(&counters.failed, n);
+            return;
+        }
+
+        let mut ws = WriteSet::default();
+        let mut pending_idem: HashMap<Arc<str>, IdemRecord> = HashMap::new();
+        let mut tally = Tally::default();
+        let mut done: Vec<Pending> = Vec::with_capacity(batch.len());
+        // After a storage error the rest is not staged; every result of the
+        // batch is then replaced by `Failed` below (the placeholder is never
+        // sent).
+        let mut storage_error = None;
+        for (req, reply) in batch.drain(..) {
+            if storage_error.is_some() {
+                done.push(Pending { reply, result: Err(EngineError::ShuttingDown), fanout: None });
+                continue;
+            }
+            match self.stage(req, &mut ws, &mut pending_idem, &mut tally) {
+                Ok((receipt, fanout)) => done.push(Pending { reply, result: Ok(receipt), fanout }),
+                Err(StageError::Refused(e)) => done.push(Pending { reply, result: Err(e), fanout: None }),
+                Err(StageError::Storage(e)) => {
+                    storage_error = Some(e);
+                    done.push(Pending { reply, result: Err(EngineError::ShuttingDown), fanout: None });
+                }
+            }
+        }
+        let wrote = !ws.is_empty();
+        let sync = self.fsync == FsyncMode::Always;
+        let outcome = match storage_error {
+            Some(e) => Err(e),
+            None => self.shared.storage.commit(ws, sync),
+        };
+        bump(&counters.batches, 1);
+        bump(&counters.batch_requests, n);
+        if let Err(e) = outcome {
+            // The staged state never became visible; the cache is stale.
+            self.channels.clear();
+            let reason = self.shared.fail(format!("group commit failed: {e}"));
+            for p in done {
+                let _ = p.reply.send(Err(EngineError::Failed(reason.clone())));
+            }
+            bump(&counters.failed, n);
+            return;
+        }
+        if wrote && sync {
+            bump(&counters.fsyncs, 1);
+        }
+        bump(&counters.appends, tally.appends);
+        bump(&counters.volatile, tally.volatile);
+        bump(&counters.dedup_hits, tally.dedup_hits);
+        bump(&counters.dedup_mismatches, tally.dedup_mismatches);
+        bump(&counters.trimmed, tally.trimmed);
+        if self.channels.len() > CHANNEL_CACHE_CAP {
+            self.channels.clear();
+        }
+
+        let sink = self.shared.sink();
+        let mut fanout = Vec::with_capacity(done.len());
+        for p in done {
+            // A dropped receiver is a caller that stopped waiting; the append
+            // stands (like a publish whose client disconnected).
+            let _ = p.reply.send(p.result);
+            fanout.extend(p.fanout);
+        }
+        if let Some(sink) = sink {
+            for msg in fanout {
+                sink.deliver(msg);
+            }
+        }
+    }
+
+    /// Stage one request into `ws`: dedup check, then append (durable) or
+    /// broadcast (volatile), then the receipt.
+    fn stage(
+        &mut self,
+        req: AppendRequest,
+        ws: &mut WriteSet,
+        pending_idem: &mut HashMap<Arc<str>, IdemRecord>,
+        tally: &mut Tally,
+    ) -> Result<(Receipt, Option<Arc<Message>>), StageError> {
+        let now = self.clock.now_ms();
+        let epoch = self.shared.storage.epoch().clone();
+        // The expiry-index entry of an expired receipt this append replaces.
+        let mut stale_exp_key = None;
+        if let Some(dedup) = &req.dedup {
+            let found = match pending_idem.get(&dedup.key) {
+                Some(rec) => Some(rec.clone()),
+                None => match self.shared.storage.get(Space::Idem, dedup.key.as_bytes())? {
+                    None => None,
+                    Some(v) => {
+                        let rec = IdemRecord::decode(&v).map_err(StorageError::from)?;
+                        if rec.is_expired(now) {
+                            stale_exp_key = Some(codec::idem_exp_key(rec.expires_at, dedup.key.as_bytes()));
+                            None
+                        } else {
+                            Some(rec)
+                        }
+                    }
+                },
+            };
+            if let Some(rec) = found {
+                if rec.fingerprint != dedup.fingerprint {
+                    tally.dedup_mismatches += 1;
+                    return Err(StageError::Refused(EngineError::IdempotencyMismatch));
+                }
+                tally.dedup_hits += 1;
+                return Ok((receipt_from_record(&rec, &epoch)?, None));
+            }
+        }
+
+        let id = Uuid::now_v7();
+        let id_str: Arc<str> = Arc::from(id.hyphenated().to_string());
+        let ts = now;
+        let channel = &req.channel;
+        let seq = if req.durable { Some(self.channel_meta(channel)?.head + 1) } else { None };
+        let frame =
+            Bytes::from(encode_message_frame(channel, seq, &id_str, ts, &req.data, req.meta.as_ref()));
+        if let Some(seq) = seq {
+            ws.put(
+                Space::Log,
+                codec::log_key(channel.as_str(), seq),
+                codec::encode_log_value(&LogHeader { ts, id }, &frame),
+            );
+            let meta = self.channel_meta(channel)?;
+            // For a channel whose log was empty, `first` is already `seq`.
+            meta.head = seq;
+            meta.max_age = req.retention.max_age;
+            tally.trimmed += trim_to_len(channel.as_str(), meta, req.retention.max_len, ws);
+            ws.put(Space::Channels, channel.as_str().as_bytes().to_vec(), meta.encode());
+            tally.appends += 1;
+        } else {
+            tally.volatile += 1;
+        }
+        if let Some(dedup) = &req.dedup {
+            let ttl_ms = u64::try_from(dedup.ttl.as_millis()).unwrap_or(u64::MAX);
+            let rec = IdemRecord {
+                fingerprint: dedup.fingerprint,
+                channel: channel.as_str().to_owned(),
+                seq,
+                id,
+                ts,
+                epoch: epoch.as_str().to_owned(),
+                expires_at: ts.saturating_add(ttl_ms),
+            };
+            // Delete before put: if both keys are equal the put must win.
+            if let Some(k) = stale_exp_key {
+                ws.delete(Space::IdemExp, k);
+            }
+            ws.put(Space::Idem, dedup.key.as_bytes().to_vec(), rec.encode());
+            ws.put(Space::IdemExp, codec::idem_exp_key(rec.expires_at, dedup.key.as_bytes()), Vec::new());
+            pending_idem.insert(dedup.key.clone(), rec);
+        }
+        let receipt = Receipt {
+            channel: channel.clone(),
+            seq,
+            id: id_str.clone(),
+            epoch: epoch.clone(),
+            ts,
+            duplicate: false,
+        };
+        let msg = Message { channel: channel.clone(), seq, id: id_str, ts, epoch, frame };
+        Ok((receipt, Some(Arc::new(msg))))
+    }
+
+    /// The channel's head/first, from the cache or the store.
+    pub(crate) fn channel_meta(&mut self, channel: &ChannelName) -> Result<&mut ChannelMeta, StorageError> {
+        use std::collections::hash_map::Entry;
+        match self.channels.entry(channel.clone()) {
+            Entry::Occupied(e) => Ok(e.into_mut()),
+            Entry::Vacant(e) => {
+                let meta = match self.shared.storage.get(Space::Channels, channel.as_str().as_bytes())? {
+                    Some(v) => ChannelMeta::decode(&v)?,
+                    None => ChannelMeta::default(),
+                };
+                Ok(e.insert(meta))
+            }
+        }
+    }
+}
+
+type PendingReply = oneshot::Sender<Result<Receipt, EngineError>>;
+
+/// Queue an append into `batch`; `true` for a close request.
+fn collect(cmd: Command, batch: &mut Vec<(AppendRequest, PendingReply)>) -> bool {
+    match cmd {
+        Command::Append { req, reply } => {
+            batch.push((req, reply));
+            false
+        }
+        Command::Close => true,
+    }
+}
+
+/// Delete the oldest entries beyond `max_len` (0 = no limit), at most
+/// [`TRIM_BUDGET_PER_APPEND`]; returns how many. Deletes a prefix only, so
+/// the log stays gap-free.
+fn trim_to_len(channel: &str, meta: &mut ChannelMeta, max_len: u64, ws: &mut WriteSet) -> u64 {
+    let len = meta.head + 1 - meta.first;
+    if max_len == 0 || len <= max_len {
+        return 0;
+    }
+    let excess = (len - max_len).min(TRIM_BUDGET_PER_APPEND);
+    for seq in meta.first..meta.first + excess {
+        ws.delete(Space::Log, codec::log_key(channel, seq));
+    }
+    meta.first += excess;
+    excess
+}
+
+fn receipt_from_record(rec: &IdemRecord, store_epoch: &Epoch) -> Result<Receipt, StorageError> {
+    let channel = ChannelName::new(&rec.channel)
+        .map_err(|e| StorageError::Corrupt(format!("receipt with a bad channel name: {e}")))?;
+    let epoch =
+        if rec.epoch == store_epoch.as_str() { store_epoch.clone() } else { Epoch::new(rec.epoch.as_str()) };
+    Ok(Receipt {
+        channel,
+        seq: rec.seq,
+        id: Arc::from(rec.id.hyphenated().to_string()),
+        epoch,
+        ts: rec.ts,
+        duplicate: true,
+    })
+}
+
+struct DoneGuard(Arc<Shared>);
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail("writer thread panicked".into());
+        }
+        self.0.mark_writer_done();
+    }
+}

@@ -1,0 +1,49 @@
+//! Helpers shared by the embedded engine's integration tests.
+#![allow(dead_code)] // each test file uses a subset
+
+use std::future::Future;
+use std::path::Path;
+use std::time::Duration;
+
+use herald_core::{AppendRequest, Dedup, Retention};
+use herald_proto::ChannelName;
+use herald_store::{EmbeddedEngine, StoreConfig};
+use serde_json::value::RawValue;
+
+pub fn open(dir: &Path, tweak: impl FnOnce(&mut StoreConfig)) -> EmbeddedEngine {
+    let mut config = StoreConfig::new(dir);
+    tweak(&mut config);
+    EmbeddedEngine::open(config).expect("open engine")
+}
+
+pub fn channel(name: &str) -> ChannelName {
+    ChannelName::new(name).expect("valid channel name")
+}
+
+pub fn req(channel: &ChannelName, data: &str) -> AppendRequest {
+    AppendRequest {
+        channel: channel.clone(),
+        data: RawValue::from_string(data.to_owned()).expect("valid JSON"),
+        meta: None,
+        durable: true,
+        retention: Retention { max_len: 0, max_age: None },
+        dedup: None,
+    }
+}
+
+pub fn dedup(key: &str, ttl: Duration) -> Dedup {
+    Dedup { key: key.into(), fingerprint: [1; 32], ttl }
+}
+
+/// Poll `check` every 10 ms until it returns true; panic after `within`.
+pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -1,0 +1,104 @@
+//! Configuration loading: defaults < `herald.toml` < `HERALD_*` environment
+//! < command-line flags. An invalid configuration is one line on stderr and
+//! exit code 64 (EX_USAGE).
+
+use std::path::{Path, PathBuf};
+
+use herald_server::Config;
+
+/// Exit code for an unusable configuration.
+pub const EXIT_CONFIG: i32 = 64;
+
+/// Overrides that come from flags (each also readable from `HERALD_*`).
+#[derive(Debug, Default, clap::Args)]
+pub struct ServeFlags {
+    /// Address to listen on [default: 127.0.0.1:8700]
+    #[arg(long, env = "HERALD_LISTEN")]
+    pub listen: Option<String>,
+    /// Data directory of the embedded engine [default: ./herald-data]
+    #[arg(long, env = "HERALD_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Configuration file (TOML); `herald config` prints every key
+    #[arg(long, env = "HERALD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Accept token-less WebSocket connections (`?user=NAME`) and API calls
+    /// without a key. INSECURE: local trial only.
+    #[arg(long, env = "HERALD_DEV")]
+    pub dev: bool,
+    /// API keys, comma-separated (each at least 16 characters)
+    #[arg(long, env = "HERALD_API_KEYS", hide_env_values = true)]
+    pub api_keys: Option<String>,
+    /// HS256 secret for client tokens (at least 32 bytes)
+    #[arg(long, env = "HERALD_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<String>,
+    /// Most concurrent WebSocket connections
+    #[arg(long, env = "HERALD_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// `always` (default: reply after fsync) or `never` (reply after the OS
+    /// has the write)
+    #[arg(long, env = "HERALD_FSYNC")]
+    pub fsync: Option<String>,
+}
+
+pub fn load(flags: &ServeFlags) -> Result<Config, String> {
+    let mut config = match &flags.config {
+        Some(path) => read_file(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = &flags.listen {
+        config.listen =
+            listen.parse().map_err(|_| format!("--listen / HERALD_LISTEN: `{listen}` is not HOST:PORT"))?;
+    }
+    if let Some(dir) = &flags.data_dir {
+        config.data_dir = dir.clone();
+    }
+    if flags.dev {
+        config.dev = true;
+    }
+    if let Some(keys) = &flags.api_keys {
+        config.api_keys =
+            keys.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_owned).collect();
+    }
+    if let Some(secret) = &flags.jwt_secret {
+        config.jwt.hs256_secret = Some(secret.clone());
+    }
+    if let Some(n) = flags.max_connections {
+        config.limits.max_connections = n;
+    }
+    if let Some(mode) = &flags.fsync {
+        config.storage.fsync = match mode.as_str() {
+            "always" => herald_server::config::FsyncSetting::Always,
+            "never" => herald_server::config::FsyncSetting::Never,
+            other => return Err(format!("--fsync / HERALD_FSYNC: `{other}` is not `always` or `never`")),
+        };
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+fn read_file(path: &Path) -> Result<Config, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("config {}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| {
+        // toml errors span several lines; the operator gets one.
+        let msg = e.message().to_owned();
+        let at = e
+            .span()
+            .map(|s| {
+                let line = text[..s.start].lines().count().max(1);
+                format!(" (line {line})")
+            })
+            .unwrap_or_default();
+        format!("config {}: {msg}{at}", path.display())
+    })
+}
+
+/// The default configuration as TOML, for `herald config`.
+pub fn default_toml() -> String {
+    let mut out = String::from(
+        "# Herald configuration: every key with its default.\n\
+         # Environment overrides: HERALD_LISTEN, HERALD_DATA_DIR, HERALD_API_KEYS (comma-separated),\n\
+         # HERALD_JWT_SECRET, HERALD_DEV, HERALD_MAX_CONNECTIONS, HERALD_FSYNC, HERALD_CONFIG.\n\n",
+    );
+    out.push_str(&toml::to_string_pretty(&Config::default()).expect("default config serialises"));
+    out
+}
