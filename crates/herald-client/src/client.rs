@@ -16,7 +16,7 @@ use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use crate::backoff::Backoff;
-use crate::worker::{Command, Worker};
+use crate::worker::{Command, PublishCmd, SubscribeCmd, Worker};
 use crate::{ClientError, ConnectOptions};
 
 /// Settings of a [`Client`]. [`ClientOptions::new`] gives the defaults.
@@ -221,7 +221,13 @@ impl Client {
         let (events_tx, events_rx) = mpsc::channel(self.event_capacity);
         let (reply_tx, reply_rx) = oneshot::channel();
         let id = self.shared.next_sub_id.fetch_add(1, Ordering::Relaxed);
-        let cmd = Command::Subscribe { id, channel: channel.clone(), since, events_tx, reply: reply_tx };
+        let cmd = Command::Subscribe(Box::new(SubscribeCmd {
+            id,
+            channel: channel.clone(),
+            since,
+            events_tx,
+            reply: reply_tx,
+        }));
         let info = self.call(cmd, reply_rx).await?;
         Ok(Subscription {
             id,
@@ -259,7 +265,13 @@ impl Client {
         idempotency_key: Option<String>,
     ) -> Result<PublishReply, ClientError> {
         let (reply_tx, reply_rx) = oneshot::channel();
-        let cmd = Command::Publish { channel: channel.into(), data, meta, idempotency_key, reply: reply_tx };
+        let cmd = Command::Publish(Box::new(PublishCmd {
+            channel: channel.into(),
+            data,
+            meta,
+            idempotency_key,
+            reply: reply_tx,
+        }));
         self.call(cmd, reply_rx).await
     }
 

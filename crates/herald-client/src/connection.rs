@@ -156,6 +156,18 @@ impl Connection {
     /// Connect and upgrade. A refused upgrade is
     /// [`ClientError::Rejected`] with the HTTP status and problem `code`.
     pub async fn connect(opts: &ConnectOptions) -> Result<Self, ClientError> {
+        Self::handshake(opts, None).await
+    }
+
+    /// Like [`Connection::connect`], on a TCP stream the caller already
+    /// connected to the server in `opts.url` (to pick the local address,
+    /// as a load generator spreading 15,000 connections over several source
+    /// IPs must).
+    pub async fn connect_on(opts: &ConnectOptions, stream: TcpStream) -> Result<Self, ClientError> {
+        Self::handshake(opts, Some(stream)).await
+    }
+
+    async fn handshake(opts: &ConnectOptions, stream: Option<TcpStream>) -> Result<Self, ClientError> {
         let base = BaseUrl::parse(&opts.url)?;
         let mut params: Vec<(&str, &str)> = Vec::with_capacity(2);
         let bearer;
@@ -176,9 +188,14 @@ impl Connection {
             params.push(("device", device));
         }
         let target = base.ws_target(&params);
-        let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake::upgrade(&target, &headers))
-            .await
-            .map_err(|_| ClientError::Timeout)??;
+        let upgrade = async {
+            match stream {
+                Some(stream) => handshake::upgrade_on(stream, &target, &headers).await,
+                None => handshake::upgrade(&target, &headers).await,
+            }
+        };
+        let stream =
+            tokio::time::timeout(HANDSHAKE_TIMEOUT, upgrade).await.map_err(|_| ClientError::Timeout)??;
         let ws = tokio_websockets::ClientBuilder::new()
             .limits(Limits::default().max_payload_len(Some(MAX_FRAME_BYTES)))
             .take_over(stream);

@@ -34,9 +34,19 @@ pub(crate) async fn upgrade(
     target: &WsTarget,
     extra_headers: &[(&str, &str)],
 ) -> Result<Prefixed<TcpStream>, ClientError> {
-    let mut stream = TcpStream::connect((target.host.as_str(), target.port)).await.map_err(|e| {
+    let stream = TcpStream::connect((target.host.as_str(), target.port)).await.map_err(|e| {
         ClientError::Connect { addr: format!("{}:{}", target.host, target.port), source: e.into() }
     })?;
+    upgrade_on(stream, target, extra_headers).await
+}
+
+/// Upgrade an already connected stream (the caller chose the local
+/// address, socket options, ...).
+pub(crate) async fn upgrade_on(
+    mut stream: TcpStream,
+    target: &WsTarget,
+    extra_headers: &[(&str, &str)],
+) -> Result<Prefixed<TcpStream>, ClientError> {
     // Frames are small and latency matters more than packet count.
     stream.set_nodelay(true)?;
 

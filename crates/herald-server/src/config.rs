@@ -216,8 +216,7 @@ mod tests {
         let mut c = Config::default();
         c.limits.idle_timeout = Duration::from_secs(1);
         assert!(c.validate().unwrap_err().contains("idle_timeout"));
-        let mut c = Config::default();
-        c.api_keys = vec!["short".into()];
+        let c = Config { api_keys: vec!["short".into()], ..Default::default() };
         assert!(c.validate().is_err());
     }
 }

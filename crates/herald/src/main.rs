@@ -33,6 +33,8 @@ enum Command {
     Tail(cli::TailArgs),
     /// Print the default configuration (TOML)
     Config,
+    /// Load generator and benchmarks (see docs/benchmarks.md)
+    Bench(herald_bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +57,7 @@ fn main() -> ExitCode {
         }
         Command::Publish(args) => run_async(cli::publish(args)),
         Command::Tail(args) => run_async(cli::tail(args)),
+        Command::Bench(args) => herald_bench::main(args),
     }
 }
 
@@ -79,7 +82,9 @@ fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("HERALD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("HERALD_LOG_FORMAT").is_ok_and(|v| v == "json");
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_target(false);
+    // Logs go to stderr; stdout carries only the connect banner.
+    let builder =
+        tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {

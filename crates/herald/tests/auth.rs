@@ -34,8 +34,8 @@ async fn server() -> TestServer {
     .await
 }
 
-async fn refused(srv: &TestServer, opts: ConnectOptions) -> (u16, String) {
-    let err = Connection::connect(&opts).await.err().expect("connection must be refused");
+async fn refused(_srv: &TestServer, opts: ConnectOptions) -> (u16, String) {
+    let Err(err) = Connection::connect(&opts).await else { panic!("connection must be refused") };
     (err.http_status().expect("an HTTP status, not a 101"), err.code().unwrap_or("").to_owned())
 }
 

@@ -17,8 +17,15 @@ struct Proc {
     url: String,
 }
 
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn spawn(dir: &std::path::Path) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
+    let child = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
         .env("HERALD_API_KEYS", API_KEY)
@@ -27,13 +34,15 @@ fn spawn(dir: &std::path::Path) -> Proc {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn herald");
-    let stdout = child.stdout.take().unwrap();
+    // Owned by the guard first, so a failed read below still kills it.
+    let mut proc = Proc { child, url: String::new() };
+    let stdout = proc.child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
     let first = lines.next().expect("a line").expect("read stdout");
-    let url = first.strip_prefix("herald listening on ").expect("listening line").trim().to_owned();
+    proc.url = first.strip_prefix("herald listening on ").expect("listening line").trim().to_owned();
     // Keep draining stdout so the child never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    Proc { child, url }
+    proc
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -86,7 +95,7 @@ async fn every_acknowledged_publish_survives_kill_9() {
         acked.len()
     );
 
-    let mut proc = spawn(dir.path());
+    let proc = spawn(dir.path());
     let mut stored = Vec::new();
     let mut after = 0;
     loop {
@@ -106,8 +115,7 @@ async fn every_acknowledged_publish_survives_kill_9() {
         after = msgs.last().unwrap()["seq"].as_u64().unwrap();
         stored.extend(msgs);
     }
-    proc.child.kill().unwrap();
-    proc.child.wait().unwrap();
+    drop(proc);
 
     let seqs: Vec<u64> = stored.iter().map(|m| m["seq"].as_u64().unwrap()).collect();
     assert_eq!(seqs, (1..=stored.len() as u64).collect::<Vec<_>>(), "gap-free and ordered");

@@ -46,7 +46,7 @@ async fn subscribers_joining_mid_stream_see_every_seq_once_in_order() {
     let c = next_messages(&mut from_now, (TOTAL - now_head) as usize).await;
     assert_eq!(seqs(&c), (now_head + 1..=TOTAL).collect::<Vec<_>>());
     // Per-publisher order is kept inside the channel order.
-    let mut last = vec![-1i64; PUBLISHERS];
+    let mut last = [-1i64; PUBLISHERS];
     for m in &a {
         let v: serde_json::Value = serde_json::from_str(m.data.as_ref().unwrap().get()).unwrap();
         let (p, i) = (v["p"].as_u64().unwrap() as usize, v["i"].as_i64().unwrap());

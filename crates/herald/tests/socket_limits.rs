@@ -63,7 +63,9 @@ async fn upgrades_above_the_connection_cap_get_503() {
     let srv = TestServer::start_with(|c| c.limits.max_connections = 2).await;
     let mut a = srv.connect("a").await;
     let _b = srv.connect("b").await;
-    let err = Connection::connect(&ConnectOptions::dev_user(&srv.url, "c")).await.err().unwrap();
+    let Err(err) = Connection::connect(&ConnectOptions::dev_user(&srv.url, "c")).await else {
+        panic!("a third connection must be refused")
+    };
     assert_eq!((err.http_status(), err.code()), (Some(503), Some("too_many_connections")));
     a.close(None, "").await.unwrap();
     drop(a);

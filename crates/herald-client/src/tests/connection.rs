@@ -155,7 +155,10 @@ async fn auth_and_device_go_where_the_options_say() {
         let _a = Connection::connect(&opts).await.unwrap();
         let opts = ConnectOptions::token(url.clone(), "t.o.k").with_token_in_query(true);
         let _b = Connection::connect(&opts).await.unwrap();
-        let _c = Connection::connect(&ConnectOptions::dev_user(url, "alice")).await.unwrap();
+        // The caller may bring its own connected socket (a chosen source
+        // address, say).
+        let stream = tokio::net::TcpStream::connect(url.trim_start_matches("http://")).await.unwrap();
+        let _c = Connection::connect_on(&ConnectOptions::dev_user(url, "alice"), stream).await.unwrap();
         script.await.unwrap();
     })
     .await;

@@ -34,10 +34,12 @@ pub struct TestServer {
 }
 
 pub fn base_config() -> Config {
-    let mut c = Config::default();
-    c.listen = "127.0.0.1:0".parse().unwrap();
-    c.dev = true;
-    c.api_keys = vec![API_KEY.into(), API_KEY_2.into()];
+    let mut c = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        dev: true,
+        api_keys: vec![API_KEY.into(), API_KEY_2.into()],
+        ..Default::default()
+    };
     c.jwt.hs256_secret = Some(JWT_SECRET.into());
     c
 }

@@ -1,0 +1,95 @@
+# Sourced by bench/run.sh: start and stop one server under test.
+#
+# start_server NAME sets SERVER_PID (the process whose /proc the bench
+# reads), TARGET (the --target URL) and PEER_ARGS (extra bench flags).
+# Every server starts fresh for every run, so RSS baselines are comparable.
+# stop_server stops exactly the process start_server started.
+
+ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+HERALD=${HERALD:-$ROOT/target/release/herald}
+HERALD_PORT=${HERALD_PORT:-18700}
+WS_PORT=${WS_PORT:-18801}
+SOCKETIO_PORT=${SOCKETIO_PORT:-18802}
+SOCKETIOXIDE_PORT=${SOCKETIOXIDE_PORT:-18803}
+# Fixed in bench/peers/nats/nats.conf.
+NATS_WS_PORT=4280
+NATS_PORT=4223
+
+SERVER_PID=
+SERVER_DIR=
+
+# Poll until a command succeeds, at most 15 s.
+wait_for() {
+  local i
+  for i in $(seq 1 150); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.1
+  done
+  echo "server did not come up: $*" >&2
+  return 1
+}
+
+port_open() {
+  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+start_server() {
+  local name=$1 log
+  SERVER_DIR=$(mktemp -d /tmp/herald-bench.XXXXXX)
+  log=$SERVER_DIR/server.log
+  PEER_ARGS=(--peer "$name")
+  case $name in
+    herald)
+      HERALD_LOG=warn "$HERALD" serve --dev --data-dir "$SERVER_DIR/data" --listen "127.0.0.1:$HERALD_PORT" >"$log" 2>&1 &
+      SERVER_PID=$!
+      TARGET=http://127.0.0.1:$HERALD_PORT
+      PEER_ARGS+=(--dev)
+      wait_for curl -sf "$TARGET/healthz"
+      ;;
+    ws)
+      node "$ROOT/bench/peers/node/ws-server.js" "$WS_PORT" >"$log" 2>&1 &
+      SERVER_PID=$!
+      TARGET=http://127.0.0.1:$WS_PORT
+      wait_for curl -sf "$TARGET/version"
+      ;;
+    socketio)
+      node "$ROOT/bench/peers/node/socketio-server.js" "$SOCKETIO_PORT" >"$log" 2>&1 &
+      SERVER_PID=$!
+      TARGET=http://127.0.0.1:$SOCKETIO_PORT
+      wait_for curl -sf "$TARGET/version"
+      ;;
+    socketioxide)
+      "$ROOT/bench/peers/socketioxide/target/release/socketioxide-peer" "$SOCKETIOXIDE_PORT" >"$log" 2>&1 &
+      SERVER_PID=$!
+      TARGET=http://127.0.0.1:$SOCKETIOXIDE_PORT
+      wait_for curl -sf "$TARGET/version"
+      ;;
+    nats)
+      nats-server -c "$ROOT/bench/peers/nats/nats.conf" >"$log" 2>&1 &
+      SERVER_PID=$!
+      TARGET=http://127.0.0.1:$NATS_WS_PORT
+      PEER_ARGS+=(--nats-publish "127.0.0.1:$NATS_PORT")
+      wait_for port_open "$NATS_PORT"
+      wait_for port_open "$NATS_WS_PORT"
+      ;;
+    *)
+      echo "unknown server: $name" >&2
+      return 2
+      ;;
+  esac
+}
+
+stop_server() {
+  [ -n "$SERVER_PID" ] || return 0
+  kill "$SERVER_PID" 2>/dev/null || true
+  local i
+  for i in $(seq 1 100); do
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -9 "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=
+  [ -n "$SERVER_DIR" ] && rm -rf "$SERVER_DIR"
+  SERVER_DIR=
+}

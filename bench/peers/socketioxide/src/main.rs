@@ -1,0 +1,55 @@
+//! socketioxide peer for `herald bench --peer socketioxide`: the Rust
+//! Socket.IO server behind axum, with the same contract as the Node
+//! Socket.IO peer (bench/peers/node/socketio-server.js):
+//!
+//! - a client emits `subscribe` with a channel name and an ack; the socket
+//!   joins the room of that name and the ack answers `"ok"`;
+//! - `POST /publish/{channel}` with a JSON body emits `msg` with it to the
+//!   room, answering 201 once the emit returned;
+//! - `GET /version` names the versions.
+//!
+//! In-memory adapter, nothing stored, no resume.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use socketioxide::extract::{AckSender, Data, SocketRef};
+use socketioxide::SocketIo;
+
+const VERSION: &str = "socketioxide 0.18.9 (axum 0.8)";
+
+async fn publish(State(io): State<SocketIo>, Path(channel): Path<String>, body: String) -> (StatusCode, String) {
+    let data: serde_json::Value = match serde_json::from_str(&body) {
+        Ok(v) => v,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    match io.to(channel).emit("msg", &data).await {
+        Ok(()) => (StatusCode::CREATED, "{}".into()),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let port: u16 = std::env::args().nth(1).and_then(|p| p.parse().ok()).ok_or("usage: socketioxide-peer PORT")?;
+    let (layer, io) = SocketIo::new_layer();
+    io.ns("/", async |socket: SocketRef| {
+        socket.on("subscribe", async |socket: SocketRef, Data::<String>(channel), ack: AckSender| {
+            socket.join(channel);
+            let _ = ack.send("ok");
+        });
+    });
+    let app = axum::Router::new()
+        .route("/version", get(|| async { VERSION }))
+        .route("/publish/{channel}", post(publish))
+        .with_state(io)
+        .layer(layer);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    println!("socketioxide peer listening on {port} ({VERSION})");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    Ok(())
+}

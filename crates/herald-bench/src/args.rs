@@ -1,0 +1,262 @@
+//! The `herald bench` command line.
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+/// What to measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// N connections, each subscribed to its own channel, held idle: server
+    /// RSS per connection and idle CPU
+    Idle,
+    /// N subscribers on one channel, one HTTP publisher: deliveries/s and
+    /// publish→deliver latency, at each `--rate`
+    Fanout,
+    /// N users each on their own `user:` channel, messages addressed to each
+    P2p,
+    /// Concurrent HTTP publishers with Idempotency-Keys: publishes/s and latency
+    Publish,
+    /// N subscribers dropped and reconnected with jitter while publishing:
+    /// time until all resumed, nothing lost
+    Reconnect,
+    /// Acked delivery (not available yet: the server has no acked namespaces)
+    Acked,
+    /// Internal: one connection-holding worker process (spawned by the bench)
+    #[value(hide = true)]
+    Worker,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Idle => "idle",
+            Scenario::Fanout => "fanout",
+            Scenario::P2p => "p2p",
+            Scenario::Publish => "publish",
+            Scenario::Reconnect => "reconnect",
+            Scenario::Acked => "acked",
+            Scenario::Worker => "worker",
+        }
+    }
+}
+
+/// The server under test: Herald, or one of the peers in `bench/peers/`
+/// spoken to through a thin protocol adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Peer {
+    /// Herald (WebSocket `/ws`, HTTP API `/api/v1`)
+    Herald,
+    /// bench/peers/ws: Node `ws`, rooms in a Map, HTTP publish
+    Ws,
+    /// bench/peers/socketio: Socket.IO 4 rooms, HTTP publish
+    Socketio,
+    /// bench/peers/socketioxide: the Rust Socket.IO server, HTTP publish
+    Socketioxide,
+    /// nats-server with its WebSocket listener; publishers use the TCP port
+    Nats,
+}
+
+impl Peer {
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Herald => "herald",
+            Peer::Ws => "ws",
+            Peer::Socketio => "socketio",
+            Peer::Socketioxide => "socketioxide",
+            Peer::Nats => "nats",
+        }
+    }
+}
+
+/// One publishing pace: messages per second, or as fast as acknowledgements
+/// come back.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Rate {
+    PerSec(f64),
+    Max,
+}
+
+impl Rate {
+    pub fn label(self) -> String {
+        match self {
+            Rate::PerSec(r) => format!("{r}"),
+            Rate::Max => "max".into(),
+        }
+    }
+
+    /// Interval between two messages of one sequential publisher that has
+    /// `share` of the total rate; `None` for max.
+    pub fn interval(self, share: usize) -> Option<Duration> {
+        match self {
+            Rate::PerSec(r) => Some(Duration::from_secs_f64(share.max(1) as f64 / r)),
+            Rate::Max => None,
+        }
+    }
+}
+
+/// `--rate 20,max` → `[PerSec(20), Max]`.
+pub fn parse_rates(text: &str) -> anyhow::Result<Vec<Rate>> {
+    let mut rates = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if part.eq_ignore_ascii_case("max") {
+            rates.push(Rate::Max);
+            continue;
+        }
+        let r: f64 = part.parse().with_context(|| format!("--rate takes numbers or `max`, got `{part}`"))?;
+        if !(r.is_finite() && r > 0.0) {
+            bail!("--rate must be positive, got `{part}`");
+        }
+        rates.push(Rate::PerSec(r));
+    }
+    if rates.is_empty() {
+        bail!("--rate is empty");
+    }
+    Ok(rates)
+}
+
+/// `herald bench SCENARIO --target http://HOST:PORT ...`
+///
+/// Every scenario is bounded in count (`--messages`, `--connections`) and in
+/// time (`--timeout` per phase, `--hold`), verifies each delivery (arrived,
+/// once, in order) and exits non-zero on any loss, duplicate or reorder.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Scenario to run
+    #[arg(value_enum)]
+    pub scenario: Scenario,
+    /// Server address. For `--peer nats`: the WebSocket listener
+    #[arg(long, env = "HERALD_URL", default_value = "http://127.0.0.1:8700")]
+    pub target: String,
+    /// Server under test
+    #[arg(long, value_enum, default_value_t = Peer::Herald)]
+    pub peer: Peer,
+    /// `--peer nats` only: the NATS client port publishers use (HOST:PORT)
+    #[arg(long, default_value = "127.0.0.1:4223")]
+    pub nats_publish: String,
+    /// WebSocket connections (subscribers). Default: 1000 (reconnect: 500)
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Messages per rate phase (fanout), in total (p2p, publish, reconnect)
+    #[arg(long)]
+    pub messages: Option<u64>,
+    /// Publishing rate in messages/s, or `max`; comma-separated for several
+    /// phases. Default: fanout `20,max`, reconnect `50`, others `max`
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// Message payload size in bytes (JSON with a timestamp, padded)
+    #[arg(long, default_value_t = 64)]
+    pub size: usize,
+    /// Concurrent HTTP publishers (publish, p2p). Default: 64 (p2p: 32)
+    #[arg(long)]
+    pub publishers: Option<usize>,
+    /// Server process id, to read its RSS and CPU from /proc
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// Client JWT for the WebSocket (its `channels` claim must allow the
+    /// bench channels, e.g. `*`)
+    #[arg(long, env = "HERALD_TOKEN", hide_env_values = true, conflicts_with = "dev")]
+    pub token: Option<String>,
+    /// API key for publishing over HTTP
+    #[arg(long, env = "HERALD_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// The server runs with --dev: connect as `?user=NAME`, publish without a key
+    #[arg(long)]
+    pub dev: bool,
+    /// Append one JSON object per run (or per rate phase) to this file
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Free text stored in the JSON (e.g. a repetition id)
+    #[arg(long)]
+    pub label: Option<String>,
+    /// idle: how long to hold the connections (CPU is measured over it)
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    pub hold: Duration,
+    /// Deadline of each phase (connect, deliver, reconnect)
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
+    pub timeout: Duration,
+    /// reconnect: each client drops at a random time within this window
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    pub jitter: Duration,
+    /// Connections per worker process (one process may open only so many files)
+    #[arg(long, default_value_t = 8000)]
+    pub conns_per_worker: usize,
+    /// First client source address; worker k binds to this + k
+    #[arg(long, default_value = "127.0.0.2")]
+    pub source_base: Ipv4Addr,
+    /// Concurrent handshakes per worker while connecting
+    #[arg(long, default_value_t = 64)]
+    pub connect_concurrency: usize,
+}
+
+impl BenchArgs {
+    pub fn connections(&self) -> usize {
+        self.connections.unwrap_or(match self.scenario {
+            Scenario::Reconnect => 500,
+            _ => 1000,
+        })
+    }
+
+    pub fn rates(&self) -> anyhow::Result<Vec<Rate>> {
+        let default = match self.scenario {
+            Scenario::Fanout => "20,max",
+            Scenario::Reconnect => "50",
+            _ => "max",
+        };
+        parse_rates(self.rate.as_deref().unwrap_or(default))
+    }
+
+    pub fn publishers(&self) -> usize {
+        self.publishers.unwrap_or(match self.scenario {
+            Scenario::P2p => 32,
+            _ => 64,
+        })
+    }
+
+    /// Check what can be checked before any connection is opened.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.peer == Peer::Herald && !self.dev && self.token.is_none() {
+            bail!("give --dev (server started with --dev) or --token JWT and --api-key KEY");
+        }
+        if self.size < 48 {
+            bail!("--size must be at least 48 bytes (the payload carries a sequence number and a timestamp)");
+        }
+        if self.size > 60_000 {
+            bail!("--size must be at most 60000 bytes (below Herald's default message limit)");
+        }
+        if self.conns_per_worker == 0 || self.connect_concurrency == 0 {
+            bail!("--conns-per-worker and --connect-concurrency must be positive");
+        }
+        if self.publishers() == 0 {
+            bail!("--publishers must be positive");
+        }
+        self.rates()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_parse_lists_and_max() {
+        assert_eq!(parse_rates("20,max").unwrap(), vec![Rate::PerSec(20.0), Rate::Max]);
+        assert_eq!(parse_rates(" MAX ").unwrap(), vec![Rate::Max]);
+        assert!(parse_rates("0").is_err());
+        assert!(parse_rates("fast").is_err());
+        assert!(parse_rates(",").is_err());
+    }
+
+    #[test]
+    fn interval_splits_the_rate_between_publishers() {
+        assert_eq!(Rate::PerSec(100.0).interval(1), Some(Duration::from_millis(10)));
+        assert_eq!(Rate::PerSec(100.0).interval(4), Some(Duration::from_millis(40)));
+        assert_eq!(Rate::Max.interval(4), None);
+    }
+}

@@ -1,0 +1,200 @@
+//! The parent's side of the worker processes: spawn them (the running
+//! binary, as `bench worker`), hand out connection ranges and source
+//! addresses, send commands and merge what comes back.
+
+use std::net::Ipv4Addr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::time::Instant;
+
+use crate::args::BenchArgs;
+use crate::protocol::Endpoint;
+use crate::tally::Tally;
+use crate::worker::wire::{Command, Event, Layout, ReconnectTally, WorkerSpec};
+
+/// Slack on top of a worker's own deadline before the parent gives up on it.
+const SLACK: Duration = Duration::from_secs(10);
+
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: Lines<BufReader<ChildStdout>>,
+}
+
+/// The running workers and their connections.
+pub struct Fleet {
+    workers: Vec<Worker>,
+    pub connected: u64,
+}
+
+/// What the scenario wants from the fleet.
+pub struct FleetPlan {
+    pub endpoint: Endpoint,
+    pub run_id: String,
+    pub connections: usize,
+    pub layout: Layout,
+    pub resume: bool,
+    /// How long the workers may live at most.
+    pub lifetime: Duration,
+}
+
+impl Fleet {
+    /// Spawn the workers, wait until each has opened its connections, and
+    /// fail if any connection could not be opened.
+    pub async fn start(args: &BenchArgs, plan: FleetPlan) -> anyhow::Result<Fleet> {
+        let exe = std::env::current_exe().context("cannot find the running executable")?;
+        let per = args.conns_per_worker;
+        let n_workers = plan.connections.div_ceil(per).max(1);
+        let mut workers = Vec::with_capacity(n_workers);
+        for k in 0..n_workers {
+            let first = k * per;
+            let count = per.min(plan.connections - first);
+            let spec = WorkerSpec {
+                endpoint: plan.endpoint.clone(),
+                source: Some(source_address(args.source_base, k)?),
+                run_id: plan.run_id.clone(),
+                first,
+                count,
+                layout: plan.layout.clone(),
+                resume: plan.resume,
+                connect_concurrency: args.connect_concurrency,
+                phase_timeout_ms: args.timeout.as_millis() as u64,
+                lifetime_ms: plan.lifetime.as_millis() as u64,
+            };
+            let mut child = tokio::process::Command::new(&exe)
+                .args(["bench", "worker"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .with_context(|| format!("cannot start worker process {}", exe.display()))?;
+            let mut stdin = child.stdin.take().context("worker stdin")?;
+            let stdout = BufReader::new(child.stdout.take().context("worker stdout")?).lines();
+            let mut line = serde_json::to_vec(&spec)?;
+            line.push(b'\n');
+            stdin.write_all(&line).await.context("cannot send the worker its spec")?;
+            workers.push(Worker { child, stdin, stdout });
+        }
+        let mut fleet = Fleet { workers, connected: 0 };
+        let deadline = Instant::now() + args.timeout + SLACK;
+        let mut failed = 0;
+        let mut errors = Vec::new();
+        for k in 0..fleet.workers.len() {
+            match fleet.read_event(k, deadline).await? {
+                Event::Ready { connected, failed: f, errors: e } => {
+                    fleet.connected += connected;
+                    failed += f;
+                    errors.extend(e);
+                }
+                other => bail!("worker {k}: expected ready, got {other:?}"),
+            }
+        }
+        if failed > 0 {
+            errors.truncate(5);
+            bail!(
+                "{failed} of {} connections could not be opened; first errors:\n  {}",
+                plan.connections,
+                errors.join("\n  ")
+            );
+        }
+        Ok(fleet)
+    }
+
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    async fn broadcast(&mut self, cmd: &Command) -> anyhow::Result<()> {
+        let mut line = serde_json::to_vec(cmd)?;
+        line.push(b'\n');
+        for (k, w) in self.workers.iter_mut().enumerate() {
+            w.stdin.write_all(&line).await.with_context(|| format!("worker {k} is gone"))?;
+        }
+        Ok(())
+    }
+
+    async fn read_event(&mut self, k: usize, deadline: Instant) -> anyhow::Result<Event> {
+        let w = &mut self.workers[k];
+        let line = tokio::time::timeout_at(deadline, w.stdout.next_line())
+            .await
+            .map_err(|_| anyhow!("worker {k} did not answer in time"))?
+            .with_context(|| format!("cannot read from worker {k}"))?
+            .ok_or_else(|| anyhow!("worker {k} exited unexpectedly"))?;
+        serde_json::from_str(&line).with_context(|| format!("worker {k} said something odd: {line}"))
+    }
+
+    /// Wait until every subscription has every `n < target_n`, or `timeout`;
+    /// the period's counts over all workers.
+    pub async fn collect(&mut self, target_n: u64, timeout: Duration) -> anyhow::Result<Tally> {
+        self.broadcast(&Command::Collect { target_n, timeout_ms: timeout.as_millis() as u64 }).await?;
+        let deadline = Instant::now() + timeout + SLACK;
+        let mut total = Tally::default();
+        for k in 0..self.workers.len() {
+            match self.read_event(k, deadline).await? {
+                Event::Collected { tally } => total.merge(&tally),
+                other => bail!("worker {k}: expected collected, got {other:?}"),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Drop and reconnect every connection with jitter.
+    pub async fn drop_all(
+        &mut self,
+        window: Duration,
+        pause: Duration,
+        timeout: Duration,
+    ) -> anyhow::Result<ReconnectTally> {
+        let ms = |d: Duration| d.as_millis() as u64;
+        let cmd = Command::Drop { window_ms: ms(window), pause_ms: ms(pause), timeout_ms: ms(timeout) };
+        self.broadcast(&cmd).await?;
+        let deadline = Instant::now() + window + pause + timeout + SLACK;
+        let mut total = ReconnectTally::default();
+        for k in 0..self.workers.len() {
+            match self.read_event(k, deadline).await? {
+                Event::Reconnected { tally } => total.merge(&tally),
+                other => bail!("worker {k}: expected reconnected, got {other:?}"),
+            }
+        }
+        Ok(total)
+    }
+
+    /// Close everything; workers that do not stop in time are killed.
+    pub async fn stop(mut self) {
+        let _ = self.broadcast(&Command::Stop).await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for w in &mut self.workers {
+            if tokio::time::timeout_at(deadline, w.child.wait()).await.is_err() {
+                let _ = w.child.kill().await;
+            }
+        }
+    }
+}
+
+/// Worker `k`'s source address: `base + k` (127.0.0.2, 127.0.0.3, …).
+fn source_address(base: Ipv4Addr, k: usize) -> anyhow::Result<Ipv4Addr> {
+    let ip = u32::from(base).checked_add(k as u32).context("source address overflow")?;
+    let ip = Ipv4Addr::from(ip);
+    if base.is_loopback() && !ip.is_loopback() {
+        bail!("too many workers for loopback source addresses from {base}");
+    }
+    Ok(ip)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_addresses_count_up_within_loopback() {
+        let base = Ipv4Addr::new(127, 0, 0, 2);
+        assert_eq!(source_address(base, 0).unwrap(), base);
+        assert_eq!(source_address(base, 300).unwrap(), Ipv4Addr::new(127, 0, 1, 46));
+        assert!(source_address(Ipv4Addr::new(127, 255, 255, 250), 10).is_err());
+    }
+}

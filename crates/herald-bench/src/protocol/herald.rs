@@ -1,0 +1,177 @@
+//! Herald's WebSocket protocol (docs/protocol.md): `subscribe` with an
+//! optional `since`, `ok` with `epoch`/`head`, then `message` frames.
+//! Frames are parsed borrowed, without building a `Value`, so the client
+//! spends little CPU per delivery.
+
+use std::collections::VecDeque;
+
+use anyhow::{anyhow, bail, Context};
+use futures_util::SinkExt;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use tokio::time::Instant;
+use tokio_websockets::Message;
+
+use super::{clip, next_data, Incoming, ResumePoint, Subscribed, Ws, WsAuth, HANDSHAKE_TIMEOUT};
+use crate::payload;
+
+const SUBSCRIBE_REQ: u64 = 1;
+
+pub fn path(auth: &WsAuth, user: &str) -> String {
+    match auth {
+        WsAuth::Dev => format!("/ws?user={user}"),
+        WsAuth::Token(token) => format!("/ws?token={token}&device={user}"),
+    }
+}
+
+#[derive(Serialize)]
+struct Since<'a> {
+    seq: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    epoch: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct SubscribeFrame<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    req: u64,
+    channel: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    since: Option<Since<'a>>,
+}
+
+/// The fields of a server frame the bench looks at.
+#[derive(Deserialize)]
+struct Frame<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: &'a str,
+    #[serde(default)]
+    req: Option<u64>,
+    #[serde(default)]
+    seq: Option<u64>,
+    #[serde(default, borrow)]
+    data: Option<&'a RawValue>,
+    #[serde(default)]
+    epoch: Option<String>,
+    #[serde(default)]
+    head: Option<u64>,
+    #[serde(default)]
+    truncated: Option<bool>,
+    #[serde(default)]
+    epoch_changed: Option<bool>,
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+pub async fn subscribe(
+    ws: &mut Ws,
+    channel: &str,
+    resume: &ResumePoint,
+    pending: &mut VecDeque<Incoming>,
+) -> anyhow::Result<Subscribed> {
+    let since = resume.last_seq.map(|seq| Since { seq, epoch: resume.epoch.as_deref() });
+    let frame =
+        serde_json::to_string(&SubscribeFrame { kind: "subscribe", req: SUBSCRIBE_REQ, channel, since })?;
+    ws.send(Message::text(frame)).await.context("cannot send subscribe")?;
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    loop {
+        let msg = next_data(ws, deadline).await?;
+        let bytes: &[u8] = msg.as_payload();
+        let f: Frame<'_> =
+            serde_json::from_slice(bytes).with_context(|| format!("not a Herald frame: {}", clip(bytes)))?;
+        match (f.kind, f.req) {
+            ("ok", Some(SUBSCRIBE_REQ)) => {
+                let gap_reported = if f.truncated == Some(true) {
+                    Some("resume reply says truncated: messages were lost to retention".to_owned())
+                } else if f.epoch_changed == Some(true) {
+                    Some("resume reply says epoch_changed: the log was reset".to_owned())
+                } else {
+                    None
+                };
+                return Ok(Subscribed { head: f.head, epoch: f.epoch, gap_reported });
+            }
+            ("error", _) => bail!(
+                "subscribe refused: {} {}",
+                f.code.map(|c| c.to_string()).unwrap_or_default(),
+                f.message.unwrap_or_default()
+            ),
+            _ => decode_frame(f, bytes, pending)?,
+        }
+    }
+}
+
+/// Decode one data frame. Herald never needs a protocol-level reply.
+pub fn decode(msg: &Message, pending: &mut VecDeque<Incoming>) -> anyhow::Result<Option<Message>> {
+    let bytes: &[u8] = msg.as_payload();
+    if !msg.is_text() {
+        bail!("binary frame from Herald: {}", clip(bytes));
+    }
+    let f: Frame<'_> =
+        serde_json::from_slice(bytes).with_context(|| format!("not a Herald frame: {}", clip(bytes)))?;
+    decode_frame(f, bytes, pending)?;
+    Ok(None)
+}
+
+fn decode_frame(f: Frame<'_>, bytes: &[u8], pending: &mut VecDeque<Incoming>) -> anyhow::Result<()> {
+    match f.kind {
+        "message" => {
+            let data = f.data.ok_or_else(|| anyhow!("message without data: {}", clip(bytes)))?;
+            let stamp = payload::decode(data.get().as_bytes())
+                .with_context(|| format!("message is not a bench payload: {}", clip(bytes)))?;
+            pending.push_back(Incoming::Delivery { stamp, seq: f.seq });
+        }
+        "disconnect" => {
+            let code = f.code.map(|c| c.to_string()).unwrap_or_default();
+            pending
+                .push_back(Incoming::Closing(format!("disconnect {code}: {}", f.reason.unwrap_or_default())));
+        }
+        "pong" | "ok" => {}
+        "error" => bail!(
+            "error frame: {} {}",
+            f.code.map(|c| c.to_string()).unwrap_or_default(),
+            f.message.unwrap_or_default()
+        ),
+        other => bail!("unexpected frame type `{other}`: {}", clip(bytes)),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_messages_and_disconnects() {
+        let mut out = VecDeque::new();
+        let msg = Message::text(
+            r#"{"type":"message","channel":"chat:1","seq":9,"id":"x","ts":1,"data":{"n":3,"t":5,"p":"xx"}}"#,
+        );
+        decode(&msg, &mut out).unwrap();
+        match out.pop_front() {
+            Some(Incoming::Delivery { stamp, seq }) => assert_eq!((stamp.n, stamp.t, seq), (3, 5, Some(9))),
+            other => panic!("{other:?}"),
+        }
+        decode(&Message::text(r#"{"type":"disconnect","code":4008,"reason":"slow consumer"}"#), &mut out)
+            .unwrap();
+        assert!(matches!(out.pop_front(), Some(Incoming::Closing(r)) if r.contains("4008")));
+        assert!(decode(&Message::text(r#"{"type":"message","seq":1,"data":"not ours"}"#), &mut out).is_err());
+    }
+
+    #[test]
+    fn subscribe_frame_carries_since_only_when_resuming() {
+        let f = SubscribeFrame { kind: "subscribe", req: 1, channel: "c", since: None };
+        assert_eq!(serde_json::to_string(&f).unwrap(), r#"{"type":"subscribe","req":1,"channel":"c"}"#);
+        let f = SubscribeFrame {
+            kind: "subscribe",
+            req: 1,
+            channel: "c",
+            since: Some(Since { seq: 4, epoch: Some("E") }),
+        };
+        assert!(serde_json::to_string(&f).unwrap().ends_with(r#""since":{"seq":4,"epoch":"E"}}"#));
+    }
+}

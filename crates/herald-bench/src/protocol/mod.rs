@@ -1,0 +1,223 @@
+//! Subscriber-side protocol adapters: open a WebSocket from a chosen source
+//! address, subscribe to one channel, and turn the server's frames into
+//! [`Incoming`] deliveries. One adapter per server family:
+//!
+//! - [`herald`]: Herald's JSON frames, with resume (`since`) on reconnect;
+//! - [`plain_ws`]: the Node `ws` peer (`{"sub":CH}` → `{"ok":CH}`, then raw
+//!   payloads);
+//! - [`socketio`]: Engine.IO 4 / Socket.IO 5 framing (Socket.IO and
+//!   socketioxide peers);
+//! - [`nats`]: the NATS text protocol over the WebSocket listener.
+//!
+//! The connection is built on tokio-websockets over a [`TcpSocket`] bound to
+//! the worker's source address (herald-client's `Connection` cannot choose
+//! one), and keeps per-connection client memory small.
+
+pub mod herald;
+pub mod nats;
+pub mod plain_ws;
+pub mod socketio;
+
+use std::collections::VecDeque;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use futures_util::{SinkExt, StreamExt};
+use serde::{Deserialize, Serialize};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::time::Instant;
+use tokio_websockets::{ClientBuilder, Limits, Message};
+
+use crate::args::Peer;
+use crate::payload::Stamp;
+
+pub type Ws = tokio_websockets::WebSocketStream<TcpStream>;
+
+/// TCP connect plus upgrade plus subscribe must finish within this.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How a Herald subscriber authenticates.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum WsAuth {
+    /// `?user=NAME` (server in `--dev` mode).
+    Dev,
+    /// One JWT for every connection, as `?token=`.
+    Token(String),
+}
+
+/// Where the subscribers connect.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub peer: Peer,
+    pub addr: SocketAddr,
+    /// `host:port` as given on the command line, for the `Host` header.
+    pub authority: String,
+    pub auth: WsAuth,
+}
+
+/// What a subscription needs to resume where it stopped (Herald only).
+#[derive(Debug, Clone, Default)]
+pub struct ResumePoint {
+    pub last_seq: Option<u64>,
+    pub epoch: Option<String>,
+}
+
+/// The reply to a subscribe.
+#[derive(Debug, Clone, Default)]
+pub struct Subscribed {
+    /// Herald: the channel head at subscribe time (resume point if nothing
+    /// arrives before the next reconnect).
+    pub head: Option<u64>,
+    pub epoch: Option<String>,
+    /// Herald said messages were lost to retention or a log reset.
+    pub gap_reported: Option<String>,
+}
+
+/// An event from the server, in arrival order.
+#[derive(Debug, Clone)]
+pub enum Incoming {
+    /// A bench message; `seq` is the server's sequence number when the
+    /// protocol has one.
+    Delivery { stamp: Stamp, seq: Option<u64> },
+    /// The server announced it is closing the connection (reason).
+    Closing(String),
+}
+
+/// One subscribed connection.
+pub struct SubConn {
+    ws: Ws,
+    codec: Codec,
+    pending: VecDeque<Incoming>,
+}
+
+/// Per-connection protocol state.
+enum Codec {
+    Herald,
+    PlainWs,
+    SocketIo,
+    Nats(nats::Parser),
+}
+
+impl SubConn {
+    /// Connect from `source` (any port), upgrade, subscribe to `channel`
+    /// (resuming from `resume` where the protocol can), and return once the
+    /// server confirmed the subscription.
+    pub async fn open(
+        ep: &Endpoint,
+        source: Option<Ipv4Addr>,
+        user: &str,
+        channel: &str,
+        resume: &ResumePoint,
+    ) -> anyhow::Result<(SubConn, Subscribed)> {
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, Self::open_inner(ep, source, user, channel, resume))
+            .await
+            .map_err(|_| anyhow!("connect and subscribe took over {HANDSHAKE_TIMEOUT:?}"))?
+    }
+
+    async fn open_inner(
+        ep: &Endpoint,
+        source: Option<Ipv4Addr>,
+        user: &str,
+        channel: &str,
+        resume: &ResumePoint,
+    ) -> anyhow::Result<(SubConn, Subscribed)> {
+        let path = match ep.peer {
+            Peer::Herald => herald::path(&ep.auth, user),
+            Peer::Ws => plain_ws::PATH.to_owned(),
+            Peer::Socketio | Peer::Socketioxide => socketio::PATH.to_owned(),
+            Peer::Nats => nats::PATH.to_owned(),
+        };
+        let mut ws = connect(ep, source, &path).await?;
+        let mut pending = VecDeque::new();
+        let (codec, subscribed) = match ep.peer {
+            Peer::Herald => (Codec::Herald, herald::subscribe(&mut ws, channel, resume, &mut pending).await?),
+            Peer::Ws => (Codec::PlainWs, plain_ws::subscribe(&mut ws, channel).await?),
+            Peer::Socketio | Peer::Socketioxide => {
+                (Codec::SocketIo, socketio::subscribe(&mut ws, channel).await?)
+            }
+            Peer::Nats => {
+                let mut parser = nats::Parser::default();
+                let s = nats::subscribe(&mut ws, channel, &mut parser, &mut pending).await?;
+                (Codec::Nats(parser), s)
+            }
+        };
+        Ok((SubConn { ws, codec, pending }, subscribed))
+    }
+
+    /// The next event; `Ok(None)` when the connection ended. Control frames
+    /// (WebSocket pings, Engine.IO and NATS pings) are answered here.
+    pub async fn next(&mut self) -> anyhow::Result<Option<Incoming>> {
+        loop {
+            if let Some(ev) = self.pending.pop_front() {
+                return Ok(Some(ev));
+            }
+            let Some(msg) = self.ws.next().await else { return Ok(None) };
+            let msg = msg.context("WebSocket read failed")?;
+            if let Some((code, reason)) = msg.as_close() {
+                self.pending.push_back(Incoming::Closing(format!("close {}: {reason}", u16::from(code))));
+                continue;
+            }
+            if msg.is_ping() || msg.is_pong() {
+                continue; // tokio-websockets answers pings itself
+            }
+            let reply = match &mut self.codec {
+                Codec::Herald => herald::decode(&msg, &mut self.pending)?,
+                Codec::PlainWs => plain_ws::decode(&msg, &mut self.pending)?,
+                Codec::SocketIo => socketio::decode(&msg, &mut self.pending)?,
+                Codec::Nats(parser) => parser.feed(msg.as_payload(), &mut self.pending)?,
+            };
+            if let Some(reply) = reply {
+                self.ws.send(reply).await.context("WebSocket write failed")?;
+            }
+        }
+    }
+
+    /// Close politely, bounded: the worker is about to exit anyway.
+    pub async fn close(mut self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.ws.close()).await;
+    }
+}
+
+/// TCP connect from `source` and WebSocket upgrade on `path`.
+async fn connect(ep: &Endpoint, source: Option<Ipv4Addr>, path: &str) -> anyhow::Result<Ws> {
+    let socket = TcpSocket::new_v4().context("cannot create a socket")?;
+    if let Some(ip) = source {
+        socket.bind(SocketAddr::new(ip.into(), 0)).with_context(|| format!("cannot bind to {ip}"))?;
+    }
+    let stream = socket.connect(ep.addr).await.with_context(|| format!("cannot connect to {}", ep.addr))?;
+    stream.set_nodelay(true)?;
+    let uri = format!("ws://{}{}", ep.authority, path);
+    let uri: http::Uri = uri.parse().with_context(|| format!("bad WebSocket URI {uri}"))?;
+    // A bench payload is small; the limit only guards against a broken peer.
+    let (ws, _resp) = ClientBuilder::from_uri(uri)
+        .limits(Limits::default().max_payload_len(Some(16 * 1024 * 1024)))
+        .connect_on(stream)
+        .await
+        .context("WebSocket upgrade failed")?;
+    Ok(ws)
+}
+
+/// Read the next data frame (text or binary) within the handshake deadline,
+/// skipping control frames.
+pub(crate) async fn next_data(ws: &mut Ws, deadline: Instant) -> anyhow::Result<Message> {
+    loop {
+        let msg = tokio::time::timeout_at(deadline, ws.next())
+            .await
+            .map_err(|_| anyhow!("no reply from the server"))?
+            .ok_or_else(|| anyhow!("connection closed during the handshake"))?
+            .context("WebSocket read failed during the handshake")?;
+        if let Some((code, reason)) = msg.as_close() {
+            bail!("server closed during the handshake ({}: {reason})", u16::from(code));
+        }
+        if msg.is_text() || msg.is_binary() {
+            return Ok(msg);
+        }
+    }
+}
+
+/// Cut a frame for an error message.
+pub(crate) fn clip(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(160)]);
+    text.into_owned()
+}

@@ -1,0 +1,179 @@
+//! Publisher-side adapters. Each publish returns only once the server
+//! acknowledged it, so a sequential publisher keeps each channel in order:
+//!
+//! - Herald: `POST /api/v1/channels/{channel}/messages` (durable: the reply
+//!   waits for the fsync), with an optional `Idempotency-Key`;
+//! - the Node and socketioxide peers: `POST /publish/{channel}` with the
+//!   payload as the body, answered after the fan-out (nothing stored);
+//! - NATS: `PUB` on the client port followed by `PING`, acknowledged by the
+//!   `PONG` (what `flush()` does in the NATS clients; nothing stored).
+
+use anyhow::{anyhow, bail, Context};
+use herald_client::HttpApi;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::args::{BenchArgs, Peer};
+use crate::protocol::nats;
+
+/// The server's answer to one publish.
+#[derive(Debug, Clone, Default)]
+pub struct Ack {
+    /// Herald's seq for the message.
+    pub seq: Option<u64>,
+    /// Herald answered with `Idempotent-Replayed: true`.
+    pub replayed: bool,
+}
+
+/// Makes one [`Publisher`] per publishing task (HTTP ones share a pool).
+#[derive(Clone)]
+pub enum PublisherFactory {
+    Herald(HttpApi),
+    Http { client: reqwest::Client, base: String },
+    Nats { addr: String },
+}
+
+pub enum Publisher {
+    Herald(HttpApi),
+    Http { client: reqwest::Client, base: String },
+    Nats(NatsPublisher),
+}
+
+impl PublisherFactory {
+    pub fn new(args: &BenchArgs) -> anyhow::Result<Self> {
+        let base = args.target.trim_end_matches('/').to_owned();
+        Ok(match args.peer {
+            Peer::Herald => PublisherFactory::Herald(match &args.api_key {
+                Some(key) => HttpApi::new(&base, key.clone()),
+                None => HttpApi::anonymous(&base),
+            }),
+            Peer::Ws | Peer::Socketio | Peer::Socketioxide => {
+                let client =
+                    reqwest::Client::builder().no_proxy().build().context("cannot build the HTTP client")?;
+                PublisherFactory::Http { client, base }
+            }
+            Peer::Nats => PublisherFactory::Nats { addr: args.nats_publish.clone() },
+        })
+    }
+
+    pub async fn connect(&self) -> anyhow::Result<Publisher> {
+        Ok(match self {
+            PublisherFactory::Herald(api) => Publisher::Herald(api.clone()),
+            PublisherFactory::Http { client, base } => {
+                Publisher::Http { client: client.clone(), base: base.clone() }
+            }
+            PublisherFactory::Nats { addr } => Publisher::Nats(NatsPublisher::connect(addr).await?),
+        })
+    }
+}
+
+impl Publisher {
+    /// Publish `payload` (a JSON object) to `channel` and wait for the
+    /// server's acknowledgement.
+    pub async fn publish(
+        &mut self,
+        channel: &str,
+        payload: Vec<u8>,
+        idempotency_key: Option<&str>,
+    ) -> anyhow::Result<Ack> {
+        match self {
+            Publisher::Herald(api) => {
+                let mut body = Vec::with_capacity(payload.len() + 9);
+                body.extend_from_slice(b"{\"data\":");
+                body.extend_from_slice(&payload);
+                body.push(b'}');
+                let resp = api.publish_raw(channel, body, idempotency_key).await?;
+                let replayed =
+                    resp.header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+                let resp = resp.error_for_status()?;
+                let json = resp.json()?;
+                Ok(Ack { seq: json.get("seq").and_then(serde_json::Value::as_u64), replayed })
+            }
+            Publisher::Http { client, base } => {
+                let resp = client
+                    .post(format!("{base}/publish/{channel}"))
+                    .header("content-type", "application/json")
+                    .body(payload)
+                    .send()
+                    .await
+                    .context("publish request failed")?;
+                let status = resp.status();
+                let body = resp.bytes().await.unwrap_or_default();
+                if !status.is_success() {
+                    bail!("publish answered {status}: {}", String::from_utf8_lossy(&body));
+                }
+                Ok(Ack::default())
+            }
+            Publisher::Nats(nats) => {
+                nats.publish(channel, &payload).await?;
+                Ok(Ack::default())
+            }
+        }
+    }
+}
+
+/// One NATS client connection on the TCP port.
+pub struct NatsPublisher {
+    stream: BufReader<TcpStream>,
+    line: String,
+}
+
+impl NatsPublisher {
+    async fn connect(addr: &str) -> anyhow::Result<Self> {
+        let stream =
+            TcpStream::connect(addr).await.with_context(|| format!("cannot connect to NATS at {addr}"))?;
+        stream.set_nodelay(true)?;
+        let mut me = NatsPublisher { stream: BufReader::new(stream), line: String::new() };
+        me.read_line().await?;
+        if !me.line.starts_with("INFO ") {
+            bail!("expected INFO from NATS, got {}", me.line.trim_end());
+        }
+        let hello = format!("{}\r\nPING\r\n", nats::CONNECT);
+        me.stream.get_mut().write_all(hello.as_bytes()).await?;
+        me.wait_pong().await?;
+        Ok(me)
+    }
+
+    async fn publish(&mut self, channel: &str, payload: &[u8]) -> anyhow::Result<()> {
+        let mut frame = format!("PUB {} {}\r\n", nats::subject(channel), payload.len()).into_bytes();
+        frame.extend_from_slice(payload);
+        frame.extend_from_slice(b"\r\nPING\r\n");
+        self.stream.get_mut().write_all(&frame).await.context("NATS write failed")?;
+        self.wait_pong().await
+    }
+
+    async fn wait_pong(&mut self) -> anyhow::Result<()> {
+        loop {
+            self.read_line().await?;
+            match self.line.trim_end() {
+                "PONG" => return Ok(()),
+                "PING" => self.stream.get_mut().write_all(b"PONG\r\n").await?,
+                "+OK" => {}
+                l if l.starts_with("INFO ") => {}
+                l => bail!("NATS answered: {l}"),
+            }
+        }
+    }
+
+    async fn read_line(&mut self) -> anyhow::Result<()> {
+        self.line.clear();
+        let n = self.stream.read_line(&mut self.line).await.context("NATS read failed")?;
+        if n == 0 {
+            return Err(anyhow!("NATS closed the connection"));
+        }
+        Ok(())
+    }
+}
+
+/// The server version from a NATS server's INFO line.
+pub async fn nats_version(addr: &str) -> anyhow::Result<String> {
+    let stream = TcpStream::connect(addr).await?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    tokio::time::timeout(std::time::Duration::from_secs(5), reader.read_line(&mut line)).await??;
+    let info: serde_json::Value = serde_json::from_str(line.trim_end().trim_start_matches("INFO ").trim())?;
+    info.get("version")
+        .and_then(|v| v.as_str())
+        .map(|v| format!("nats-server {v}"))
+        .context("no version in INFO")
+}

@@ -1,0 +1,257 @@
+//! One run's figures: a human summary on stdout and one JSON object per
+//! run appended to `--json FILE`.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::args::BenchArgs;
+use crate::hist::Histogram;
+use crate::proc_stats::{Machine, ProcSample};
+use crate::tally::Tally;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Versions {
+    pub bench: &'static str,
+    /// Version the server under test reported, when it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<String>,
+}
+
+/// Field names are the JSON contract of `docs/benchmarks.md`: add, never
+/// rename. `None` means "does not apply to this scenario".
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub scenario: &'static str,
+    pub peer: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    pub run_id: String,
+    /// Unix time of the start of the run, seconds.
+    pub started_at: u64,
+    pub ok: bool,
+    pub problems: Vec<String>,
+    // parameters
+    pub connections: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publishers: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub messages: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+    pub workers: u64,
+    // verification
+    pub expected: u64,
+    pub delivered: u64,
+    pub lost: u64,
+    pub duplicates: u64,
+    pub reordered: u64,
+    pub disconnects: u64,
+    pub resumes: u64,
+    // figures
+    pub duration_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliveries_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publishes_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p50_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p99_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub p999_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_rss_before_kb: Option<u64>,
+    /// idle: a few seconds after the last connection opened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_rss_settled_kb: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_rss_kb: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_per_conn_kb: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_cpu_pct: Option<f64>,
+    /// reconnect: from the drop command until the last client resumed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub all_resumed_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_p50_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_p99_ms: Option<f64>,
+    pub versions: Versions,
+    pub machine: Machine,
+    /// What "verified" means for this scenario (summary only).
+    #[serde(skip)]
+    pub checks: &'static str,
+}
+
+impl Report {
+    pub fn new(args: &BenchArgs, run_id: &str) -> Report {
+        Report {
+            scenario: args.scenario.name(),
+            peer: args.peer.name(),
+            label: args.label.clone(),
+            run_id: run_id.to_owned(),
+            started_at: crate::payload::now_micros() / 1_000_000,
+            ok: true,
+            problems: Vec::new(),
+            connections: 0,
+            publishers: None,
+            messages: None,
+            rate: None,
+            size: None,
+            workers: 0,
+            expected: 0,
+            delivered: 0,
+            lost: 0,
+            duplicates: 0,
+            reordered: 0,
+            disconnects: 0,
+            resumes: 0,
+            duration_s: 0.0,
+            deliveries_per_s: None,
+            publishes_per_s: None,
+            p50_ms: None,
+            p99_ms: None,
+            p999_ms: None,
+            max_ms: None,
+            mean_ms: None,
+            server_rss_before_kb: None,
+            server_rss_settled_kb: None,
+            server_rss_kb: None,
+            rss_per_conn_kb: None,
+            server_cpu_pct: None,
+            all_resumed_s: None,
+            resume_p50_ms: None,
+            resume_p99_ms: None,
+            versions: Versions { bench: env!("CARGO_PKG_VERSION"), server: None },
+            machine: Machine::describe(),
+            checks: "every expected delivery arrived once, in order",
+        }
+    }
+
+    /// Take the verification counts and latency of a delivery period.
+    pub fn apply_tally(&mut self, t: &Tally) {
+        self.delivered = t.delivered;
+        self.lost = t.lost;
+        self.duplicates = t.duplicates;
+        self.reordered = t.reordered;
+        self.disconnects = t.disconnects;
+        self.resumes = t.resumes;
+        self.apply_latency(&Histogram::from_wire(&t.latency));
+        for p in t.problems() {
+            self.fail(p);
+        }
+        if !t.errors.is_empty() && !self.ok {
+            self.problems.push(format!("first errors: {}", t.errors.join(" | ")));
+        }
+    }
+
+    pub fn apply_latency(&mut self, h: &Histogram) {
+        self.p50_ms = h.quantile_ms(0.5);
+        self.p99_ms = h.quantile_ms(0.99);
+        self.p999_ms = h.quantile_ms(0.999);
+        self.max_ms = h.max_ms();
+        self.mean_ms = h.mean_ms();
+    }
+
+    pub fn apply_cpu(&mut self, a: Option<&ProcSample>, b: Option<&ProcSample>) {
+        if let (Some(a), Some(b)) = (a, b) {
+            self.server_cpu_pct = Some(round2(crate::proc_stats::cpu_pct(a, b)));
+            self.server_rss_kb = Some(b.rss_kb);
+        }
+    }
+
+    pub fn fail(&mut self, problem: impl Into<String>) {
+        self.ok = false;
+        self.problems.push(problem.into());
+    }
+
+    /// Print the summary and append the JSON line.
+    pub fn emit(&self, json: Option<&Path>) -> anyhow::Result<()> {
+        println!("{}", self.summary());
+        if let Some(path) = json {
+            let mut line = serde_json::to_vec(self)?;
+            line.push(b'\n');
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("cannot open {}", path.display()))?;
+            f.write_all(&line).with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        Ok(())
+    }
+
+    fn summary(&self) -> String {
+        let mut s = format!("== {} against {}", self.scenario, self.peer);
+        if let Some(rate) = &self.rate {
+            s.push_str(&format!(" (rate {rate})"));
+        }
+        s.push_str(&format!("\n   connections {}   workers {}", self.connections, self.workers));
+        if let Some(p) = self.publishers {
+            s.push_str(&format!("   publishers {p}"));
+        }
+        s.push_str(&format!("   duration {:.1} s\n", self.duration_s));
+        if self.expected > 0 {
+            s.push_str(&format!(
+                "   expected {}   delivered {}   lost {}   duplicates {}   reordered {}   disconnects {}   resumes {}\n",
+                self.expected, self.delivered, self.lost, self.duplicates, self.reordered, self.disconnects, self.resumes
+            ));
+        }
+        let mut figures = Vec::new();
+        let mut add = |name: &str, v: Option<f64>, unit: &str| {
+            if let Some(v) = v {
+                figures.push(format!("{name} {}{unit}", fmt_num(v)));
+            }
+        };
+        add("deliveries/s", self.deliveries_per_s, "");
+        add("publishes/s", self.publishes_per_s, "");
+        add("p50", self.p50_ms, " ms");
+        add("p99", self.p99_ms, " ms");
+        add("p99.9", self.p999_ms, " ms");
+        add("max", self.max_ms, " ms");
+        add("all resumed in", self.all_resumed_s, " s");
+        add("resume p50", self.resume_p50_ms, " ms");
+        add("resume p99", self.resume_p99_ms, " ms");
+        add("server RSS before", self.server_rss_before_kb.map(|v| v as f64), " KB");
+        add("server RSS settled", self.server_rss_settled_kb.map(|v| v as f64), " KB");
+        add("server RSS", self.server_rss_kb.map(|v| v as f64), " KB");
+        add("RSS/conn", self.rss_per_conn_kb, " KB");
+        add("server CPU", self.server_cpu_pct, " %");
+        if !figures.is_empty() {
+            s.push_str(&format!("   {}\n", figures.join("   ")));
+        }
+        if self.ok {
+            s.push_str(&format!("   verified: {}", self.checks));
+        } else {
+            s.push_str("   FAILED:");
+            for p in &self.problems {
+                s.push_str(&format!("\n   !! {p}"));
+            }
+        }
+        s
+    }
+}
+
+pub fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+fn fmt_num(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}

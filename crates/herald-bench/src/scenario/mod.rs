@@ -1,0 +1,192 @@
+//! The scenarios, and what they share: the target endpoint, the run id,
+//! the publisher loop and the worker lifetime bound.
+
+mod fanout;
+mod idle;
+mod p2p;
+mod publish;
+mod reconnect;
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use tokio::time::Instant;
+
+use crate::args::{BenchArgs, Peer, Scenario};
+use crate::hist::Histogram;
+use crate::payload;
+use crate::protocol::{Endpoint, WsAuth};
+use crate::publisher::{Ack, Publisher, PublisherFactory};
+use crate::report::Report;
+
+/// What every scenario starts from.
+pub struct Ctx<'a> {
+    pub args: &'a BenchArgs,
+    pub run_id: String,
+    pub endpoint: Endpoint,
+    pub publishers: PublisherFactory,
+}
+
+impl Ctx<'_> {
+    pub fn report(&self) -> Report {
+        Report::new(self.args, &self.run_id)
+    }
+
+    /// A bound on how long worker processes may live: every phase timeout
+    /// plus the planned publishing and holding time, plus a margin.
+    pub fn lifetime(&self, phases: u32, planned: Duration) -> Duration {
+        self.args.timeout * (2 * phases + 2)
+            + self.args.hold
+            + self.args.jitter
+            + planned
+            + Duration::from_secs(60)
+    }
+}
+
+/// Run the scenario named in `args`; every report is printed and appended
+/// to `--json`. Fails if any report failed.
+pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    args.validate()?;
+    crate::proc_stats::raise_nofile();
+    let ctx = Ctx {
+        args,
+        run_id: format!("b{:08x}", fastrand::u32(..)),
+        endpoint: endpoint(args).await?,
+        publishers: PublisherFactory::new(args)?,
+    };
+    let server_version = server_version(args).await;
+    let reports = match args.scenario {
+        Scenario::Idle => vec![idle::run(&ctx).await?],
+        Scenario::Fanout => fanout::run(&ctx).await?,
+        Scenario::P2p => vec![p2p::run(&ctx).await?],
+        Scenario::Publish => vec![publish::run(&ctx).await?],
+        Scenario::Reconnect => vec![reconnect::run(&ctx).await?],
+        Scenario::Acked => bail!(
+            "the `acked` scenario needs acked delivery (server-held cursors, redelivery), \
+             which the server does not have yet"
+        ),
+        Scenario::Worker => bail!("`worker` is internal: the bench starts it itself"),
+    };
+    let mut failed = 0;
+    for mut r in reports {
+        r.versions.server = server_version.clone();
+        r.emit(args.json.as_deref())?;
+        failed += usize::from(!r.ok);
+    }
+    if failed > 0 {
+        bail!("{failed} run(s) FAILED verification (see above)");
+    }
+    Ok(())
+}
+
+/// `http://host:port[/...]` → where the sockets connect.
+async fn endpoint(args: &BenchArgs) -> anyhow::Result<Endpoint> {
+    let t = args.target.trim();
+    let rest = t.split_once("://").map_or(t, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or(rest).to_owned();
+    if authority.is_empty() {
+        bail!("--target needs a host and port, e.g. http://127.0.0.1:8700");
+    }
+    let with_port = if authority.contains(':') { authority.clone() } else { format!("{authority}:80") };
+    let addr = tokio::net::lookup_host(&with_port)
+        .await
+        .with_context(|| format!("cannot resolve {with_port}"))?
+        .find(std::net::SocketAddr::is_ipv4)
+        .with_context(|| format!("{with_port} has no IPv4 address"))?;
+    let auth = match &args.token {
+        Some(token) => WsAuth::Token(token.clone()),
+        None => WsAuth::Dev,
+    };
+    Ok(Endpoint { peer: args.peer, addr, authority, auth })
+}
+
+/// The peer servers in bench/peers answer `GET /version`; NATS says it in
+/// its INFO line. Best effort.
+async fn server_version(args: &BenchArgs) -> Option<String> {
+    match args.peer {
+        Peer::Herald => None,
+        Peer::Ws | Peer::Socketio | Peer::Socketioxide => {
+            let client =
+                reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().ok()?;
+            let url = format!("{}/version", args.target.trim_end_matches('/'));
+            let resp = client.get(url).send().await.ok()?;
+            resp.text().await.ok().map(|t| t.trim().to_owned())
+        }
+        Peer::Nats => crate::publisher::nats_version(&args.nats_publish).await.ok(),
+    }
+}
+
+/// What a publishing loop did.
+#[derive(Default)]
+pub struct PublishStats {
+    pub published: u64,
+    /// Request → acknowledgement time, µs.
+    pub latency: Histogram,
+    pub acks: Vec<Ack>,
+    pub elapsed: Duration,
+    pub error: Option<String>,
+}
+
+/// What one sequential publisher sends: for each round `n` in
+/// `n0..n0 + rounds`, one message to each of `channels` in turn, paced
+/// `interval` apart (`None`: as fast as acknowledgements come), until
+/// `deadline`.
+pub struct PublishPlan<'a> {
+    pub channels: &'a [String],
+    pub n0: u64,
+    pub rounds: u64,
+    pub size: usize,
+    pub interval: Option<Duration>,
+    pub deadline: Instant,
+    /// Keep the server's answers for verification.
+    pub keep_acks: bool,
+}
+
+/// Run a [`PublishPlan`]; stops at the first failure or at the deadline.
+pub async fn publish_loop(publisher: &mut Publisher, plan: PublishPlan<'_>) -> PublishStats {
+    let mut stats = PublishStats::default();
+    let start = Instant::now();
+    let mut k = 0u32;
+    'outer: for n in plan.n0..plan.n0 + plan.rounds {
+        for channel in plan.channels {
+            if let Some(iv) = plan.interval {
+                tokio::time::sleep_until(start + iv * k).await;
+            }
+            k = k.saturating_add(1);
+            if Instant::now() >= plan.deadline {
+                stats.error =
+                    Some(format!("publishing did not finish before the deadline ({} sent)", stats.published));
+                break 'outer;
+            }
+            let body = payload::encode(n, plan.size);
+            let sent = Instant::now();
+            match publisher.publish(channel, body, None).await {
+                Ok(ack) => {
+                    stats.latency.record(sent.elapsed().as_micros() as u64);
+                    stats.published += 1;
+                    if plan.keep_acks {
+                        stats.acks.push(ack);
+                    }
+                }
+                Err(e) => {
+                    stats.error = Some(format!("publish to {channel} (n={n}) failed: {e:#}"));
+                    break 'outer;
+                }
+            }
+        }
+    }
+    stats.elapsed = start.elapsed();
+    stats
+}
+
+/// Deliveries per second over `[start_us, last_rx_us]`.
+pub fn per_second(count: u64, start_us: u64, last_us: Option<u64>) -> Option<f64> {
+    let last = last_us?;
+    let secs = last.saturating_sub(start_us) as f64 / 1e6;
+    (secs > 0.0 && count > 0).then(|| (count as f64 / secs).round())
+}
+
+/// Messages a user gets when `total` are spread over `users`.
+pub fn per_user(total: u64, users: usize) -> u64 {
+    total.div_ceil(users.max(1) as u64).max(1)
+}

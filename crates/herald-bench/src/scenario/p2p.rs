@@ -1,0 +1,103 @@
+//! `p2p`: N users, each subscribed to its own `user:` channel, and
+//! `--publishers` concurrent HTTP publishers; every user gets
+//! `ceil(M / N)` messages addressed to it. Users are split between the
+//! publishers so each channel has a single sequential publisher (its order
+//! is then well defined). Deliveries/s and publish→deliver latency.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::fleet::{Fleet, FleetPlan};
+use crate::hist::Histogram;
+use crate::proc_stats::maybe_sample;
+use crate::report::{round2, Report};
+use crate::worker::wire::{Layout, WorkerSpec};
+
+use super::{per_second, per_user, publish_loop, Ctx, PublishPlan};
+
+pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
+    let args = ctx.args;
+    let n = args.connections();
+    let rounds = per_user(args.messages.unwrap_or(20_000), n);
+    let rate = *args.rates()?.first().expect("rates() is never empty");
+    let publishers = args.publishers().min(n);
+    let layout = Layout::PerUser { prefix: "user:".into() };
+    let planned = rate.interval(1).map_or(Duration::ZERO, |iv| iv.mul_f64((rounds * n as u64) as f64));
+    let plan = FleetPlan {
+        endpoint: ctx.endpoint.clone(),
+        run_id: ctx.run_id.clone(),
+        connections: n,
+        layout: layout.clone(),
+        resume: true,
+        lifetime: ctx.lifetime(2, planned),
+    };
+    let mut fleet = Fleet::start(args, plan).await?;
+    println!("   {} users subscribed; {publishers} publishers, {rounds} messages per user", fleet.connected);
+
+    let mut report = ctx.report();
+    report.connections = n as u64;
+    report.workers = fleet.len() as u64;
+    report.publishers = Some(publishers as u64);
+    report.messages = Some(rounds * n as u64);
+    report.rate = Some(rate.label());
+    report.size = Some(args.size as u64);
+    report.expected = rounds * n as u64;
+
+    let s0 = maybe_sample(args.server_pid)?;
+    let start_us = crate::payload::now_micros();
+    let started = Instant::now();
+    let deadline = started + args.timeout;
+    let mut tasks = Vec::with_capacity(publishers);
+    for p in 0..publishers {
+        let channels: Vec<String> =
+            (p..n).step_by(publishers).map(|i| WorkerSpec::channel(&layout, &ctx.run_id, i)).collect();
+        let factory = ctx.publishers.clone();
+        let (size, interval) = (args.size, rate.interval(publishers));
+        tasks.push(tokio::spawn(async move {
+            let mut publisher = factory.connect().await?;
+            let plan = PublishPlan {
+                channels: &channels,
+                n0: 0,
+                rounds,
+                size,
+                interval,
+                deadline,
+                keep_acks: false,
+            };
+            anyhow::Ok(publish_loop(&mut publisher, plan).await)
+        }));
+    }
+    let mut published = 0;
+    let mut publish_latency = Histogram::default();
+    let mut errors = Vec::new();
+    for t in tasks {
+        match t.await? {
+            Ok(stats) => {
+                published += stats.published;
+                publish_latency.merge(&stats.latency);
+                errors.extend(stats.error);
+            }
+            Err(e) => errors.push(format!("publisher: {e:#}")),
+        }
+    }
+    let publish_secs = started.elapsed().as_secs_f64();
+    let tally = fleet.collect(rounds, args.timeout).await?;
+    let s1 = maybe_sample(args.server_pid)?;
+    fleet.stop().await;
+
+    report.duration_s = round2(started.elapsed().as_secs_f64());
+    report.apply_tally(&tally);
+    report.apply_cpu(s0.as_ref(), s1.as_ref());
+    report.deliveries_per_s = per_second(tally.delivered, start_us, tally.last_rx_us);
+    report.publishes_per_s = Some(round2(published as f64 / publish_secs.max(1e-9)));
+    if !errors.is_empty() {
+        errors.truncate(3);
+        report.fail(format!(
+            "publishing stopped early ({published} of {} sent; unsent ones count as lost): {}",
+            report.expected,
+            errors.join(" | ")
+        ));
+    }
+    Ok(report)
+}

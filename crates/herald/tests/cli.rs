@@ -1,0 +1,112 @@
+//! The README's commands through the real binary: `serve --dev`,
+//! `publish`, `tail --since`, `config`, and a bad config's exit code.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_herald");
+
+struct Served {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_dev(dir: &std::path::Path) -> Served {
+    let child = Command::new(BIN)
+        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir)
+        .env("HERALD_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Owned by the guard first, so a failed read below still kills it.
+    let mut served = Served { child, url: String::new() };
+    let mut lines = BufReader::new(served.child.stdout.take().unwrap()).lines();
+    let first = lines.next().expect("a banner line").unwrap();
+    served.url = first.strip_prefix("herald listening on ").expect("the banner").trim().to_owned();
+    std::thread::spawn(move || for _ in lines {});
+    served
+}
+
+#[test]
+fn publish_then_tail_from_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve_dev(dir.path());
+    for text in ["one", "two", "three"] {
+        let out = Command::new(BIN)
+            .args(["publish", "chat:demo", &format!(r#"{{"text":"{text}"}}"#), "--url", &srv.url])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(reply["channel"], "chat:demo");
+    }
+    let out = Command::new(BIN)
+        .args(["tail", "chat:demo", "--since", "1", "--user", "me", "--count", "2", "--url", &srv.url])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let output = wait_with_timeout(out, Duration::from_secs(20));
+    let lines: Vec<serde_json::Value> =
+        output.lines().map(|l| serde_json::from_str(l).expect("one JSON message per line")).collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!((lines[0]["seq"].as_u64(), lines[1]["seq"].as_u64()), (Some(2), Some(3)));
+    assert_eq!(lines[1]["data"]["text"], "three");
+
+    // Not JSON: a clear error, nothing published.
+    let out =
+        Command::new(BIN).args(["publish", "chat:demo", "not json", "--url", &srv.url]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not valid JSON"));
+}
+
+fn wait_with_timeout(mut child: std::process::Child, limit: Duration) -> String {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("command did not finish in {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn config_prints_parseable_defaults() {
+    let out = Command::new(BIN).arg("config").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let parsed: herald_server::Config =
+        toml::from_str(&text).expect("`herald config` output is a valid config");
+    assert_eq!(parsed.listen.to_string(), "127.0.0.1:8700");
+    assert!(parsed.namespaces.0.contains_key("chat"));
+    assert!(text.contains("[namespaces.live]"));
+}
+
+#[test]
+fn invalid_config_is_one_line_and_exit_64() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("herald.toml");
+    std::fs::write(&path, "listen = \"127.0.0.1:0\"\n[limits]\nmax_mesage_bytes = 5\n").unwrap();
+    let out = Command::new(BIN).args(["serve", "--config"]).arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("max_mesage_bytes"), "{err}");
+    let out = Command::new(BIN).args(["serve", "--listen", "nope"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+}
