@@ -33,14 +33,19 @@ impl From<EngineError> for ApiError {
                 ErrorCode::IdempotencyKeyReused,
                 "this Idempotency-Key was used with a different request",
             ),
+            // A failure reported by the engine may come after the write
+            // reached storage, so the outcome is unknown: never claim that
+            // nothing was stored. A retry with the same Idempotency-Key has
+            // exactly one effect either way.
             EngineError::Unavailable(_) => ApiError {
                 code: ErrorCode::Unavailable,
-                detail: "storage is unavailable; nothing was stored, retry later".into(),
+                detail: "storage is unavailable; retry with the same Idempotency-Key".into(),
                 retry_after: Some(1),
             },
             EngineError::Failed(_) => ApiError {
                 code: ErrorCode::Unavailable,
-                detail: "storage has failed and refuses writes; nothing was stored".into(),
+                detail: "storage has failed and refuses writes until restarted; retry with the same Idempotency-Key"
+                    .into(),
                 retry_after: Some(5),
             },
             EngineError::ShuttingDown => ApiError {

@@ -26,6 +26,7 @@ pub struct TestServer {
     pub addr: SocketAddr,
     pub url: String,
     pub state: Arc<herald_server::State>,
+    pub engine: Arc<EmbeddedEngine>,
     pub data_dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     stop_tx: Option<oneshot::Sender<()>>,
@@ -62,8 +63,8 @@ impl TestServer {
         config.data_dir = data_dir.clone();
         tweak(&mut config);
         config.validate().expect("test config is valid");
-        let engine = EmbeddedEngine::open(StoreConfig::new(&data_dir)).expect("open store");
-        let server = Server::bind(config, Arc::new(engine)).await.expect("bind");
+        let engine = Arc::new(EmbeddedEngine::open(StoreConfig::new(&data_dir)).expect("open store"));
+        let server = Server::bind(config, engine.clone()).await.expect("bind");
         let addr = server.local_addr();
         let state = server.state().clone();
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
@@ -74,6 +75,7 @@ impl TestServer {
             addr,
             url: format!("http://{addr}"),
             state,
+            engine,
             data_dir,
             _tmp: None,
             stop_tx: Some(stop_tx),
