@@ -29,9 +29,9 @@ pub struct NamespaceOptions {
     pub delivery: Delivery,
     /// Keep at most this many messages per channel (0 = unlimited).
     pub history_size: u64,
-    /// Remove messages older than this (e.g. "72h"; absent = no age limit).
-    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
-    pub history_ttl: Option<Duration>,
+    /// Remove messages older than this (e.g. "72h"; "0s" = no age limit).
+    #[serde(with = "humantime_serde")]
+    pub history_ttl: Duration,
     /// Connected clients may publish (if their token allows the channel).
     pub client_publish: bool,
     /// API publishes without an `Idempotency-Key` are rejected.
@@ -47,7 +47,7 @@ impl Default for NamespaceOptions {
         Self {
             delivery: Delivery::Durable,
             history_size: 10_000,
-            history_ttl: Some(Duration::from_secs(72 * 3600)),
+            history_ttl: Duration::from_secs(72 * 3600),
             client_publish: false,
             require_idempotency_key: false,
             presence: false,
@@ -58,7 +58,10 @@ impl Default for NamespaceOptions {
 
 impl NamespaceOptions {
     pub fn retention(&self) -> Retention {
-        Retention { max_len: self.history_size, max_age: self.history_ttl }
+        Retention {
+            max_len: self.history_size,
+            max_age: (!self.history_ttl.is_zero()).then_some(self.history_ttl),
+        }
     }
 
     pub fn is_durable(&self) -> bool {
@@ -89,7 +92,7 @@ impl Default for Namespaces {
             NamespaceOptions {
                 delivery: Delivery::Volatile,
                 history_size: 0,
-                history_ttl: None,
+                history_ttl: Duration::ZERO,
                 client_publish: true,
                 ..Default::default()
             },
@@ -158,7 +161,10 @@ mod tests {
         )
         .unwrap();
         let o = &ns.0["orders"];
-        assert_eq!(o.history_ttl, Some(Duration::from_secs(86400)));
+        assert_eq!(o.history_ttl, Duration::from_secs(86400));
+        assert_eq!(o.retention().max_age, Some(Duration::from_secs(86400)));
+        let unlimited: Namespaces = toml::from_str("[x]\nhistory_ttl = \"0s\"").unwrap();
+        assert_eq!(unlimited.0["x"].retention().max_age, None);
         assert!(o.require_idempotency_key);
         assert_eq!(o.history_size, 10_000);
         let bad: Result<Namespaces, _> = toml::from_str("[x]\ndelivery = \"sometimes\"");
