@@ -120,6 +120,9 @@ async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
         "herald is serving"
     );
     println!("herald listening on http://{addr}");
+    if dev {
+        println!("  WARNING: --dev mode: no authentication. INSECURE, for local trial only.");
+    }
     println!("  publish:   curl -X POST http://{addr}/api/v1/channels/chat:demo/messages -H 'content-type: application/json' -d '{{\"data\":{{\"text\":\"hi\"}}}}'");
     if dev {
         println!("  subscribe: ws://{addr}/ws?user=alice   (or: herald tail chat:demo --url http://{addr} --user alice)");
