@@ -82,17 +82,26 @@ impl Fleet {
         }
         let mut fleet = Fleet { workers, connected: 0 };
         let deadline = Instant::now() + args.timeout + SLACK;
-        let mut failed = 0;
+        let (mut failed, mut retried) = (0, 0);
         let mut errors = Vec::new();
+        let mut retry_errors = Vec::new();
         for k in 0..fleet.workers.len() {
             match fleet.read_event(k, deadline).await? {
-                Event::Ready { connected, failed: f, errors: e } => {
+                Event::Ready { connected, failed: f, errors: e, retried: r, retry_error } => {
                     fleet.connected += connected;
                     failed += f;
                     errors.extend(e);
+                    retried += r;
+                    retry_errors.extend(retry_error);
                 }
                 other => bail!("worker {k}: expected ready, got {other:?}"),
             }
+        }
+        if retried > 0 {
+            println!(
+                "   note: {retried} connection attempts failed and were retried, e.g. {}",
+                retry_errors[0]
+            );
         }
         if failed > 0 {
             errors.truncate(5);

@@ -15,7 +15,6 @@ use std::sync::{Arc, RwLock};
 
 use herald_core::{FanoutSink, Message};
 use herald_proto::ChannelName;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -26,7 +25,10 @@ const SHARDS: usize = 32;
 #[derive(Clone)]
 pub struct ConnHandle {
     pub id: u64,
-    pub outbox_tx: mpsc::Sender<Arc<Message>>,
+    /// Bounded. flume rather than tokio's mpsc because it allocates its
+    /// queue lazily: an idle connection's outbox costs ~100 bytes instead of
+    /// a preallocated block (memory per idle connection matters).
+    pub outbox_tx: flume::Sender<Arc<Message>>,
     /// Cancelled when the connection must go as a slow consumer.
     pub slow: CancellationToken,
 }
@@ -84,7 +86,7 @@ impl FanoutSink for Hub {
         for conn in subs {
             match conn.outbox_tx.try_send(msg.clone()) {
                 Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
+                Err(flume::TrySendError::Full(_)) => {
                     if msg.seq.is_some() {
                         // The log has it: the client resumes from its last seq.
                         if !conn.slow.is_cancelled() {
@@ -95,7 +97,7 @@ impl FanoutSink for Hub {
                     }
                 }
                 // The session is exiting; its cleanup removes this entry.
-                Err(mpsc::error::TrySendError::Closed(_)) => {}
+                Err(flume::TrySendError::Disconnected(_)) => {}
             }
         }
     }

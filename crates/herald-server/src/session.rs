@@ -11,7 +11,7 @@
 //! registration happens before the first position read, so nothing committed
 //! after it can be missed.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,6 @@ use herald_core::{Epoch, Message, Seq};
 use herald_proto::{close, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
@@ -38,6 +37,12 @@ pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
 const CATCHUP_PAGE: usize = 256;
 /// Outbox frames written per flush.
 const OUTBOX_BATCH: usize = 64;
+// Handler futures are boxed where they are awaited: an async state machine
+// reserves room for its largest nested future, and every connection's task
+// holds one, so an idle session would otherwise carry the publish path's
+// state (kilobytes) while it waits. Boxing costs one short-lived allocation
+// per handled frame or outbox batch.
+
 /// How long to wait for the peer's close frame after sending ours.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
@@ -53,17 +58,20 @@ struct LogCursor {
     catching_up: bool,
 }
 
-/// Hub entries of this connection. Dropping it removes them all, so cleanup
-/// runs on every exit path of the task, panics included.
+/// The connection's subscriptions and their hub entries. Dropping it
+/// removes them all, so cleanup runs on every exit path of the task, panics
+/// included.
 struct Registrations {
     state: Arc<State>,
     conn_id: u64,
-    channels: HashSet<ChannelName>,
+    subs: HashMap<ChannelName, Sub>,
 }
 
 impl Registrations {
-    fn remove(&mut self, channel: &ChannelName) {
-        if self.channels.remove(channel) {
+    /// Returns whether the channel was subscribed.
+    fn remove(&mut self, channel: &ChannelName) -> bool {
+        let removed = self.subs.remove(channel).is_some();
+        if removed {
             self.state.metrics.subscriptions.dec();
             if self.state.hub.remove(channel, self.conn_id) {
                 let engine = self.state.engine.clone();
@@ -71,12 +79,13 @@ impl Registrations {
                 tokio::spawn(async move { engine.unwatch(&channel).await });
             }
         }
+        removed
     }
 }
 
 impl Drop for Registrations {
     fn drop(&mut self) {
-        for channel in std::mem::take(&mut self.channels) {
+        for channel in std::mem::take(&mut self.subs).into_keys() {
             self.state.metrics.subscriptions.dec();
             if self.state.hub.remove(&channel, self.conn_id) {
                 let engine = self.state.engine.clone();
@@ -104,7 +113,6 @@ pub struct Session {
     identity: Identity,
     ws: Ws,
     handle: ConnHandle,
-    subs: HashMap<ChannelName, Sub>,
     regs: Registrations,
     /// Subscriptions with catch-up work pending, served round-robin.
     catchup: VecDeque<ChannelName>,
@@ -113,32 +121,43 @@ pub struct Session {
 }
 
 impl Session {
-    /// Run the connection to its end. Cleanup is guaranteed by `Registrations`.
-    pub async fn run(state: Arc<State>, ws: Ws, identity: Identity, conn_id: u64) {
-        let (outbox_tx, outbox_rx) = mpsc::channel(state.config.limits.outbox_capacity);
+    /// Build the session for an upgraded socket. Synchronous on purpose: the
+    /// connection task then holds the `Session` once, not also the pieces it
+    /// was made from (an async fn keeps its arguments alive in its future).
+    pub fn new(
+        state: Arc<State>,
+        ws: Ws,
+        identity: Identity,
+        conn_id: u64,
+    ) -> (Self, flume::Receiver<Arc<Message>>) {
+        let (outbox_tx, outbox_rx) = flume::bounded(state.config.limits.outbox_capacity);
         let handle = ConnHandle { id: conn_id, outbox_tx, slow: CancellationToken::new() };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
         let rate = state.config.limits.client_frames_per_sec;
-        let mut session = Session {
-            regs: Registrations { state: state.clone(), conn_id, channels: HashSet::new() },
+        let session = Session {
+            regs: Registrations { state: state.clone(), conn_id, subs: HashMap::new() },
             state,
             identity,
             ws,
             handle,
-            subs: HashMap::new(),
             catchup: VecDeque::new(),
             last_rx: Instant::now(),
             bucket: TokenBucket::new(rate),
         };
-        let end = session.run_loop(outbox_rx).await;
-        if let End::Close { code, reason, reconnect } = end {
-            session.close(code, reason, reconnect).await;
-        }
-        tracing::debug!(conn = conn_id, "connection ended");
+        (session, outbox_rx)
     }
 
-    async fn run_loop(&mut self, mut outbox_rx: mpsc::Receiver<Arc<Message>>) -> End {
+    /// Run the connection to its end. Cleanup is guaranteed by `Registrations`.
+    pub async fn run(mut self, outbox_rx: flume::Receiver<Arc<Message>>) {
+        let end = self.run_loop(outbox_rx).await;
+        if let End::Close { code, reason, reconnect } = end {
+            Box::pin(self.close(code, reason, reconnect)).await;
+        }
+        tracing::debug!(conn = self.handle.id, "connection ended");
+    }
+
+    async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Message>>) -> End {
         let limits = &self.state.config.limits;
         let mut tick = tokio::time::interval(limits.ping_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -150,17 +169,17 @@ impl Session {
             let step = async {
                 tokio::select! {
                     biased;
-                    Some(msg) = outbox_rx.recv() => self.on_outbox(msg, &mut outbox_rx).await,
+                    Ok(msg) = outbox_rx.recv_async() => Box::pin(self.on_outbox(msg, &mut outbox_rx)).await,
                     frame = self.ws.next() => match frame {
                         None => Err(End::Gone),
                         Some(Err(e)) => Err(self.on_read_error(e)),
                         Some(Ok(m)) => {
                             self.last_rx = Instant::now();
-                            self.on_inbound(m).await
+                            Box::pin(self.on_inbound(m)).await
                         }
                     },
-                    () = std::future::ready(()), if has_catchup => self.catchup_step().await,
-                    _ = tick.tick() => self.on_tick().await,
+                    () = std::future::ready(()), if has_catchup => Box::pin(self.catchup_step()).await,
+                    _ = tick.tick() => Box::pin(self.on_tick()).await,
                 }
             };
             // The kick and shutdown also interrupt a step blocked on a full
@@ -221,7 +240,7 @@ impl Session {
     async fn on_outbox(
         &mut self,
         first: Arc<Message>,
-        outbox_rx: &mut mpsc::Receiver<Arc<Message>>,
+        outbox_rx: &mut flume::Receiver<Arc<Message>>,
     ) -> Result<(), End> {
         let mut written = 0u64;
         let mut next = Some(first);
@@ -245,7 +264,7 @@ impl Session {
 
     /// Decide whether a live message goes out now (see the module invariant).
     fn accept_live(&mut self, msg: &Message) -> bool {
-        let Some(sub) = self.subs.get_mut(&msg.channel) else { return false };
+        let Some(sub) = self.regs.subs.get_mut(&msg.channel) else { return false };
         let (Some(cursor), Some(seq)) = (sub.log.as_mut(), msg.seq) else {
             // Volatile channel: live only.
             return sub.log.is_none();
@@ -266,7 +285,7 @@ impl Session {
     /// One page of catch-up for the subscription at the front of the queue.
     async fn catchup_step(&mut self) -> Result<(), End> {
         let Some(channel) = self.catchup.pop_front() else { return Ok(()) };
-        let Some(cursor) = self.subs.get(&channel).and_then(|s| s.log.as_ref()) else {
+        let Some(cursor) = self.regs.subs.get(&channel).and_then(|s| s.log.as_ref()) else {
             return Ok(()); // unsubscribed meanwhile
         };
         let (next, epoch) = (cursor.next, cursor.epoch.clone());
@@ -297,7 +316,9 @@ impl Session {
             self.ws.flush().await.map_err(|_| End::Gone)?;
             self.state.metrics.delivered.inc_by(page.messages.len() as u64);
         }
-        let Some(cursor) = self.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else { return Ok(()) };
+        let Some(cursor) = self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else {
+            return Ok(());
+        };
         if let Some(last) = last {
             cursor.next = last + 1;
         }
@@ -355,8 +376,7 @@ impl Session {
                 self.send_bytes(reply).await
             }
             ClientFrame::Unsubscribe { req, channel } => {
-                let reply = if self.subs.remove(&channel).is_some() {
-                    self.regs.remove(&channel);
+                let reply = if self.regs.remove(&channel) {
                     self.catchup.retain(|c| c != &channel);
                     OkFrame { req, channel: Some(channel.to_string()), ..Default::default() }.encode()
                 } else {
@@ -398,10 +418,10 @@ impl Session {
         if !self.identity.may_subscribe(channel) {
             return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
         }
-        if self.subs.contains_key(channel) {
+        if self.regs.subs.contains_key(channel) {
             return Err(ApiError::new(ErrorCode::AlreadySubscribed, "already subscribed on this connection"));
         }
-        if self.subs.len() >= state.config.limits.max_subscriptions {
+        if self.regs.subs.len() >= state.config.limits.max_subscriptions {
             return Err(ApiError::new(
                 ErrorCode::TooManySubscriptions,
                 format!("at most {} subscriptions per connection", state.config.limits.max_subscriptions),
@@ -410,16 +430,14 @@ impl Session {
         // Register before reading the position: anything committed after
         // this point reaches the outbox, anything before is in the log.
         let first_local = state.hub.add(channel, self.handle.clone());
-        self.regs.channels.insert(channel.clone());
         state.metrics.subscriptions.inc();
         let durable = ns.is_durable();
-        self.subs.insert(
+        self.regs.subs.insert(
             channel.clone(),
             Sub { log: durable.then(|| LogCursor { epoch: Epoch::new(""), next: 1, catching_up: true }) },
         );
         let result = self.start_subscription(req, channel, since, durable, first_local).await;
         if result.is_err() {
-            self.subs.remove(channel);
             self.regs.remove(channel);
         }
         result
@@ -462,7 +480,7 @@ impl Session {
             }
         }
         let catching_up = next <= pos.head;
-        if let Some(cursor) = self.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
+        if let Some(cursor) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
             *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up };
         }
         if catching_up {

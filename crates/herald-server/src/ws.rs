@@ -148,7 +148,8 @@ pub async fn upgrade(
                 let limits =
                     Limits::default().max_payload_len(Some(task_state.config.limits.max_message_bytes));
                 let ws = ServerBuilder::new().limits(limits).serve(TokioIo::new(upgraded));
-                Session::run(task_state, ws, identity, conn_id).await;
+                let (session, outbox_rx) = Session::new(task_state, ws, identity, conn_id);
+                session.run(outbox_rx).await;
             }
             Err(e) => tracing::debug!(error = %e, "upgrade failed"),
         }

@@ -33,8 +33,12 @@ async fn publish(State(io): State<SocketIo>, Path(channel): Path<String>, body: 
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port: u16 = std::env::args().nth(1).and_then(|p| p.parse().ok()).ok_or("usage: socketioxide-peer PORT")?;
     let (layer, io) = SocketIo::new_layer();
-    io.ns("/", async |socket: SocketRef| {
-        socket.on("subscribe", async |socket: SocketRef, Data::<String>(channel), ack: AckSender| {
+    // A synchronous connect handler: socketioxide sends the connect reply
+    // before it calls the handler, and runs an async handler in a spawned
+    // task, so an event the client sends right after connecting could find
+    // no listener yet and be dropped.
+    io.ns("/", |socket: SocketRef| {
+        socket.on("subscribe", |socket: SocketRef, Data::<String>(channel), ack: AckSender| {
             socket.join(channel);
             let _ = ack.send("ok");
         });

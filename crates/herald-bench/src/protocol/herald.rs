@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 use tokio_websockets::Message;
 
-use super::{clip, next_data, Incoming, ResumePoint, Subscribed, Ws, WsAuth, HANDSHAKE_TIMEOUT};
+use super::{clip, next_data, Incoming, ResumePoint, Subscribed, Ws, WsAuth};
 use crate::payload;
 
 const SUBSCRIBE_REQ: u64 = 1;
@@ -73,14 +73,14 @@ pub async fn subscribe(
     channel: &str,
     resume: &ResumePoint,
     pending: &mut VecDeque<Incoming>,
+    deadline: Instant,
 ) -> anyhow::Result<Subscribed> {
     let since = resume.last_seq.map(|seq| Since { seq, epoch: resume.epoch.as_deref() });
     let frame =
         serde_json::to_string(&SubscribeFrame { kind: "subscribe", req: SUBSCRIBE_REQ, channel, since })?;
     ws.send(Message::text(frame)).await.context("cannot send subscribe")?;
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     loop {
-        let msg = next_data(ws, deadline).await?;
+        let msg = next_data(ws, deadline, "the subscribe reply").await?;
         let bytes: &[u8] = msg.as_payload();
         let f: Frame<'_> =
             serde_json::from_slice(bytes).with_context(|| format!("not a Herald frame: {}", clip(bytes)))?;

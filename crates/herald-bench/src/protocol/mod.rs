@@ -110,35 +110,27 @@ impl SubConn {
         channel: &str,
         resume: &ResumePoint,
     ) -> anyhow::Result<(SubConn, Subscribed)> {
-        tokio::time::timeout(HANDSHAKE_TIMEOUT, Self::open_inner(ep, source, user, channel, resume))
-            .await
-            .map_err(|_| anyhow!("connect and subscribe took over {HANDSHAKE_TIMEOUT:?}"))?
-    }
-
-    async fn open_inner(
-        ep: &Endpoint,
-        source: Option<Ipv4Addr>,
-        user: &str,
-        channel: &str,
-        resume: &ResumePoint,
-    ) -> anyhow::Result<(SubConn, Subscribed)> {
+        // One deadline for every step, so a timeout names the step that hung.
+        let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
         let path = match ep.peer {
             Peer::Herald => herald::path(&ep.auth, user),
             Peer::Ws => plain_ws::PATH.to_owned(),
             Peer::Socketio | Peer::Socketioxide => socketio::PATH.to_owned(),
             Peer::Nats => nats::PATH.to_owned(),
         };
-        let mut ws = connect(ep, source, &path).await?;
+        let mut ws = connect(ep, source, &path, deadline).await?;
         let mut pending = VecDeque::new();
         let (codec, subscribed) = match ep.peer {
-            Peer::Herald => (Codec::Herald, herald::subscribe(&mut ws, channel, resume, &mut pending).await?),
-            Peer::Ws => (Codec::PlainWs, plain_ws::subscribe(&mut ws, channel).await?),
+            Peer::Herald => {
+                (Codec::Herald, herald::subscribe(&mut ws, channel, resume, &mut pending, deadline).await?)
+            }
+            Peer::Ws => (Codec::PlainWs, plain_ws::subscribe(&mut ws, channel, deadline).await?),
             Peer::Socketio | Peer::Socketioxide => {
-                (Codec::SocketIo, socketio::subscribe(&mut ws, channel).await?)
+                (Codec::SocketIo, socketio::subscribe(&mut ws, channel, deadline).await?)
             }
             Peer::Nats => {
                 let mut parser = nats::Parser::default();
-                let s = nats::subscribe(&mut ws, channel, &mut parser, &mut pending).await?;
+                let s = nats::subscribe(&mut ws, channel, &mut parser, &mut pending, deadline).await?;
                 (Codec::Nats(parser), s)
             }
         };
@@ -180,31 +172,40 @@ impl SubConn {
 }
 
 /// TCP connect from `source` and WebSocket upgrade on `path`.
-async fn connect(ep: &Endpoint, source: Option<Ipv4Addr>, path: &str) -> anyhow::Result<Ws> {
+async fn connect(
+    ep: &Endpoint,
+    source: Option<Ipv4Addr>,
+    path: &str,
+    deadline: Instant,
+) -> anyhow::Result<Ws> {
     let socket = TcpSocket::new_v4().context("cannot create a socket")?;
     if let Some(ip) = source {
         socket.bind(SocketAddr::new(ip.into(), 0)).with_context(|| format!("cannot bind to {ip}"))?;
     }
-    let stream = socket.connect(ep.addr).await.with_context(|| format!("cannot connect to {}", ep.addr))?;
+    let stream = tokio::time::timeout_at(deadline, socket.connect(ep.addr))
+        .await
+        .map_err(|_| anyhow!("TCP connect to {} timed out", ep.addr))?
+        .with_context(|| format!("cannot connect to {}", ep.addr))?;
     stream.set_nodelay(true)?;
     let uri = format!("ws://{}{}", ep.authority, path);
     let uri: http::Uri = uri.parse().with_context(|| format!("bad WebSocket URI {uri}"))?;
     // A bench payload is small; the limit only guards against a broken peer.
-    let (ws, _resp) = ClientBuilder::from_uri(uri)
-        .limits(Limits::default().max_payload_len(Some(16 * 1024 * 1024)))
-        .connect_on(stream)
+    let builder =
+        ClientBuilder::from_uri(uri).limits(Limits::default().max_payload_len(Some(16 * 1024 * 1024)));
+    let (ws, _resp) = tokio::time::timeout_at(deadline, builder.connect_on(stream))
         .await
+        .map_err(|_| anyhow!("no answer to the WebSocket upgrade"))?
         .context("WebSocket upgrade failed")?;
     Ok(ws)
 }
 
 /// Read the next data frame (text or binary) within the handshake deadline,
-/// skipping control frames.
-pub(crate) async fn next_data(ws: &mut Ws, deadline: Instant) -> anyhow::Result<Message> {
+/// skipping control frames; `waiting_for` names the step in errors.
+pub(crate) async fn next_data(ws: &mut Ws, deadline: Instant, waiting_for: &str) -> anyhow::Result<Message> {
     loop {
         let msg = tokio::time::timeout_at(deadline, ws.next())
             .await
-            .map_err(|_| anyhow!("no reply from the server"))?
+            .map_err(|_| anyhow!("timed out waiting for {waiting_for}"))?
             .ok_or_else(|| anyhow!("connection closed during the handshake"))?
             .context("WebSocket read failed during the handshake")?;
         if let Some((code, reason)) = msg.as_close() {

@@ -16,7 +16,7 @@ use futures_util::SinkExt;
 use tokio::time::Instant;
 use tokio_websockets::Message;
 
-use super::{clip, next_data, Incoming, Subscribed, Ws, HANDSHAKE_TIMEOUT};
+use super::{clip, next_data, Incoming, Subscribed, Ws};
 use crate::payload;
 
 pub const PATH: &str = "/";
@@ -36,12 +36,12 @@ pub async fn subscribe(
     channel: &str,
     parser: &mut Parser,
     pending: &mut VecDeque<Incoming>,
+    deadline: Instant,
 ) -> anyhow::Result<Subscribed> {
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let hello = format!("{CONNECT}\r\nSUB {} 1\r\nPING\r\n", subject(channel));
     ws.send(Message::binary(hello.into_bytes())).await.context("cannot send CONNECT/SUB")?;
     while parser.pongs == 0 {
-        let msg = next_data(ws, deadline).await?;
+        let msg = next_data(ws, deadline, "the PONG after SUB").await?;
         if let Some(reply) = parser.feed(msg.as_payload(), pending)? {
             ws.send(reply).await?;
         }

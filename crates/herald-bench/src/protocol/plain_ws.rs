@@ -9,15 +9,15 @@ use futures_util::SinkExt;
 use tokio::time::Instant;
 use tokio_websockets::Message;
 
-use super::{clip, next_data, Incoming, Subscribed, Ws, HANDSHAKE_TIMEOUT};
+use super::{clip, next_data, Incoming, Subscribed, Ws};
 use crate::payload;
 
 pub const PATH: &str = "/";
 
-pub async fn subscribe(ws: &mut Ws, channel: &str) -> anyhow::Result<Subscribed> {
+pub async fn subscribe(ws: &mut Ws, channel: &str, deadline: Instant) -> anyhow::Result<Subscribed> {
     let frame = serde_json::json!({ "sub": channel }).to_string();
     ws.send(Message::text(frame)).await.context("cannot send subscribe")?;
-    let msg = next_data(ws, Instant::now() + HANDSHAKE_TIMEOUT).await?;
+    let msg = next_data(ws, deadline, "the subscribe reply").await?;
     let reply: serde_json::Value = serde_json::from_slice(msg.as_payload())
         .with_context(|| format!("bad subscribe reply: {}", clip(msg.as_payload())))?;
     if reply.get("ok").and_then(|v| v.as_str()) != Some(channel) {

@@ -16,20 +16,19 @@ use serde::de::IgnoredAny;
 use tokio::time::Instant;
 use tokio_websockets::Message;
 
-use super::{clip, next_data, Incoming, Subscribed, Ws, HANDSHAKE_TIMEOUT};
+use super::{clip, next_data, Incoming, Subscribed, Ws};
 use crate::payload::Stamp;
 
 pub const PATH: &str = "/socket.io/?EIO=4&transport=websocket";
 
-pub async fn subscribe(ws: &mut Ws, channel: &str) -> anyhow::Result<Subscribed> {
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-    let open = next_data(ws, deadline).await?;
+pub async fn subscribe(ws: &mut Ws, channel: &str, deadline: Instant) -> anyhow::Result<Subscribed> {
+    let open = next_data(ws, deadline, "the Engine.IO open packet").await?;
     if !open.as_payload().starts_with(b"0{") {
         bail!("expected an Engine.IO open packet, got {}", clip(open.as_payload()));
     }
     ws.send(Message::text("40")).await.context("cannot send the Socket.IO connect")?;
     loop {
-        let msg = next_data(ws, deadline).await?;
+        let msg = next_data(ws, deadline, "the Socket.IO connect reply").await?;
         let p: &[u8] = msg.as_payload();
         if p.starts_with(b"40") {
             break;
@@ -44,7 +43,7 @@ pub async fn subscribe(ws: &mut Ws, channel: &str) -> anyhow::Result<Subscribed>
     let event = serde_json::to_string(&("subscribe", channel))?;
     ws.send(Message::text(format!("420{event}"))).await.context("cannot send subscribe")?;
     loop {
-        let msg = next_data(ws, deadline).await?;
+        let msg = next_data(ws, deadline, "the subscribe acknowledgement").await?;
         let p: &[u8] = msg.as_payload();
         if p.starts_with(b"430") {
             return Ok(Subscribed::default());

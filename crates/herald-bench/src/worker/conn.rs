@@ -170,7 +170,12 @@ async fn open(
             }
             Err(e) => {
                 if attempt >= attempts || Instant::now() + backoff >= deadline {
-                    return Err(e);
+                    return Err(e.context(format!("gave up after {attempt} attempt(s)")));
+                }
+                {
+                    let mut r = lock(&shared.retries);
+                    r.0 += 1;
+                    r.1.get_or_insert_with(|| format!("{user}: {e:#}"));
                 }
                 tokio::time::sleep(jitter(backoff) + backoff / 2).await;
                 backoff = (backoff * 2).min(Duration::from_secs(2));

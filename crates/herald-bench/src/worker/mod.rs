@@ -62,6 +62,8 @@ pub(crate) struct Shared {
     control: watch::Sender<Control>,
     /// Connections currently open.
     live: AtomicUsize,
+    /// Failed attempts that were retried, and the first one's error.
+    retries: Mutex<(u64, Option<String>)>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -162,6 +164,7 @@ async fn run() -> anyhow::Result<()> {
         round: Mutex::default(),
         control,
         live: AtomicUsize::new(0),
+        retries: Mutex::default(),
         spec,
     });
     let mut out = tokio::io::stdout();
@@ -240,7 +243,8 @@ async fn connect_all(shared: &Arc<Shared>) -> Event {
             }
         }
     }
-    Event::Ready { connected, failed, errors }
+    let (retried, retry_error) = std::mem::take(&mut *lock(&shared.retries));
+    Event::Ready { connected, failed, errors, retried, retry_error }
 }
 
 async fn send(out: &mut tokio::io::Stdout, event: &Event) -> anyhow::Result<()> {

@@ -72,9 +72,20 @@ pub enum Command {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
-    Ready { connected: u64, failed: u64, errors: Vec<String> },
-    Collected { tally: crate::tally::Tally },
-    Reconnected { tally: ReconnectTally },
+    Ready {
+        connected: u64,
+        failed: u64,
+        errors: Vec<String>,
+        /// Attempts that failed and were retried.
+        retried: u64,
+        retry_error: Option<String>,
+    },
+    Collected {
+        tally: crate::tally::Tally,
+    },
+    Reconnected {
+        tally: ReconnectTally,
+    },
     Stopped,
 }
 
