@@ -26,6 +26,12 @@ impl ApiError {
     }
 }
 
+impl From<herald_core::UnknownNamespace> for ApiError {
+    fn from(e: herald_core::UnknownNamespace) -> Self {
+        ApiError::new(ErrorCode::UnknownNamespace, e.to_string())
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {

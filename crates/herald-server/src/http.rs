@@ -41,11 +41,7 @@ fn api_auth(state: &State, headers: &HeaderMap) -> Result<String, ApiError> {
 
 fn parse_channel<'a>(state: &'a State, name: &str) -> Result<(ChannelName, &'a NamespaceOptions), ApiError> {
     let channel = ChannelName::new(name).map_err(|e| ApiError::new(ErrorCode::BadChannel, e.to_string()))?;
-    let ns = state
-        .config
-        .namespaces
-        .resolve(&channel)
-        .map_err(|e| ApiError::new(ErrorCode::UnknownNamespace, e.to_string()))?;
+    let ns = state.config.namespaces.resolve(&channel)?;
     Ok((channel, ns))
 }
 

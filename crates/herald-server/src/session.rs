@@ -410,11 +410,7 @@ impl Session {
         since: Option<herald_proto::Since>,
     ) -> Result<OkFrame, ApiError> {
         let state = self.state.clone();
-        let ns = state
-            .config
-            .namespaces
-            .resolve(channel)
-            .map_err(|e| ApiError::new(ErrorCode::UnknownNamespace, e.to_string()))?;
+        let ns = state.config.namespaces.resolve(channel)?;
         if !self.identity.may_subscribe(channel) {
             return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
         }
@@ -504,11 +500,7 @@ impl Session {
         idempotency_key: Option<String>,
     ) -> Result<OkFrame, ApiError> {
         let state = self.state.clone();
-        let ns = state
-            .config
-            .namespaces
-            .resolve(channel)
-            .map_err(|e| ApiError::new(ErrorCode::UnknownNamespace, e.to_string()))?;
+        let ns = state.config.namespaces.resolve(channel)?;
         if !ns.client_publish {
             return Err(ApiError::new(ErrorCode::Forbidden, "clients may not publish to this namespace"));
         }

@@ -14,6 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use socketioxide::extract::{AckSender, Data, SocketRef};
+use socketioxide::handler::ConnectHandler;
 use socketioxide::SocketIo;
 
 const VERSION: &str = "socketioxide 0.18.9 (axum 0.8)";
@@ -29,20 +30,26 @@ async fn publish(State(io): State<SocketIo>, Path(channel): Path<String>, body: 
     }
 }
 
+async fn on_connect(_socket: SocketRef) {}
+
+async fn register_listeners(socket: SocketRef) -> Result<(), std::convert::Infallible> {
+    socket.on("subscribe", async |socket: SocketRef, Data::<String>(channel), ack: AckSender| {
+        socket.join(channel);
+        let _ = ack.send("ok");
+    });
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port: u16 = std::env::args().nth(1).and_then(|p| p.parse().ok()).ok_or("usage: socketioxide-peer PORT")?;
     let (layer, io) = SocketIo::new_layer();
-    // A synchronous connect handler: socketioxide sends the connect reply
-    // before it calls the handler, and runs an async handler in a spawned
-    // task, so an event the client sends right after connecting could find
-    // no listener yet and be dropped.
-    io.ns("/", |socket: SocketRef| {
-        socket.on("subscribe", |socket: SocketRef, Data::<String>(channel), ack: AckSender| {
-            socket.join(channel);
-            let _ = ack.send("ok");
-        });
-    });
+    // socketioxide sends the connect reply before it runs the connect
+    // handler, in a spawned task: an event the client sends right after
+    // connecting can find no listener yet and is dropped (seen here under a
+    // connect storm). Middlewares run before the reply, so the listener is
+    // registered in one.
+    io.ns("/", on_connect.with(register_listeners));
     let app = axum::Router::new()
         .route("/version", get(|| async { VERSION }))
         .route("/publish/{channel}", post(publish))
