@@ -113,14 +113,16 @@ pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
             None => bail!("subscription ended"),
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(Event::Message(m))) => {
-                let line = serde_json::json!({
+                let mut line = serde_json::json!({
                     "channel": m.channel.as_str(),
                     "seq": m.seq,
                     "id": m.id,
                     "ts": m.ts,
                     "data": m.data,
-                    "meta": m.meta,
                 });
+                if let Some(meta) = &m.meta {
+                    line["meta"] = serde_json::json!(meta);
+                }
                 let mut lock = stdout.lock();
                 writeln!(lock, "{line}")?;
                 lock.flush()?;

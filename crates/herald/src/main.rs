@@ -80,7 +80,10 @@ fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> Exit
 
 fn init_tracing() {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("HERALD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // The storage library's own info lines (ingestion, flushes) are noise at
+    // the default level.
+    let filter = EnvFilter::try_from_env("HERALD_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
     let json = std::env::var("HERALD_LOG_FORMAT").is_ok_and(|v| v == "json");
     // Logs go to stderr; stdout carries only the connect banner.
     let builder =
