@@ -19,7 +19,9 @@ use futures_util::future::BoxFuture;
 use herald_proto::{ChannelName, MessageView, Meta};
 use serde_json::value::RawValue;
 
-use crate::engine::{AppendRequest, Dedup, Engine, EngineError, FanoutSink, Message, Retention};
+use crate::engine::{
+    AckError, AppendRequest, Dedup, Engine, EngineError, FanoutSink, Message, Retention, Seq, SubscriberId,
+};
 
 /// How long a scenario waits for fan-out before it fails.
 const FANOUT_DEADLINE: Duration = Duration::from_secs(10);
@@ -97,6 +99,24 @@ impl Fixture {
             key: Arc::from(format!("{}/{key}", self.prefix)),
             fingerprint: [fingerprint; 32],
             ttl: Duration::from_secs(3600),
+        }
+    }
+
+    /// A user id unique to this fixture (users, like channels, may be shared
+    /// with other runs on one backing store).
+    pub fn user(&self, name: &str) -> String {
+        format!("{}-{name}", self.prefix)
+    }
+
+    /// The subscriber `(self.user(user), device)`.
+    pub fn subscriber(&self, user: &str, device: Option<&str>) -> SubscriberId {
+        SubscriberId::new(self.user(user), device.map(Arc::from)).expect("scenario subscribers are valid")
+    }
+
+    /// Append `n` messages to `channel`.
+    pub async fn fill(&self, channel: &ChannelName, n: u64) {
+        for i in 0..n {
+            self.engine.append(request(channel, &i.to_string())).await.expect("append");
         }
     }
 
@@ -373,12 +393,215 @@ pub async fn stored_frames_are_the_fanned_out_frames(fx: &Fixture) {
     assert_eq!(view.meta.expect("meta")["trace_id"], "t-1");
 }
 
-/// After `close`, appends fail with `ShuttingDown`.
+/// After `close`, appends and acks fail with `ShuttingDown`.
 pub async fn appends_after_close_are_refused(fx: &Fixture) {
     let ch = fx.channel("closed");
+    let sub = fx.subscriber("closer", None);
     fx.engine.append(request(&ch, "1")).await.expect("append before close");
     fx.engine.close().await;
     assert_eq!(fx.engine.append(request(&ch, "2")).await, Err(EngineError::ShuttingDown));
+    assert_eq!(fx.engine.ack(&ch, &sub, 1).await, Err(AckError::Engine(EngineError::ShuttingDown)));
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+async fn cursor_of(fx: &Fixture, ch: &ChannelName, sub: &SubscriberId) -> Option<Seq> {
+    fx.engine.cursor(ch, sub).await.expect("cursor").map(|c| c.seq)
+}
+
+/// Acks are cumulative and never go backwards: ack 5 then ack 3 leaves 5; a
+/// repeated ack changes nothing (not even the ack time); an ack beyond the
+/// head is refused and stores nothing.
+pub async fn ack_is_cumulative_and_monotonic(fx: &Fixture) {
+    let ch = fx.channel("acks");
+    let sub = fx.subscriber("mono", Some("phone"));
+    fx.fill(&ch, 10).await;
+
+    let before = now_ms();
+    let five = fx.engine.ack(&ch, &sub, 5).await.expect("ack 5");
+    let after = now_ms();
+    assert_eq!(five.seq, 5);
+    // Server clocks may differ by a little between nodes (Redis `TIME`).
+    assert!(
+        five.acked_at_ms + 5_000 >= before && five.acked_at_ms <= after + 5_000,
+        "acked_at_ms {} is the time of the ack ({before}..={after})",
+        five.acked_at_ms
+    );
+    assert_eq!(fx.engine.cursor(&ch, &sub).await.expect("cursor"), Some(five));
+
+    assert_eq!(fx.engine.ack(&ch, &sub, 3).await.expect("ack 3"), five, "a lower ack returns the cursor");
+    assert_eq!(fx.engine.ack(&ch, &sub, 5).await.expect("ack 5 again"), five, "idempotent");
+    assert_eq!(fx.engine.cursor(&ch, &sub).await.expect("cursor"), Some(five), "never backwards");
+
+    assert_eq!(
+        fx.engine.ack(&ch, &sub, 11).await,
+        Err(AckError::BeyondHead { seq: 11, head: 10 }),
+        "an ack beyond the head is refused"
+    );
+    assert_eq!(cursor_of(fx, &ch, &sub).await, Some(5), "a refused ack stores nothing");
+
+    let ten = fx.engine.ack(&ch, &sub, 10).await.expect("ack head");
+    assert_eq!(ten.seq, 10);
+    assert!(ten.acked_at_ms >= five.acked_at_ms);
+    assert_eq!(cursor_of(fx, &ch, &sub).await, Some(10));
+}
+
+/// No cursor before the first ack, on a written channel and on one never
+/// written; `ack 0` creates a cursor at 0; any other ack on an empty
+/// channel is beyond its head.
+pub async fn cursor_is_absent_before_any_ack(fx: &Fixture) {
+    let (written, empty) = (fx.channel("written"), fx.channel("never"));
+    let sub = fx.subscriber("fresh", None);
+    fx.fill(&written, 3).await;
+    assert_eq!(fx.engine.cursor(&written, &sub).await.expect("cursor"), None);
+    assert_eq!(fx.engine.cursor(&empty, &sub).await.expect("cursor"), None);
+    assert!(fx.engine.cursors(&written, 10).await.expect("cursors").is_empty());
+    assert!(fx.engine.user_cursors(sub.user(), 10).await.expect("user cursors").is_empty());
+
+    assert_eq!(fx.engine.ack(&empty, &sub, 1).await, Err(AckError::BeyondHead { seq: 1, head: 0 }));
+    assert_eq!(fx.engine.cursor(&empty, &sub).await.expect("cursor"), None, "nothing stored");
+    let zero = fx.engine.ack(&empty, &sub, 0).await.expect("ack 0");
+    assert_eq!(zero.seq, 0);
+    assert_eq!(fx.engine.cursor(&empty, &sub).await.expect("cursor"), Some(zero));
+    assert_eq!(fx.engine.cursor(&written, &sub).await.expect("cursor"), None, "per channel");
+}
+
+/// Each device of a user, and the user without a device, has its own
+/// cursor; other users' cursors are separate too.
+pub async fn cursors_are_per_device(fx: &Fixture) {
+    let ch = fx.channel("devices");
+    fx.fill(&ch, 10).await;
+    let (a, b, bare) =
+        (fx.subscriber("u", Some("a")), fx.subscriber("u", Some("b")), fx.subscriber("u", None));
+    let other = fx.subscriber("v", Some("a"));
+    fx.engine.ack(&ch, &a, 3).await.expect("ack a");
+    fx.engine.ack(&ch, &b, 7).await.expect("ack b");
+    assert_eq!(cursor_of(fx, &ch, &a).await, Some(3), "b's ack does not move a");
+    assert_eq!(cursor_of(fx, &ch, &b).await, Some(7));
+    assert_eq!(cursor_of(fx, &ch, &bare).await, None, "no device is a subscriber of its own");
+    assert_eq!(cursor_of(fx, &ch, &other).await, None, "same device id, other user");
+    fx.engine.ack(&ch, &bare, 9).await.expect("ack bare");
+    fx.engine.ack(&ch, &a, 4).await.expect("ack a again");
+    assert_eq!(
+        (cursor_of(fx, &ch, &a).await, cursor_of(fx, &ch, &b).await, cursor_of(fx, &ch, &bare).await),
+        (Some(4), Some(7), Some(9))
+    );
+}
+
+/// `cursors(channel)` lists every subscriber of that channel once, with its
+/// cursor, and nothing of other channels; `limit` bounds it.
+pub async fn cursors_lists_each_subscriber(fx: &Fixture) {
+    let (ch, other) = (fx.channel("receipts"), fx.channel("receipts2"));
+    fx.fill(&ch, 10).await;
+    fx.fill(&other, 10).await;
+    let subs = [
+        (fx.subscriber("r1", None), 2),
+        (fx.subscriber("r1", Some("tablet")), 4),
+        (fx.subscriber("r2", Some("phone")), 10),
+        (fx.subscriber("r3:x", None), 0),
+    ];
+    for (sub, seq) in &subs {
+        fx.engine.ack(&ch, sub, *seq).await.expect("ack");
+    }
+    fx.engine.ack(&other, &fx.subscriber("r9", None), 1).await.expect("ack other channel");
+
+    let mut listed = fx.engine.cursors(&ch, 100).await.expect("cursors");
+    listed.sort_by(|x, y| x.0.cmp(&y.0));
+    let mut expected: Vec<(SubscriberId, Seq)> = subs.to_vec();
+    expected.sort_by(|x, y| x.0.cmp(&y.0));
+    let got: Vec<(SubscriberId, Seq)> = listed.iter().map(|(s, c)| (s.clone(), c.seq)).collect();
+    assert_eq!(got, expected, "every subscriber of the channel once");
+    for (sub, state) in &listed {
+        assert_eq!(fx.engine.cursor(&ch, sub).await.expect("cursor"), Some(*state), "{sub:?}: same state");
+    }
+    let two = fx.engine.cursors(&ch, 2).await.expect("cursors");
+    assert_eq!(two.len(), 2, "limit bounds the list");
+    assert!(fx.engine.cursors(&ch, 0).await.expect("cursors").is_empty());
+}
+
+/// `user_cursors(user)` lists exactly that user's cursors: every channel and
+/// device, none of another user, even one whose name extends or contains
+/// the user's.
+pub async fn user_cursors_lists_the_users_channels_only(fx: &Fixture) {
+    let (c1, c2, c3) = (fx.channel("inbox1"), fx.channel("inbox2"), fx.channel("inbox3"));
+    for ch in [&c1, &c2, &c3] {
+        fx.fill(ch, 5).await;
+    }
+    let user = fx.user("amy");
+    let mine = [
+        (&c1, fx.subscriber("amy", Some("a")), 1),
+        (&c1, fx.subscriber("amy", Some("b")), 2),
+        (&c2, fx.subscriber("amy", None), 3),
+    ];
+    for (ch, sub, seq) in &mine {
+        fx.engine.ack(ch, sub, *seq).await.expect("ack");
+    }
+    // Near misses: a longer name, names that run into the device id when
+    // user and device are simply concatenated, the same device elsewhere.
+    let near_misses = [
+        fx.subscriber("amy1", None),
+        fx.subscriber("amyb", Some("a")),
+        fx.subscriber("am", Some("y")),
+        fx.subscriber("amy/a", None),
+        fx.subscriber("zed", Some("a")),
+    ];
+    for sub in &near_misses {
+        fx.engine.ack(&c1, sub, 4).await.expect("ack near miss");
+        fx.engine.ack(&c3, sub, 4).await.expect("ack near miss");
+    }
+
+    let mut got: Vec<(String, Option<String>, Seq)> = fx
+        .engine
+        .user_cursors(&user, 100)
+        .await
+        .expect("user cursors")
+        .into_iter()
+        .map(|u| (u.channel.to_string(), u.device.map(|d| d.to_string()), u.cursor.seq))
+        .collect();
+    got.sort();
+    let mut expected: Vec<(String, Option<String>, Seq)> =
+        mine.iter().map(|(ch, sub, seq)| (ch.to_string(), sub.device().map(str::to_owned), *seq)).collect();
+    expected.sort();
+    assert_eq!(got, expected, "the user's cursors, nobody else's");
+    assert_eq!(fx.engine.user_cursors(&user, 2).await.expect("user cursors").len(), 2, "limit");
+    assert!(fx.engine.user_cursors(&fx.user("nobody"), 10).await.expect("user cursors").is_empty());
+    assert!(fx.engine.user_cursors("", 10).await.expect("invalid user").is_empty());
+}
+
+/// Many tasks acking one cursor concurrently, in any order, leave it at the
+/// highest seq acked; every ack returns a cursor at least as high as its
+/// own seq. Several subscribers do so at once without disturbing each
+/// other.
+pub async fn concurrent_acks_end_at_the_max(fx: &Fixture) {
+    const N: u64 = 100;
+    const SUBSCRIBERS: u64 = 4;
+    let ch = fx.channel("race-acks");
+    fx.fill(&ch, N).await;
+    let mut tasks = Vec::new();
+    for s in 0..SUBSCRIBERS {
+        let sub = fx.subscriber("racer", Some(&format!("d{s}")));
+        let top = N - s; // each subscriber tops out at its own max
+        for i in 0..top {
+            // A scattered order: 37 is coprime with every `top` used here.
+            let seq = (i * 37) % top + 1;
+            let (engine, ch, sub) = (fx.engine.clone(), ch.clone(), sub.clone());
+            tasks.push(tokio::spawn(async move {
+                let state = engine.ack(&ch, &sub, seq).await.expect("ack");
+                assert!(state.seq >= seq, "ack {seq} returned cursor {}", state.seq);
+            }));
+        }
+    }
+    for t in futures_util::future::join_all(tasks).await {
+        t.expect("task");
+    }
+    for s in 0..SUBSCRIBERS {
+        let sub = fx.subscriber("racer", Some(&format!("d{s}")));
+        assert_eq!(cursor_of(fx, &ch, &sub).await, Some(N - s), "{sub:?} ends at its max");
+    }
+    let listed = fx.engine.cursors(&ch, 100).await.expect("cursors");
+    assert_eq!(listed.len() as u64, SUBSCRIBERS);
 }
 
 /// One scenario, type-erased so [`run_all`] can hold them in a list.
@@ -410,6 +633,12 @@ scenario_list![
     volatile_appends_are_fanned_out_not_stored,
     stored_frames_are_the_fanned_out_frames,
     appends_after_close_are_refused,
+    ack_is_cumulative_and_monotonic,
+    cursor_is_absent_before_any_ack,
+    cursors_are_per_device,
+    cursors_lists_each_subscriber,
+    user_cursors_lists_the_users_channels_only,
+    concurrent_acks_end_at_the_max,
 ];
 
 /// Run every scenario, each on a fresh engine from `make`, closing it after.

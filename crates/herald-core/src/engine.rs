@@ -13,11 +13,20 @@
 //!   [`FanoutSink`] of every node watching the channel, per channel in seq
 //!   order, after it is durable. A transport may drop fan-out messages (Redis
 //!   pub/sub can); receivers detect the gap by seq and fill it with
-//!   [`Engine::read`], so a dropped fan-out never loses a message.
+//!   [`Engine::read`], so a dropped fan-out never loses a message;
+//! - **monotonic cursors**: a subscriber's cursor on a channel (the highest
+//!   seq it acknowledged) only moves forward and never past the channel's
+//!   head (within one epoch: an engine that loses a log drops or resets its
+//!   cursors with it), and an `ack` that returned `Ok` is visible to every later `cursor`,
+//!   `cursors` and `user_cursors` call (see [`Engine::ack`] for durability).
 //!
 //! The shape maps onto Redis one to one: append is one Lua script (dedup
 //! check, INCR, XADD, trim, receipt), read is XRANGE, position is GET + XINFO,
-//! fan-out is (S)PUBLISH with `watch` as (S)SUBSCRIBE.
+//! fan-out is (S)PUBLISH with `watch` as (S)SUBSCRIBE. Cursors are a hash per
+//! channel (`{channel}:cursors`, field = [`SubscriberId::key`]) changed by a
+//! compare-and-raise script, plus a set per user indexing its cursors
+//! (another hash slot, so written before the cursor, and entries without a
+//! cursor skipped when listing).
 
 use std::fmt;
 use std::sync::Arc;
@@ -149,6 +158,176 @@ pub struct Page {
     pub messages: Vec<Arc<Message>>,
 }
 
+/// Who acknowledges messages on acked channels: a token's `sub` plus the
+/// optional device id given at connect. Each device of a user has its own
+/// cursor; `device: None` is a subscriber of its own, distinct from every
+/// device of the same user.
+///
+/// Both parts are 1..=[`SubscriberId::MAX_PART_LEN`] bytes of UTF-8 without
+/// control characters (so `\0` can separate a subscriber from what follows
+/// it in a storage key). An empty device counts as no device.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SubscriberId {
+    user: Arc<str>,
+    device: Option<Arc<str>>,
+}
+
+/// Why a user or device id is not acceptable as a [`SubscriberId`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSubscriber {
+    #[error("subscriber user id must not be empty")]
+    EmptyUser,
+    #[error("subscriber {0} id is longer than 255 bytes")]
+    TooLong(&'static str),
+    #[error("subscriber {0} id contains a control character")]
+    ControlChar(&'static str),
+    #[error("malformed subscriber key")]
+    MalformedKey,
+}
+
+impl SubscriberId {
+    /// Longest user id and longest device id, in bytes.
+    pub const MAX_PART_LEN: usize = 255;
+
+    pub fn new(user: impl Into<Arc<str>>, device: Option<Arc<str>>) -> Result<Self, InvalidSubscriber> {
+        let user = user.into();
+        if user.is_empty() {
+            return Err(InvalidSubscriber::EmptyUser);
+        }
+        check_part(&user, "user")?;
+        let device = device.filter(|d| !d.is_empty());
+        if let Some(d) = &device {
+            check_part(d, "device")?;
+        }
+        Ok(Self { user, device })
+    }
+
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+
+    pub fn device(&self) -> Option<&str> {
+        self.device.as_deref()
+    }
+
+    /// The device id, shared.
+    pub fn device_arc(&self) -> Option<&Arc<str>> {
+        self.device.as_ref()
+    }
+
+    /// The stable storage form: `{len(user)}:{user}` followed, with a device,
+    /// by `{len(device)}:{device}` (lengths in bytes, decimal). Length
+    /// prefixes make it unambiguous whatever the ids contain, and every key
+    /// of a user starts with [`SubscriberId::user_prefix`] while no key of
+    /// another user does, so "all devices of a user" is a prefix scan.
+    /// Never contains a control character. Changing it orphans stored
+    /// cursors: it is part of every engine's storage format.
+    pub fn key(&self) -> String {
+        let mut k = Self::user_prefix_unchecked(&self.user);
+        if let Some(d) = &self.device {
+            k.push_str(&d.len().to_string());
+            k.push(':');
+            k.push_str(d);
+        }
+        k
+    }
+
+    /// The prefix shared by the [`key`](SubscriberId::key) of every
+    /// subscriber of `user` (with and without device), and by no other.
+    /// `None` when `user` is not a valid user id (it can have no cursors).
+    pub fn user_prefix(user: &str) -> Option<String> {
+        if user.is_empty() || check_part(user, "user").is_err() {
+            return None;
+        }
+        Some(Self::user_prefix_unchecked(user))
+    }
+
+    fn user_prefix_unchecked(user: &str) -> String {
+        format!("{}:{user}", user.len())
+    }
+
+    /// Parse a [`key`](SubscriberId::key); rejects anything `key` would not
+    /// produce (leading zeros, trailing bytes, invalid parts).
+    pub fn parse_key(key: &str) -> Result<Self, InvalidSubscriber> {
+        let (user, rest) = take_part(key)?;
+        let device = if rest.is_empty() {
+            None
+        } else {
+            let (device, rest) = take_part(rest)?;
+            if !rest.is_empty() {
+                return Err(InvalidSubscriber::MalformedKey);
+            }
+            Some(Arc::from(device))
+        };
+        Self::new(user, device)
+    }
+}
+
+fn check_part(s: &str, what: &'static str) -> Result<(), InvalidSubscriber> {
+    if s.len() > SubscriberId::MAX_PART_LEN {
+        return Err(InvalidSubscriber::TooLong(what));
+    }
+    if s.chars().any(char::is_control) {
+        return Err(InvalidSubscriber::ControlChar(what));
+    }
+    Ok(())
+}
+
+/// Split `{len}:{part}` off the front of `s`.
+fn take_part(s: &str) -> Result<(&str, &str), InvalidSubscriber> {
+    let (len, rest) = s.split_once(':').ok_or(InvalidSubscriber::MalformedKey)?;
+    let canonical = !len.is_empty() && len.len() <= 3 && len.bytes().all(|b| b.is_ascii_digit());
+    if !canonical || (len.len() > 1 && len.starts_with('0')) {
+        return Err(InvalidSubscriber::MalformedKey);
+    }
+    let len: usize = len.parse().map_err(|_| InvalidSubscriber::MalformedKey)?;
+    // Parts are never empty (`new` drops an empty device, rejects an empty
+    // user), so a zero length is not canonical either.
+    if len == 0 || len > rest.len() || !rest.is_char_boundary(len) {
+        return Err(InvalidSubscriber::MalformedKey);
+    }
+    Ok(rest.split_at(len))
+}
+
+impl fmt::Debug for SubscriberId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.device {
+            Some(d) => write!(f, "{:?}/{:?}", &*self.user, &**d),
+            None => write!(f, "{:?}", &*self.user),
+        }
+    }
+}
+
+/// A subscriber's cursor on one channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CursorState {
+    /// The highest seq acknowledged: every seq `<= seq` counts as delivered.
+    pub seq: Seq,
+    /// When the cursor last advanced (server time, ms since the Unix epoch).
+    /// An ack that does not advance the cursor leaves it unchanged.
+    pub acked_at_ms: u64,
+}
+
+/// One of a user's cursors, as listed by [`Engine::user_cursors`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserCursor {
+    pub channel: ChannelName,
+    pub device: Option<Arc<str>>,
+    pub cursor: CursorState,
+}
+
+/// Why an [`Engine::ack`] was refused.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum AckError {
+    /// `seq` is past the channel's head: it acknowledges messages that do
+    /// not exist (yet), so nothing was stored. The server answers the client
+    /// with an error frame; it is never retried.
+    #[error("ack of seq {seq} is beyond the channel head {head}")]
+    BeyondHead { seq: Seq, head: Seq },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
 /// Engine readiness, for `/readyz`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {
@@ -208,8 +387,117 @@ pub trait Engine: Send + Sync + 'static {
     /// This node has no more local subscribers for `channel`.
     async fn unwatch(&self, _channel: &ChannelName) {}
 
+    /// Acknowledge every seq `<= seq` of `channel` for `subscriber`: the
+    /// stored cursor becomes `max(stored, seq)` and the resulting cursor is
+    /// returned. Cumulative, monotonic (a lower or equal `seq` changes
+    /// nothing, not even `acked_at_ms`) and idempotent. `seq = 0` is valid:
+    /// it creates a cursor at 0 if there is none.
+    ///
+    /// `seq` above the channel's head is refused with
+    /// [`AckError::BeyondHead`] and nothing is stored: clamping it to the
+    /// head would acknowledge messages the subscriber never received.
+    ///
+    /// Durability: an ack costs no fsync of its own. When `Ok` is returned
+    /// the cursor has reached the engine's store as far as the engine's
+    /// documented ack setting promises (at least: it survives a crash of
+    /// the Herald process). An ack lost to a machine crash only causes
+    /// redelivery, never loss. Concurrent acks of one cursor are applied in
+    /// some order; the result is their maximum.
+    async fn ack(
+        &self,
+        channel: &ChannelName,
+        subscriber: &SubscriberId,
+        seq: Seq,
+    ) -> Result<CursorState, AckError>;
+
+    /// The subscriber's cursor on `channel`; `None` before its first ack.
+    async fn cursor(
+        &self,
+        channel: &ChannelName,
+        subscriber: &SubscriberId,
+    ) -> Result<Option<CursorState>, EngineError>;
+
+    /// Up to `limit` cursors of `channel` (delivery receipts), one per
+    /// subscriber, in an engine-defined order.
+    async fn cursors(
+        &self,
+        channel: &ChannelName,
+        limit: usize,
+    ) -> Result<Vec<(SubscriberId, CursorState)>, EngineError>;
+
+    /// Up to `limit` cursors of `user`, across its devices and channels (the
+    /// user's inbox), in an engine-defined order. Cursors of other users are
+    /// never listed, whatever their names share with `user`. A `user` that
+    /// is not a valid [`SubscriberId`] user has none.
+    async fn user_cursors(&self, user: &str, limit: usize) -> Result<Vec<UserCursor>, EngineError>;
+
     fn health(&self) -> Health;
 
     /// Flush and stop. Appends after this fail with `ShuttingDown`.
     async fn close(&self);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(user: &str, device: Option<&str>) -> SubscriberId {
+        SubscriberId::new(user, device.map(Arc::from)).expect("valid subscriber")
+    }
+
+    #[test]
+    fn subscriber_keys_round_trip_and_are_unambiguous() {
+        let cases = [
+            sub("u", None),
+            sub("u", Some("a")),
+            sub("u:1", Some("2:x")),
+            sub("12:ab", None),
+            sub("hé llo/☃", Some("phone 1")),
+            sub(&"x".repeat(255), Some(&"y".repeat(255))),
+        ];
+        let keys: Vec<String> = cases.iter().map(SubscriberId::key).collect();
+        assert_eq!(keys[0], "1:u");
+        assert_eq!(keys[1], "1:u1:a");
+        for (id, key) in cases.iter().zip(&keys) {
+            assert_eq!(&SubscriberId::parse_key(key).expect("parses"), id);
+            assert!(!key.chars().any(char::is_control));
+        }
+        let mut unique = keys.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), keys.len(), "distinct subscribers, distinct keys");
+    }
+
+    #[test]
+    fn user_prefix_matches_exactly_that_users_keys() {
+        let prefix = SubscriberId::user_prefix("u").expect("valid user");
+        for (id, mine) in [
+            (sub("u", None), true),
+            (sub("u", Some("1:u")), true),
+            (sub("u1", None), false),
+            (sub("1:u", None), false),
+            (sub("uu", Some("a")), false),
+        ] {
+            assert_eq!(id.key().starts_with(&prefix), mine, "{id:?}");
+        }
+        assert_eq!(SubscriberId::user_prefix(""), None);
+        assert_eq!(SubscriberId::user_prefix("a\nb"), None);
+    }
+
+    #[test]
+    fn invalid_ids_and_keys_are_rejected() {
+        assert_eq!(SubscriberId::new("", None), Err(InvalidSubscriber::EmptyUser));
+        assert_eq!(SubscriberId::new("a\0b", None), Err(InvalidSubscriber::ControlChar("user")));
+        assert_eq!(
+            SubscriberId::new("a", Some("x\ty".into())),
+            Err(InvalidSubscriber::ControlChar("device"))
+        );
+        assert_eq!(SubscriberId::new("x".repeat(256), None), Err(InvalidSubscriber::TooLong("user")));
+        assert_eq!(sub("u", Some("")), sub("u", None), "an empty device is no device");
+        for bad in ["", "u", "1:", "0:", "01:u", "2:u", "1:ua", "1:u0:", "1:u1:a1:b", "-1:u", "1:u1:"] {
+            assert!(SubscriberId::parse_key(bad).is_err(), "{bad:?}");
+        }
+        // A multi-byte char cut by the length.
+        assert!(SubscriberId::parse_key("1:é").is_err());
+    }
 }

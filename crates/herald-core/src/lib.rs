@@ -13,7 +13,7 @@ pub mod namespace;
 pub mod conformance;
 
 pub use engine::{
-    AppendRequest, Dedup, Engine, EngineError, Epoch, FanoutSink, Health, Message, Page, Position, Receipt,
-    Retention, Seq,
+    AckError, AppendRequest, CursorState, Dedup, Engine, EngineError, Epoch, FanoutSink, Health,
+    InvalidSubscriber, Message, Page, Position, Receipt, Retention, Seq, SubscriberId, UserCursor,
 };
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, UnknownNamespace};

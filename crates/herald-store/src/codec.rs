@@ -193,6 +193,88 @@ pub(crate) fn split_idem_exp_key(k: &[u8]) -> Result<(u64, &[u8]), CodecError> {
     Ok((u64::from_be_bytes(*exp), key))
 }
 
+/// Separates a channel from a subscriber key (in `cursors`) and a
+/// subscriber key from a channel (in `user_cursors`). Neither channel names
+/// nor subscriber keys contain `\0` (subscriber ids have no control
+/// characters), so the first `\0` of a key is always this separator.
+const CURSOR_KEY_SEP: u8 = 0;
+
+/// `channel ++ 0x00`: the common prefix of a channel's cursor keys (one
+/// contiguous range, as with log keys).
+pub(crate) fn cursor_prefix(channel: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(channel.len() + 1);
+    key.extend_from_slice(channel.as_bytes());
+    key.push(CURSOR_KEY_SEP);
+    key
+}
+
+/// `channel ++ 0x00 ++ subscriber key` (see `SubscriberId::key`).
+pub(crate) fn cursor_key(channel: &str, subscriber_key: &str) -> Vec<u8> {
+    let mut key = cursor_prefix(channel);
+    key.extend_from_slice(subscriber_key.as_bytes());
+    key
+}
+
+/// The subscriber key of a cursor key of `channel`.
+pub(crate) fn cursor_key_subscriber<'a>(channel: &str, key: &'a [u8]) -> Result<&'a str, CodecError> {
+    let rest = key
+        .strip_prefix(channel.as_bytes())
+        .and_then(|r| r.strip_prefix(&[CURSOR_KEY_SEP]))
+        .ok_or(bad("cursor key"))?;
+    std::str::from_utf8(rest).map_err(|_| bad("cursor key"))
+}
+
+/// `subscriber key ++ 0x00 ++ channel`: the per-user index. A subscriber
+/// key starts with `SubscriberId::user_prefix(user)` exactly when it is one
+/// of `user`'s, and that prefix has no `\0`, so a user's index entries are
+/// one prefix range, devices and channels together.
+pub(crate) fn user_cursor_key(subscriber_key: &str, channel: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(subscriber_key.len() + 1 + channel.len());
+    key.extend_from_slice(subscriber_key.as_bytes());
+    key.push(CURSOR_KEY_SEP);
+    key.extend_from_slice(channel.as_bytes());
+    key
+}
+
+/// The subscriber key and the channel of a `user_cursors` key.
+pub(crate) fn split_user_cursor_key(key: &[u8]) -> Result<(&str, &str), CodecError> {
+    let sep = key.iter().position(|&b| b == CURSOR_KEY_SEP).ok_or(bad("user cursor key"))?;
+    let sub = std::str::from_utf8(&key[..sep]).map_err(|_| bad("user cursor key"))?;
+    let channel = std::str::from_utf8(&key[sep + 1..]).map_err(|_| bad("user cursor key"))?;
+    Ok((sub, channel))
+}
+
+/// A stored cursor: the highest seq acked and when it was acked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CursorRecord {
+    pub seq: u64,
+    pub acked_at_ms: u64,
+}
+
+impl CursorRecord {
+    /// `format ++ seq ++ acked_at_ms`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(1 + 8 + 8);
+        v.push(FORMAT_V1);
+        v.extend_from_slice(&self.seq.to_be_bytes());
+        v.extend_from_slice(&self.acked_at_ms.to_be_bytes());
+        v
+    }
+
+    pub fn decode(v: &[u8]) -> Result<Self, CodecError> {
+        let mut r = Reader::new(v, "cursor");
+        r.format()?;
+        let seq = r.u64()?;
+        let acked_at_ms = r.u64()?;
+        r.end()?;
+        Ok(Self { seq, acked_at_ms })
+    }
+
+    pub fn state(&self) -> herald_core::CursorState {
+        herald_core::CursorState { seq: self.seq, acked_at_ms: self.acked_at_ms }
+    }
+}
+
 /// Strings are bounded by the callers (channel names <= 255 bytes, epochs are
 /// UUIDs); the u16 length saturates rather than panics.
 fn put_str(v: &mut Vec<u8>, s: &str) {
@@ -319,6 +401,27 @@ mod tests {
         let volatile = IdemRecord { seq: None, ..rec };
         assert_eq!(IdemRecord::decode(&volatile.encode()), Ok(volatile.clone()));
         assert!(volatile.is_expired(99) && !volatile.is_expired(98));
+    }
+
+    #[test]
+    fn cursor_keys_group_by_channel_and_user_keys_by_user() {
+        use herald_core::SubscriberId;
+        let sub = |u: &str, d: Option<&str>| SubscriberId::new(u, d.map(Into::into)).unwrap().key();
+        let k = cursor_key("a", &sub("u", Some("d")));
+        assert!(k.starts_with(&cursor_prefix("a")));
+        assert!(!cursor_key("a:b", &sub("u", None)).starts_with(&cursor_prefix("a")));
+        assert_eq!(cursor_key_subscriber("a", &k), Ok("1:u1:d"));
+        assert!(cursor_key_subscriber("a:", &k).is_err());
+
+        let uk = user_cursor_key(&sub("u", Some("d")), "chat:1");
+        assert_eq!(split_user_cursor_key(&uk), Ok(("1:u1:d", "chat:1")));
+        let prefix = SubscriberId::user_prefix("u").unwrap();
+        assert!(uk.starts_with(prefix.as_bytes()));
+        assert!(!user_cursor_key(&sub("u1", None), "chat:1").starts_with(prefix.as_bytes()));
+
+        let rec = CursorRecord { seq: 9, acked_at_ms: 1_700_000_000_000 };
+        assert_eq!(CursorRecord::decode(&rec.encode()), Ok(rec));
+        assert!(CursorRecord::decode(&rec.encode()[..9]).is_err());
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub const DEFAULT_MAX_BATCH: usize = 512;
 pub const DEFAULT_QUEUE_CAPACITY: usize = 4096;
 /// How often retention by age and receipt expiry run.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
+/// Longest an ack waits for an fsync under [`FsyncMode::Always`].
+pub const DEFAULT_ACK_SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
 /// When an append counts as durable.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
@@ -62,6 +64,12 @@ pub struct StoreConfig {
     pub queue_capacity: usize,
     /// Interval of the retention-by-age and receipt-expiry sweep (> 0).
     pub sweep_interval: Duration,
+    /// With [`FsyncMode::Always`], acks are committed without an fsync of
+    /// their own (an `Ok` ack survives a crash of Herald) and fsynced at
+    /// most this long after (so an OS crash or power loss loses at most
+    /// this window of acks, which only causes redelivery). Sooner when an
+    /// append batch fsyncs anyway. Ignored with [`FsyncMode::Never`] (> 0).
+    pub ack_sync_interval: Duration,
 }
 
 impl StoreConfig {
@@ -73,6 +81,7 @@ impl StoreConfig {
             max_batch: DEFAULT_MAX_BATCH,
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            ack_sync_interval: DEFAULT_ACK_SYNC_INTERVAL,
         }
     }
 
@@ -86,6 +95,9 @@ impl StoreConfig {
         }
         if self.sweep_interval.is_zero() {
             return invalid("sweep_interval must be positive");
+        }
+        if self.ack_sync_interval.is_zero() {
+            return invalid("ack_sync_interval must be positive");
         }
         Ok(())
     }
@@ -102,7 +114,8 @@ mod tests {
         assert_eq!(c.fsync, FsyncMode::Always);
         assert!(StoreConfig { max_batch: 0, ..c.clone() }.validate().is_err());
         assert!(StoreConfig { queue_capacity: 0, ..c.clone() }.validate().is_err());
-        assert!(StoreConfig { sweep_interval: Duration::ZERO, ..c }.validate().is_err());
+        assert!(StoreConfig { sweep_interval: Duration::ZERO, ..c.clone() }.validate().is_err());
+        assert!(StoreConfig { ack_sync_interval: Duration::ZERO, ..c }.validate().is_err());
         assert_eq!("never".parse::<FsyncMode>(), Ok(FsyncMode::Never));
         assert!("sometimes".parse::<FsyncMode>().is_err());
     }

@@ -6,7 +6,8 @@ use std::thread::JoinHandle;
 
 use async_trait::async_trait;
 use herald_core::{
-    AppendRequest, Engine, EngineError, Epoch, FanoutSink, Health, Page, Position, Receipt, Seq,
+    AckError, AppendRequest, CursorState, Engine, EngineError, Epoch, FanoutSink, Health, Page, Position,
+    Receipt, Seq, SubscriberId, UserCursor,
 };
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
@@ -14,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::read;
 use crate::shared::Shared;
 use crate::storage::{Storage, StorageError};
-use crate::writer::{Command, Writer};
+use crate::writer::{AckRequest, Command, Writer};
 use crate::{StoreConfig, StoreError, StoreStats};
 
 /// The embedded (single-node) engine. See the crate docs.
@@ -47,7 +48,7 @@ impl EmbeddedEngine {
         // for its timed wait on the queue.
         let rt =
             tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(StoreError::Spawn)?;
-        let writer = Writer::new(shared.clone(), rx, config.fsync, config.max_batch, config.sweep_interval);
+        let writer = Writer::new(shared.clone(), rx, &config);
         let handle = std::thread::Builder::new()
             .name("herald-store-writer".into())
             .spawn(move || writer.run(rt))
@@ -95,15 +96,9 @@ impl EmbeddedEngine {
     fn read_failed(&self, e: StorageError) -> EngineError {
         EngineError::Failed(self.shared.fail(format!("read failed: {e}")))
     }
-}
 
-#[async_trait]
-impl Engine for EmbeddedEngine {
-    fn set_sink(&self, sink: Arc<dyn FanoutSink>) {
-        self.shared.set_sink(sink);
-    }
-
-    async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
+    /// Queue a command for the writer and wait for its reply.
+    async fn submit<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, EngineError> {
         if let Some(reason) = self.shared.failure() {
             crate::stats::bump(&self.shared.counters.failed, 1);
             return Err(EngineError::Failed(reason.to_owned()));
@@ -114,9 +109,33 @@ impl Engine for EmbeddedEngine {
         let tx = self.tx.as_ref().ok_or(EngineError::ShuttingDown)?;
         let (reply_tx, reply_rx) = oneshot::channel();
         // Waits while the queue is full: that is the engine's backpressure.
-        // If this future is dropped after the send, the append still happens.
-        tx.send(Command::Append { req, reply: reply_tx }).await.map_err(|_| self.shared.stopped_error())?;
-        reply_rx.await.map_err(|_| self.shared.stopped_error())?
+        // If this future is dropped after the send, the request still runs.
+        tx.send(command(reply_tx)).await.map_err(|_| self.shared.stopped_error())?;
+        reply_rx.await.map_err(|_| self.shared.stopped_error())
+    }
+
+    /// Run a read on the blocking pool (range scans may touch disk, too
+    /// long to hold a runtime worker); storage errors fail-stop.
+    async fn read_blocking<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&crate::storage::Storage) -> Result<T, StorageError> + Send + 'static,
+    ) -> Result<T, EngineError> {
+        let shared = self.shared.clone();
+        tokio::task::spawn_blocking(move || read(&shared.storage))
+            .await
+            .map_err(|e| EngineError::Failed(format!("read task failed: {e}")))?
+            .map_err(|e| self.read_failed(e))
+    }
+}
+
+#[async_trait]
+impl Engine for EmbeddedEngine {
+    fn set_sink(&self, sink: Arc<dyn FanoutSink>) {
+        self.shared.set_sink(sink);
+    }
+
+    async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
+        self.submit(|reply| Command::Append { req, reply }).await?
     }
 
     /// Runs inline: one point read of the channel meta, served from the
@@ -129,13 +148,49 @@ impl Engine for EmbeddedEngine {
     /// Runs on the blocking pool: a page is a range scan of up to `limit`
     /// entries that may touch disk, too long to hold a runtime worker.
     async fn read(&self, channel: &ChannelName, after: Seq, limit: usize) -> Result<Page, EngineError> {
-        let shared = self.shared.clone();
         let channel = channel.clone();
-        let page =
-            tokio::task::spawn_blocking(move || read::read_page(&shared.storage, &channel, after, limit))
-                .await
-                .map_err(|e| EngineError::Failed(format!("read task failed: {e}")))?;
-        page.map_err(|e| self.read_failed(e))
+        self.read_blocking(move |storage| read::read_page(storage, &channel, after, limit)).await
+    }
+
+    /// Goes through the writer and its group commit, like an append, but
+    /// never costs an fsync of its own: with `FsyncMode::Always` a batch of
+    /// acks only is written to the OS (so an `Ok` ack survives `kill -9`)
+    /// and fsynced within `StoreConfig::ack_sync_interval`; with
+    /// `FsyncMode::Never` it is never fsynced before a clean close.
+    async fn ack(
+        &self,
+        channel: &ChannelName,
+        subscriber: &SubscriberId,
+        seq: Seq,
+    ) -> Result<CursorState, AckError> {
+        let req = AckRequest { channel: channel.clone(), subscriber: subscriber.clone(), seq };
+        self.submit(|reply| Command::Ack { req, reply }).await?
+    }
+
+    /// Runs inline: one point read, like `position`.
+    async fn cursor(
+        &self,
+        channel: &ChannelName,
+        subscriber: &SubscriberId,
+    ) -> Result<Option<CursorState>, EngineError> {
+        read::cursor(&self.shared.storage, channel, subscriber).map_err(|e| self.read_failed(e))
+    }
+
+    /// In subscriber-key order (`SubscriberId::key`), on the blocking pool.
+    async fn cursors(
+        &self,
+        channel: &ChannelName,
+        limit: usize,
+    ) -> Result<Vec<(SubscriberId, CursorState)>, EngineError> {
+        let channel = channel.clone();
+        self.read_blocking(move |storage| read::cursors(storage, &channel, limit)).await
+    }
+
+    /// Grouped by subscriber key (the user without a device first), then
+    /// by channel; on the blocking pool.
+    async fn user_cursors(&self, user: &str, limit: usize) -> Result<Vec<UserCursor>, EngineError> {
+        let user = user.to_owned();
+        self.read_blocking(move |storage| read::user_cursors(storage, &user, limit)).await
     }
 
     fn health(&self) -> Health {

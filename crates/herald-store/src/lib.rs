@@ -29,6 +29,34 @@
 //! bounded slices: it removes messages older than their channel's `max_age`
 //! and expired receipts.
 //!
+//! # How an ack flows
+//!
+//! `ack` takes the same queue to the same writer, and is staged into the
+//! same group commit as the appends around it (`cursors.rs`): it is refused
+//! with [`AckError::BeyondHead`](herald_core::AckError::BeyondHead) if its
+//! seq is past the channel's head (as this batch leaves it), else the
+//! cursor becomes `max(stored, seq)` (an ack at or below the stored cursor
+//! writes nothing). The writer is the only committer, so concurrent acks of
+//! one cursor cannot lose an update and the cursor never goes backwards. The
+//! caller is answered after the commit, with the resulting cursor.
+//!
+//! Acks never cost an fsync of their own. A batch that appended something is
+//! fsynced anyway ([`FsyncMode::Always`]) and carries its acks along; a
+//! batch of acks only is committed without fsync: its journal write reaches
+//! the OS before the callers are answered, so an `Ok` ack survives a crash
+//! of Herald (`kill -9`), and it is fsynced at most
+//! [`StoreConfig::ack_sync_interval`] (default 1 s) later, by the next
+//! append batch, sweep or the ack-sync timer. An OS crash or power loss can
+//! therefore lose up to that window of acks (the journal is one ordered
+//! file, so never an ack older than a surviving append): the cursors come
+//! back lower, which means redelivery of messages already handled, never
+//! loss. With [`FsyncMode::Never`] acks are fsynced only at a clean close,
+//! like appends.
+//!
+//! Retention that removes messages above a channel's lowest cursor counts
+//! them in [`StoreStats::unacked_trimmed`] (once per message; see
+//! `cursors.rs` for the bound and its cost).
+//!
 //! Reads (`position`, `read`) go straight to a consistent storage snapshot,
 //! not through the writer. Storage makes a commit visible only after it is
 //! durable, so no clamp to a "durable head" is needed: a reader can never see
@@ -51,6 +79,9 @@
 //! - After a crash, reopening recovers every channel's head and first from
 //!   the `channels` space, which is committed in the same atomic batch as
 //!   the log entries it describes.
+//! - Acks: see "How an ack flows" above. A cursor never exceeds its
+//!   channel's head, also after a crash (the ack and the append it
+//!   acknowledges are in journal order).
 //!
 //! # On-disk layout (fjall keyspaces; integers big-endian)
 //!
@@ -62,11 +93,20 @@
 //! | `channels` | channel | format ++ head ++ first ++ has_max_age (u8) ++ max_age_ms |
 //! | `idem` | dedup key | format ++ fingerprint (32) ++ has_seq (u8) ++ seq ++ id (16) ++ ts ++ expires_at ++ channel (u16 len + bytes) ++ epoch (u16 len + bytes) |
 //! | `idem_exp` | expires_at (u64 ms) ++ dedup key | empty: the expiry index the sweeper scans |
+//! | `cursors` | channel ++ `0x00` ++ subscriber key | format ++ seq (u64) ++ acked_at_ms (u64) |
+//! | `user_cursors` | subscriber key ++ `0x00` ++ channel | empty: the per-user index of `cursors` |
 //!
 //! The id and ts sit in a fixed header before the frame so reads and the
 //! sweeper never parse JSON, and reads send the stored frame unchanged.
 //! Channel names never contain `0x00`, so each channel's log is one
-//! contiguous key range. For a channel `c`, the log holds exactly the seqs
+//! contiguous key range, and so are its cursors. The subscriber key is
+//! [`SubscriberId::key`](herald_core::SubscriberId::key) (length-prefixed
+//! user and device, no control characters), so a user's `user_cursors`
+//! entries, every device and channel, are the one key range starting with
+//! [`SubscriberId::user_prefix`](herald_core::SubscriberId::user_prefix).
+//! An index entry is written in the same commit as its cursor's first ack;
+//! cursors are never deleted. (The two spaces were added without a format
+//! bump: an older data dir opens with no cursors.) For a channel `c`, the log holds exactly the seqs
 //! `first..=head` of its meta; a channel never written has `head = 0`,
 //! `first = 1`.
 //!
@@ -76,6 +116,7 @@
 
 mod codec;
 mod config;
+mod cursors;
 mod engine;
 mod error;
 mod read;
@@ -85,7 +126,10 @@ mod storage;
 mod sweep;
 mod writer;
 
-pub use config::{FsyncMode, StoreConfig, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_CAPACITY, DEFAULT_SWEEP_INTERVAL};
+pub use config::{
+    FsyncMode, StoreConfig, DEFAULT_ACK_SYNC_INTERVAL, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_CAPACITY,
+    DEFAULT_SWEEP_INTERVAL,
+};
 pub use engine::EmbeddedEngine;
 pub use error::StoreError;
 pub use stats::StoreStats;

@@ -16,15 +16,27 @@ pub struct StoreStats {
     pub dedup_mismatches: u64,
     /// Group commits that carried at least one request.
     pub batches: u64,
-    /// Requests carried by those group commits (mean batch size =
-    /// `batch_requests / batches`).
+    /// Requests (appends and acks) carried by those group commits (mean
+    /// batch size = `batch_requests / batches`).
     pub batch_requests: u64,
-    /// Journal fsyncs (group commits with `FsyncMode::Always`, sweeps, close).
+    /// Journal fsyncs (group commits that appended, with
+    /// `FsyncMode::Always`; sweeps; the ack-sync timer; close).
     pub fsyncs: u64,
     /// Messages removed by `max_len` retention.
     pub trimmed: u64,
     /// Messages removed by `max_age` retention.
     pub expired: u64,
+    /// Of the messages removed by retention (`trimmed` + `expired`), those
+    /// above the lowest cursor of their channel: unacked by at least one
+    /// subscriber. Counted once per message, not per subscriber; channels
+    /// with more than 4096 cursors are not counted (see `cursors.rs`).
+    pub unacked_trimmed: u64,
+    /// Acks that advanced a cursor (each one written).
+    pub acks: u64,
+    /// Acks at or below the stored cursor: nothing written.
+    pub acks_unchanged: u64,
+    /// Acks refused because their seq was beyond the channel's head.
+    pub acks_beyond_head: u64,
     /// Idempotency receipts removed after their TTL.
     pub receipts_expired: u64,
     /// Requests answered with `EngineError::Failed`.
@@ -44,6 +56,10 @@ pub(crate) struct Counters {
     pub fsyncs: AtomicU64,
     pub trimmed: AtomicU64,
     pub expired: AtomicU64,
+    pub unacked_trimmed: AtomicU64,
+    pub acks: AtomicU64,
+    pub acks_unchanged: AtomicU64,
+    pub acks_beyond_head: AtomicU64,
     pub receipts_expired: AtomicU64,
     pub failed: AtomicU64,
 }
@@ -68,6 +84,10 @@ impl Counters {
             fsyncs: get(&self.fsyncs),
             trimmed: get(&self.trimmed),
             expired: get(&self.expired),
+            unacked_trimmed: get(&self.unacked_trimmed),
+            acks: get(&self.acks),
+            acks_unchanged: get(&self.acks_unchanged),
+            acks_beyond_head: get(&self.acks_beyond_head),
             receipts_expired: get(&self.receipts_expired),
             failed: get(&self.failed),
             queue_depth,

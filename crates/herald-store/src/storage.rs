@@ -1,6 +1,6 @@
 //! The only module that knows the storage library (fjall).
 //!
-//! The rest of the crate sees five byte-keyed spaces, point reads, bounded
+//! The rest of the crate sees seven byte-keyed spaces, point reads, bounded
 //! range scans, consistent read views and one atomic [`WriteSet`] commit.
 //! Replacing fjall (for example with redb) means rewriting this file only.
 //!
@@ -35,6 +35,8 @@ pub(crate) enum Space {
     Channels,
     Idem,
     IdemExp,
+    Cursors,
+    UserCursors,
 }
 
 /// A storage failure. Any of these puts the engine into fail-stop.
@@ -81,6 +83,11 @@ impl WriteSet {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
+
+    /// Distinct keys written so far.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
 }
 
 pub(crate) struct Storage {
@@ -89,6 +96,8 @@ pub(crate) struct Storage {
     channels: Keyspace,
     idem: Keyspace,
     idem_exp: Keyspace,
+    cursors: Keyspace,
+    user_cursors: Keyspace,
     epoch: Epoch,
     /// Test hook: the next commit fails without writing.
     fail_next_commit: AtomicBool,
@@ -113,6 +122,11 @@ impl Storage {
             channels: space("channels")?,
             idem: space("idem")?,
             idem_exp: space("idem_exp")?,
+            // Added after format 1 shipped, without a format bump: opening
+            // an older data dir creates them empty (no cursors yet), and an
+            // older binary never opens them.
+            cursors: space("cursors")?,
+            user_cursors: space("user_cursors")?,
             epoch,
             db,
             fail_next_commit: AtomicBool::new(false),
@@ -130,6 +144,8 @@ impl Storage {
             Space::Channels => &self.channels,
             Space::Idem => &self.idem,
             Space::IdemExp => &self.idem_exp,
+            Space::Cursors => &self.cursors,
+            Space::UserCursors => &self.user_cursors,
         }
     }
 

@@ -47,6 +47,8 @@ impl SweepState {
 #[derive(Default)]
 struct SliceOutcome {
     expired: u64,
+    /// Of `expired`, messages some subscriber had not acked.
+    unacked_expired: u64,
     receipts_expired: u64,
     /// The slice ran out of budget or the pass has channels left.
     more: bool,
@@ -61,23 +63,20 @@ impl Writer {
         }
         let mut ws = WriteSet::default();
         let result = self.sweep_slice(&mut ws).and_then(|outcome| {
-            let sync = self.fsync == FsyncMode::Always;
-            let wrote = !ws.is_empty();
-            self.shared.storage.commit(ws, sync)?;
-            if wrote && sync {
-                bump(&self.shared.counters.fsyncs, 1);
-            }
+            self.commit(ws, self.fsync == FsyncMode::Always)?;
             Ok(outcome)
         });
         match result {
             Ok(outcome) => {
                 bump(&self.shared.counters.expired, outcome.expired);
+                bump(&self.shared.counters.unacked_trimmed, outcome.unacked_expired);
                 bump(&self.shared.counters.receipts_expired, outcome.receipts_expired);
                 let wait = if outcome.more { std::time::Duration::ZERO } else { self.sweep_interval };
                 self.sweep.next_at = Instant::now() + wait;
             }
             Err(e) => {
                 self.channels.clear();
+                self.cursors.reset();
                 self.shared.fail(format!("retention sweep failed: {e}"));
                 self.sweep.next_at = Instant::now() + self.sweep_interval;
             }
@@ -136,7 +135,13 @@ impl Writer {
             let removed = match meta.max_age {
                 Some(age) if meta.first <= meta.head => {
                     let cutoff = now.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX));
-                    self.expire_prefix(&name, meta, cutoff, budget, ws)?
+                    let removed = self.expire_prefix(&name, meta, cutoff, budget, ws)?;
+                    if removed > 0 {
+                        let last = meta.first + removed as u64 - 1;
+                        out.unacked_expired +=
+                            self.cursors.unacked_in(&self.shared.storage, &name, meta.first, last)?;
+                    }
+                    removed
                 }
                 _ => 0,
             };

@@ -1,10 +1,18 @@
 //! The writer thread: the only code that mutates the store.
 //!
 //! It takes every queued request (up to `max_batch`), stages them into one
-//! [`WriteSet`] (dedup check, seq assignment, frame encoding, trimming,
-//! receipt), commits that set atomically with one fsync, then answers every
-//! request, then fans the new messages out in seq order. Between batches it
-//! runs bounded slices of the retention sweep (`sweep.rs`).
+//! [`WriteSet`] (appends: dedup check, seq assignment, frame encoding,
+//! trimming, receipt; acks: compare-and-raise of a cursor, see
+//! `cursors.rs`), commits that set atomically, then answers every request,
+//! then fans the new messages out in seq order. Between batches it runs
+//! bounded slices of the retention sweep (`sweep.rs`) and, when due, the
+//! fsync of acks that have not had one yet.
+//!
+//! With [`FsyncMode::Always`] a batch that appended anything is committed
+//! with one fsync (its acks ride along); a batch of acks only is committed
+//! without one (written to the OS, so it survives a crash of the process)
+//! and is fsynced within `ack_sync_interval` by a later append batch, a
+//! sweep, or the ack-sync timer, whichever comes first.
 //!
 //! Invariants:
 //! - one thread owns `channels` (the head/first cache); after every
@@ -22,12 +30,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use herald_core::{AppendRequest, EngineError, Epoch, Message, Receipt};
+use herald_core::{
+    AckError, AppendRequest, CursorState, EngineError, Epoch, Message, Receipt, Seq, SubscriberId,
+};
 use herald_proto::{encode_message_frame, ChannelName};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::codec::{self, ChannelMeta, IdemRecord, LogHeader};
+use crate::cursors::CursorBook;
 use crate::shared::Shared;
 use crate::stats::bump;
 use crate::storage::{Space, StorageError, WriteSet};
@@ -44,19 +55,92 @@ const CHANNEL_CACHE_CAP: usize = 65_536;
 /// instead of stalling one batch.
 const TRIM_BUDGET_PER_APPEND: u64 = 1024;
 
+pub(crate) type AppendReply = oneshot::Sender<Result<Receipt, EngineError>>;
+pub(crate) type AckReply = oneshot::Sender<Result<CursorState, AckError>>;
+
 pub(crate) enum Command {
     Append {
         req: AppendRequest,
-        reply: oneshot::Sender<Result<Receipt, EngineError>>,
+        reply: AppendReply,
+    },
+    Ack {
+        req: AckRequest,
+        reply: AckReply,
     },
     /// Stop accepting, finish what is queued, persist, exit.
     Close,
 }
 
-struct Pending {
-    reply: PendingReply,
-    result: Result<Receipt, EngineError>,
-    fanout: Option<Arc<Message>>,
+/// `Engine::ack`'s arguments.
+pub(crate) struct AckRequest {
+    pub channel: ChannelName,
+    pub subscriber: SubscriberId,
+    pub seq: Seq,
+}
+
+/// A request taken from the queue for the next group commit.
+pub(crate) enum Op {
+    Append(AppendRequest, AppendReply),
+    Ack(AckRequest, AckReply),
+}
+
+impl Op {
+    fn fail(self, reason: &str) {
+        // A dropped receiver is a caller that stopped waiting.
+        match self {
+            Op::Append(_, reply) => {
+                let _ = reply.send(Err(EngineError::Failed(reason.to_owned())));
+            }
+            Op::Ack(_, reply) => {
+                let _ = reply.send(Err(EngineError::Failed(reason.to_owned()).into()));
+            }
+        }
+    }
+}
+
+/// A staged request: what its caller is told once the batch committed.
+enum Staged {
+    Append { reply: AppendReply, result: Result<Receipt, EngineError>, fanout: Option<Arc<Message>> },
+    Ack { reply: AckReply, result: Result<CursorState, AckError> },
+}
+
+impl Staged {
+    /// A request left unstaged after a storage error; the placeholder
+    /// result is never sent (the whole batch is answered `Failed`).
+    fn unstaged(op: Op) -> Self {
+        match op {
+            Op::Append(_, reply) => {
+                Staged::Append { reply, result: Err(EngineError::ShuttingDown), fanout: None }
+            }
+            Op::Ack(_, reply) => Staged::Ack { reply, result: Err(EngineError::ShuttingDown.into()) },
+        }
+    }
+
+    fn fail(self, reason: &str) {
+        match self {
+            Staged::Append { reply, .. } => {
+                let _ = reply.send(Err(EngineError::Failed(reason.to_owned())));
+            }
+            Staged::Ack { reply, .. } => {
+                let _ = reply.send(Err(EngineError::Failed(reason.to_owned()).into()));
+            }
+        }
+    }
+
+    /// Answer the caller; keep the message to fan out, if any.
+    fn answer(self, fanout: &mut Vec<Arc<Message>>) {
+        // A dropped receiver is a caller that stopped waiting; the write
+        // stands (like a publish whose client disconnected).
+        match self {
+            Staged::Append { reply, result, fanout: msg } => {
+                let _ = reply.send(result);
+                fanout.extend(msg);
+            }
+            Staged::Ack { reply, result } => {
+                let _ = reply.send(result);
+            }
+        }
+    }
 }
 
 /// Why staging one request did not produce an append.
@@ -74,12 +158,16 @@ impl From<StorageError> for StageError {
 }
 
 #[derive(Default)]
-struct Tally {
+pub(crate) struct Tally {
     appends: u64,
     volatile: u64,
     dedup_hits: u64,
     dedup_mismatches: u64,
     trimmed: u64,
+    pub unacked_trimmed: u64,
+    pub acks: u64,
+    pub acks_unchanged: u64,
+    pub acks_beyond_head: u64,
 }
 
 /// Message timestamps: wall-clock ms, never going backwards within a run, so
@@ -105,26 +193,31 @@ pub(crate) struct Writer {
     pub(crate) fsync: FsyncMode,
     max_batch: usize,
     pub(crate) sweep_interval: Duration,
+    /// Longest an ack committed without fsync waits for one
+    /// (`FsyncMode::Always` only).
+    ack_sync_interval: Duration,
+    /// Since when committed writes (acks) wait for an fsync; `None` when
+    /// everything committed has been fsynced (or `FsyncMode::Never`).
+    unsynced_since: Option<Instant>,
     pub(crate) channels: HashMap<ChannelName, ChannelMeta>,
+    pub(crate) cursors: CursorBook,
     pub(crate) clock: Clock,
     pub(crate) sweep: SweepState,
 }
 
 impl Writer {
-    pub fn new(
-        shared: Arc<Shared>,
-        rx: mpsc::Receiver<Command>,
-        fsync: FsyncMode,
-        max_batch: usize,
-        sweep_interval: Duration,
-    ) -> Self {
+    pub fn new(shared: Arc<Shared>, rx: mpsc::Receiver<Command>, config: &crate::StoreConfig) -> Self {
+        let sweep_interval = config.sweep_interval;
         Self {
             shared,
             rx,
-            fsync,
-            max_batch,
+            fsync: config.fsync,
+            max_batch: config.max_batch,
             sweep_interval,
+            ack_sync_interval: config.ack_sync_interval,
+            unsynced_since: None,
             channels: HashMap::new(),
+            cursors: CursorBook::default(),
             clock: Clock { last_ms: 0 },
             sweep: SweepState::new(Instant::now() + sweep_interval),
         }
@@ -143,7 +236,7 @@ impl Writer {
                 Ok(cmd) => Some(cmd),
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
                 Err(mpsc::error::TryRecvError::Empty) => {
-                    let deadline = tokio::time::Instant::from_std(self.sweep.next_at);
+                    let deadline = tokio::time::Instant::from_std(self.next_wakeup());
                     // The timer must be created inside `block_on` (it needs the
                     // runtime's time driver in context).
                     let rx = &mut self.rx;
@@ -182,8 +275,58 @@ impl Writer {
             if Instant::now() >= self.sweep.next_at {
                 self.sweep_step();
             }
+            if self.ack_sync_due().is_some_and(|due| Instant::now() >= due) {
+                self.sync_acks();
+            }
         }
         self.finish();
+    }
+
+    /// When the loop must wake up without a request: the next sweep slice
+    /// or the ack fsync, whichever is first.
+    fn next_wakeup(&self) -> Instant {
+        match self.ack_sync_due() {
+            Some(due) => due.min(self.sweep.next_at),
+            None => self.sweep.next_at,
+        }
+    }
+
+    /// When the acks committed without fsync must be fsynced.
+    fn ack_sync_due(&self) -> Option<Instant> {
+        self.unsynced_since.map(|since| since + self.ack_sync_interval)
+    }
+
+    /// Fsync the acks committed without one (the ack-sync timer).
+    fn sync_acks(&mut self) {
+        if self.shared.failure().is_some() {
+            self.unsynced_since = None;
+            return;
+        }
+        match self.shared.storage.sync() {
+            Ok(()) => {
+                bump(&self.shared.counters.fsyncs, 1);
+                self.unsynced_since = None;
+            }
+            Err(e) => {
+                self.unsynced_since = None;
+                self.shared.fail(format!("ack fsync failed: {e}"));
+            }
+        }
+    }
+
+    /// Commit `ws` atomically, with an fsync if `sync`, and keep the fsync
+    /// bookkeeping: an fsync covers everything committed before it (one
+    /// journal, written in order), so it also settles waiting acks.
+    pub(crate) fn commit(&mut self, ws: WriteSet, sync: bool) -> Result<(), StorageError> {
+        let wrote = !ws.is_empty();
+        self.shared.storage.commit(ws, sync)?;
+        if wrote && sync {
+            bump(&self.shared.counters.fsyncs, 1);
+            self.unsynced_since = None;
+        } else if wrote && self.fsync == FsyncMode::Always {
+            self.unsynced_since.get_or_insert_with(Instant::now);
+        }
+        Ok(())
     }
 
     /// Persist everything before the thread exits (also with
@@ -201,7 +344,7 @@ impl Writer {
     }
 
     /// One group commit: stage every request, commit once, answer, fan out.
-    fn process(&mut self, batch: &mut Vec<(AppendRequest, PendingReply)>) {
+    fn process(&mut self, batch: &mut Vec<Op>) {
         if batch.is_empty() {
             return;
         }
@@ -210,8 +353,8 @@ impl Writer {
         let n = batch.len() as u64;
         if let Some(reason) = self.shared.failure() {
             let reason = reason.to_owned();
-            for (_, reply) in batch.drain(..) {
-                let _ = reply.send(Err(EngineError::Failed(reason.clone())));
+            for op in batch.drain(..) {
+                op.fail(&reason);
             }
             bump(&counters.failed, n);
             return;
@@ -220,51 +363,75 @@ impl Writer {
         let mut ws = WriteSet::default();
         let mut pending_idem: HashMap<Arc<str>, IdemRecord> = HashMap::new();
         let mut tally = Tally::default();
-        let mut done: Vec<Pending> = Vec::with_capacity(batch.len());
+        let mut done: Vec<Staged> = Vec::with_capacity(batch.len());
+        // Whether an append wrote anything: only then does the commit need
+        // an fsync under `FsyncMode::Always` (acks alone never do).
+        let mut appended = false;
         // After a storage error the rest is not staged; every result of the
-        // batch is then replaced by `Failed` below (the placeholder is never
-        // sent).
+        // batch is then replaced by `Failed` below.
         let mut storage_error = None;
-        for (req, reply) in batch.drain(..) {
+        for op in batch.drain(..) {
             if storage_error.is_some() {
-                done.push(Pending { reply, result: Err(EngineError::ShuttingDown), fanout: None });
+                done.push(Staged::unstaged(op));
                 continue;
             }
-            match self.stage(req, &mut ws, &mut pending_idem, &mut tally) {
-                Ok((receipt, fanout)) => done.push(Pending { reply, result: Ok(receipt), fanout }),
-                Err(StageError::Refused(e)) => done.push(Pending { reply, result: Err(e), fanout: None }),
-                Err(StageError::Storage(e)) => {
-                    storage_error = Some(e);
-                    done.push(Pending { reply, result: Err(EngineError::ShuttingDown), fanout: None });
+            match op {
+                Op::Append(req, reply) => {
+                    let before = ws.len();
+                    let result = self.stage(req, &mut ws, &mut pending_idem, &mut tally);
+                    // Every append that writes puts a key no other request
+                    // of the batch wrote (a new log entry or receipt).
+                    appended |= ws.len() > before;
+                    let (result, fanout) = match result {
+                        Ok((receipt, fanout)) => (Ok(receipt), fanout),
+                        Err(StageError::Refused(e)) => (Err(e), None),
+                        Err(StageError::Storage(e)) => {
+                            storage_error = Some(e);
+                            (Err(EngineError::ShuttingDown), None)
+                        }
+                    };
+                    done.push(Staged::Append { reply, result, fanout });
+                }
+                Op::Ack(req, reply) => {
+                    let result = match self.stage_ack(&req, &mut ws, &mut tally) {
+                        Ok(result) => result,
+                        Err(e) => {
+                            storage_error = Some(e);
+                            Err(EngineError::ShuttingDown.into())
+                        }
+                    };
+                    done.push(Staged::Ack { reply, result });
                 }
             }
         }
-        let wrote = !ws.is_empty();
-        let sync = self.fsync == FsyncMode::Always;
+        let sync = appended && self.fsync == FsyncMode::Always;
         let outcome = match storage_error {
             Some(e) => Err(e),
-            None => self.shared.storage.commit(ws, sync),
+            None => self.commit(ws, sync),
         };
         bump(&counters.batches, 1);
         bump(&counters.batch_requests, n);
         if let Err(e) = outcome {
-            // The staged state never became visible; the cache is stale.
+            // The staged state never became visible; the caches are stale.
             self.channels.clear();
+            self.cursors.reset();
             let reason = self.shared.fail(format!("group commit failed: {e}"));
             for p in done {
-                let _ = p.reply.send(Err(EngineError::Failed(reason.clone())));
+                p.fail(&reason);
             }
             bump(&counters.failed, n);
             return;
         }
-        if wrote && sync {
-            bump(&counters.fsyncs, 1);
-        }
+        self.cursors.end_batch();
         bump(&counters.appends, tally.appends);
         bump(&counters.volatile, tally.volatile);
         bump(&counters.dedup_hits, tally.dedup_hits);
         bump(&counters.dedup_mismatches, tally.dedup_mismatches);
         bump(&counters.trimmed, tally.trimmed);
+        bump(&counters.unacked_trimmed, tally.unacked_trimmed);
+        bump(&counters.acks, tally.acks);
+        bump(&counters.acks_unchanged, tally.acks_unchanged);
+        bump(&counters.acks_beyond_head, tally.acks_beyond_head);
         if self.channels.len() > CHANNEL_CACHE_CAP {
             self.channels.clear();
         }
@@ -272,10 +439,7 @@ impl Writer {
         let sink = self.shared.sink();
         let mut fanout = Vec::with_capacity(done.len());
         for p in done {
-            // A dropped receiver is a caller that stopped waiting; the append
-            // stands (like a publish whose client disconnected).
-            let _ = p.reply.send(p.result);
-            fanout.extend(p.fanout);
+            p.answer(&mut fanout);
         }
         if let Some(sink) = sink {
             for msg in fanout {
@@ -340,8 +504,18 @@ impl Writer {
             // For a channel whose log was empty, `first` is already `seq`.
             meta.head = seq;
             meta.max_age = req.retention.max_age;
-            tally.trimmed += trim_to_len(channel.as_str(), meta, req.retention.max_len, ws);
+            let old_first = meta.first;
+            let trimmed = trim_to_len(channel.as_str(), meta, req.retention.max_len, ws);
             ws.put(Space::Channels, channel.as_str().as_bytes().to_vec(), meta.encode());
+            if trimmed > 0 {
+                tally.trimmed += trimmed;
+                tally.unacked_trimmed += self.cursors.unacked_in(
+                    &self.shared.storage,
+                    channel,
+                    old_first,
+                    old_first + trimmed - 1,
+                )?;
+            }
             tally.appends += 1;
         } else {
             tally.volatile += 1;
@@ -393,13 +567,15 @@ impl Writer {
     }
 }
 
-type PendingReply = oneshot::Sender<Result<Receipt, EngineError>>;
-
-/// Queue an append into `batch`; `true` for a close request.
-fn collect(cmd: Command, batch: &mut Vec<(AppendRequest, PendingReply)>) -> bool {
+/// Queue a request into `batch`; `true` for a close request.
+fn collect(cmd: Command, batch: &mut Vec<Op>) -> bool {
     match cmd {
         Command::Append { req, reply } => {
-            batch.push((req, reply));
+            batch.push(Op::Append(req, reply));
+            false
+        }
+        Command::Ack { req, reply } => {
+            batch.push(Op::Ack(req, reply));
             false
         }
         Command::Close => true,

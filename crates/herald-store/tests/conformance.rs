@@ -53,6 +53,12 @@ conformance_tests![
     volatile_appends_are_fanned_out_not_stored,
     stored_frames_are_the_fanned_out_frames,
     appends_after_close_are_refused,
+    ack_is_cumulative_and_monotonic,
+    cursor_is_absent_before_any_ack,
+    cursors_are_per_device,
+    cursors_lists_each_subscriber,
+    user_cursors_lists_the_users_channels_only,
+    concurrent_acks_end_at_the_max,
 ];
 
 /// `run_all` itself, with a factory that keeps every data dir alive until

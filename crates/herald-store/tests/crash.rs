@@ -1,8 +1,10 @@
 //! `kill -9` during a stream of appends: every acknowledged append is there
-//! after reopening, and each channel's head and log agree.
+//! after reopening, and each channel's head and log agree. The same for a
+//! stream of acks (cursor updates), which are committed without an fsync:
+//! every cursor is at least what the child was told.
 //!
-//! The test re-runs its own binary as the child that appends (selected by an
-//! environment variable), reads the child's acknowledgements from its
+//! Each test re-runs its own binary as the child that writes (selected by
+//! an environment variable), reads the child's acknowledgements from its
 //! stdout, and kills it mid-stream.
 
 mod common;
@@ -13,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use common::{channel, open, req};
-use herald_core::Engine;
+use herald_core::{Engine, SubscriberId};
 
 const CHILD_ENV: &str = "HERALD_STORE_CRASH_CHILD_DIR";
 const CHANNELS: usize = 4;
@@ -94,5 +96,101 @@ fn child(dir: std::path::PathBuf) {
         for t in tasks {
             let _ = t.await;
         }
+    });
+}
+
+const ACK_CHILD_ENV: &str = "HERALD_STORE_CRASH_ACK_CHILD_DIR";
+/// Messages per channel the ack child appends before acking them.
+const ACK_MESSAGES: u64 = 300;
+const ACKERS: usize = 16;
+/// Confirmed acks to see before killing the ack child.
+const KILL_AFTER_CURSOR_ACKS: usize = 1500;
+
+#[test]
+fn confirmed_acks_survive_kill_9() {
+    if let Ok(dir) = std::env::var(ACK_CHILD_ENV) {
+        ack_child(dir.into());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "confirmed_acks_survive_kill_9", "--nocapture", "--test-threads=1"])
+        .env(ACK_CHILD_ENV, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    // (channel, subscriber key) -> highest cursor the child was told.
+    let mut confirmed: HashMap<(String, String), u64> = HashMap::new();
+    let mut seen = 0;
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        let Some(rest) = line.strip_prefix("cursor ") else { continue };
+        let mut parts = rest.splitn(3, ' ');
+        let (ch, seq, sub) = (parts.next().unwrap(), parts.next().unwrap(), parts.next().unwrap());
+        let top = confirmed.entry((ch.to_owned(), sub.to_owned())).or_default();
+        *top = (*top).max(seq.parse().unwrap());
+        seen += 1;
+        if seen == KILL_AFTER_CURSOR_ACKS {
+            break;
+        }
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert_eq!(seen, KILL_AFTER_CURSOR_ACKS, "the child stopped early");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let engine = open(dir.path(), |_| {});
+        for ((name, key), top) in &confirmed {
+            let sub = SubscriberId::parse_key(key).unwrap();
+            let cursor = engine.cursor(&channel(name), &sub).await.unwrap();
+            let seq = cursor.map_or(0, |c| c.seq);
+            assert!(seq >= *top, "{name} {sub:?}: confirmed cursor {top} lost (stored {seq})");
+            assert!(seq <= ACK_MESSAGES, "{name} {sub:?}: cursor {seq} beyond the head");
+        }
+        assert_eq!(confirmed.len(), ACKERS, "every acker confirmed something");
+        engine.close().await;
+    });
+}
+
+/// Append `ACK_MESSAGES` to each channel, then ack them one by one from
+/// `ACKERS` subscribers, printing each confirmed cursor. No fsync helps the
+/// acks: the ack-sync timer is set far in the future and nothing else
+/// fsyncs once the appends are done.
+fn ack_child(dir: std::path::PathBuf) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let engine =
+            Arc::new(open(&dir, |c| c.ack_sync_interval = std::time::Duration::from_secs(24 * 3600)));
+        for c in 0..CHANNELS {
+            let ch = channel(&format!("user:{c}"));
+            for _ in 0..ACK_MESSAGES {
+                engine.append(req(&ch, "1")).await.unwrap();
+            }
+        }
+        let out = Arc::new(std::sync::Mutex::new(std::io::stdout()));
+        let tasks: Vec<_> = (0..ACKERS)
+            .map(|t| {
+                let (engine, out) = (engine.clone(), out.clone());
+                tokio::spawn(async move {
+                    let ch = channel(&format!("user:{}", t % CHANNELS));
+                    let sub = SubscriberId::new(format!("{}", t % CHANNELS), Some(format!("dev {t}").into()))
+                        .unwrap();
+                    for seq in 1..=ACK_MESSAGES {
+                        let state = engine.ack(&ch, &sub, seq).await.unwrap();
+                        let mut out = out.lock().unwrap();
+                        writeln!(out, "cursor {} {} {}", ch, state.seq, sub.key()).unwrap();
+                        out.flush().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            let _ = t.await;
+        }
+        // Wait to be killed: a clean exit would flush and fsync.
+        std::future::pending::<()>().await;
     });
 }
