@@ -16,4 +16,4 @@ pub use engine::{
     AckError, AppendRequest, CursorState, Dedup, Engine, EngineError, Epoch, FanoutSink, Health,
     InvalidSubscriber, Message, Page, Position, Receipt, Retention, Seq, SubscriberId, UserCursor,
 };
-pub use namespace::{Delivery, NamespaceOptions, Namespaces, UnknownNamespace};
+pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};

@@ -40,6 +40,32 @@ pub struct NamespaceOptions {
     pub presence: bool,
     /// The channel has a room lifecycle. Reserved for the rooms issue.
     pub room: bool,
+    /// Acked: a delivered message not acked within this is sent again.
+    #[serde(with = "humantime_serde")]
+    pub ack_timeout: Duration,
+    /// Acked: the longest wait between redeliveries (the backoff doubles up
+    /// to this).
+    #[serde(with = "humantime_serde")]
+    pub ack_backoff_max: Duration,
+    /// Acked: deliveries of one message on one connection, the first
+    /// included; then the subscription is stale on that connection and the
+    /// message waits in the inbox for the next resume.
+    pub max_attempts: u32,
+    /// Acked: most delivered-but-unacked messages per subscription; delivery
+    /// pauses at this many and resumes as acks arrive.
+    pub max_inflight: u32,
+    /// Acked: where a subscriber with no cursor yet starts.
+    pub start: StartAt,
+}
+
+/// Where a new acked subscriber (no cursor yet) starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartAt {
+    /// At the oldest retained message: nothing retained is missed.
+    Oldest,
+    /// After the current head: only messages published from now on.
+    Head,
 }
 
 impl Default for NamespaceOptions {
@@ -52,6 +78,11 @@ impl Default for NamespaceOptions {
             require_idempotency_key: false,
             presence: false,
             room: false,
+            ack_timeout: Duration::from_secs(10),
+            ack_backoff_max: Duration::from_secs(120),
+            max_attempts: 5,
+            max_inflight: 1000,
+            start: StartAt::Oldest,
         }
     }
 }
@@ -80,12 +111,12 @@ pub struct UnknownNamespace(pub String);
 pub struct Namespaces(pub BTreeMap<String, NamespaceOptions>);
 
 impl Default for Namespaces {
-    /// `chat` (durable, clients publish), `user` (durable), `room` (durable),
+    /// `chat` (durable, clients publish), `user` (acked), `room` (durable),
     /// `live` (volatile, clients publish).
     fn default() -> Self {
         let mut m = BTreeMap::new();
         m.insert("chat".into(), NamespaceOptions { client_publish: true, ..Default::default() });
-        m.insert("user".into(), NamespaceOptions::default());
+        m.insert("user".into(), NamespaceOptions { delivery: Delivery::Acked, ..Default::default() });
         m.insert("room".into(), NamespaceOptions { client_publish: true, ..Default::default() });
         m.insert(
             "live".into(),
@@ -116,9 +147,16 @@ impl Namespaces {
                 return Err(format!("namespace `{name}`: name may only use letters, digits and _-.@="));
             }
             if ns.delivery == Delivery::Acked {
-                return Err(format!(
-                    "namespace `{name}`: delivery = \"acked\" is not available in this version; use \"durable\""
-                ));
+                if ns.ack_timeout.is_zero() || ns.ack_backoff_max < ns.ack_timeout {
+                    return Err(format!(
+                        "namespace `{name}`: ack_timeout must be positive and ack_backoff_max at least ack_timeout"
+                    ));
+                }
+                if ns.max_attempts == 0 || ns.max_inflight == 0 {
+                    return Err(format!(
+                        "namespace `{name}`: max_attempts and max_inflight must be at least 1"
+                    ));
+                }
             }
             if ns.delivery == Delivery::Volatile && (ns.presence || ns.room) {
                 return Err(format!("namespace `{name}`: presence and room need a durable namespace"));

@@ -177,6 +177,14 @@ pub struct OkFrame {
     /// Subscribe: `since.epoch` did not match; delivery restarts at `first`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub epoch_changed: Option<bool>,
+    /// Subscribe on an acked channel: the subscriber's stored cursor (highest
+    /// acked seq; 0 if it never acked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<u64>,
+    /// Subscribe on an acked channel: messages this subscription will deliver
+    /// before it is live (`head` minus what the subscriber already has).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unread: Option<u64>,
     /// Publish: assigned seq (absent for volatile channels).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq: Option<u64>,
@@ -273,6 +281,20 @@ pub fn encode_message_frame(
     serde_json::to_vec(&msg).expect("messages always serialise")
 }
 
+/// A stored `message` frame marked as a redelivery: `"redelivered":true` and
+/// the delivery `attempt` (2 for the first redelivery) are added. Only the
+/// rare redelivery path pays for this copy; first deliveries share the
+/// stored bytes.
+pub fn mark_redelivered(frame: &[u8], attempt: u32) -> Vec<u8> {
+    // Frames are JSON objects encoded by `encode_message_frame`: they end
+    // with `}` and have at least one field before it.
+    let body = frame.strip_suffix(b"}").unwrap_or(frame);
+    let mut out = Vec::with_capacity(frame.len() + 40);
+    out.extend_from_slice(body);
+    out.extend_from_slice(format!(",\"redelivered\":true,\"attempt\":{attempt}}}").as_bytes());
+    out
+}
+
 /// Any server frame, read back (by clients and the HTTP history endpoint).
 /// Fields absent from a frame type are `None`.
 #[derive(Debug, Clone, Deserialize)]
@@ -303,6 +325,14 @@ pub struct MessageView {
     pub truncated: Option<bool>,
     #[serde(default)]
     pub epoch_changed: Option<bool>,
+    #[serde(default)]
+    pub cursor: Option<u64>,
+    #[serde(default)]
+    pub unread: Option<u64>,
+    #[serde(default)]
+    pub redelivered: Option<bool>,
+    #[serde(default)]
+    pub attempt: Option<u32>,
     #[serde(default)]
     pub duplicate: Option<bool>,
     #[serde(default)]
@@ -386,6 +416,16 @@ mod tests {
         assert_eq!(v.seq, Some(4));
         assert_eq!(v.data.unwrap().get(), r#"{"text":"hi"}"#);
         assert_eq!(v.meta.unwrap()["trace_id"], "t1");
+    }
+
+    #[test]
+    fn redelivered_frames_keep_every_field_and_add_the_marker() {
+        let ch = ChannelName::new("user:1").unwrap();
+        let data = RawValue::from_string(r#"{"n":1}"#.into()).unwrap();
+        let frame = encode_message_frame(&ch, Some(7), "id-7", 5, &data, None);
+        let v = MessageView::parse(&mark_redelivered(&frame, 3)).unwrap();
+        assert_eq!((v.seq, v.redelivered, v.attempt), (Some(7), Some(true), Some(3)));
+        assert_eq!(v.data.unwrap().get(), r#"{"n":1}"#);
     }
 
     #[test]

@@ -13,6 +13,6 @@ mod frame;
 pub use channel::{ChannelName, ChannelNameError, MAX_CHANNEL_LEN};
 pub use code::{close, ErrorCode, Problem};
 pub use frame::{
-    encode_message_frame, encode_pong, validate_meta, ClientFrame, ClientFrameError, DisconnectFrame,
-    ErrorFrame, MessageView, Meta, OkFrame, Since, MAX_META_ENTRIES, MAX_META_VALUE_LEN,
+    encode_message_frame, encode_pong, mark_redelivered, validate_meta, ClientFrame, ClientFrameError,
+    DisconnectFrame, ErrorFrame, MessageView, Meta, OkFrame, Since, MAX_META_ENTRIES, MAX_META_VALUE_LEN,
 };

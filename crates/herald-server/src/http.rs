@@ -294,6 +294,116 @@ pub async fn history(
     Ok(json_response(StatusCode::OK, &body, false))
 }
 
+#[derive(Deserialize)]
+pub struct LimitQuery {
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// Most cursors one receipts or inbox request returns.
+const MAX_CURSORS: usize = 10_000;
+
+fn cursor_limit(
+    q: Result<Query<LimitQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<usize, ApiError> {
+    let Query(q) = q.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+    let limit = q.limit.unwrap_or(1000);
+    if limit == 0 || limit > MAX_CURSORS {
+        return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={MAX_CURSORS}")));
+    }
+    Ok(limit)
+}
+
+/// `GET /api/v1/channels/{channel}/cursors`: delivery receipts of an acked
+/// channel: every subscriber's cursor, unread count and last ack time.
+pub async fn cursors(
+    AxState(state): St,
+    Path(channel): Path<String>,
+    query: Result<Query<LimitQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    api_auth(&state, &headers)?;
+    let (channel, ns) = parse_channel(&state, &channel)?;
+    let limit = cursor_limit(query)?;
+    if ns.delivery != herald_core::Delivery::Acked {
+        return Err(ApiError::new(
+            ErrorCode::NotSupported,
+            "cursors exist only on channels with delivery = \"acked\"",
+        ));
+    }
+    let pos = state.engine.position(&channel).await?;
+    let list = state.engine.cursors(&channel, limit).await?;
+    let cursors: Vec<_> = list
+        .iter()
+        .map(|(sub, c)| {
+            serde_json::json!({
+                "user": sub.user(),
+                "device": sub.device(),
+                "cursor": c.seq,
+                "unread": pos.head.saturating_sub(c.seq),
+                "acked_at": c.acked_at_ms,
+            })
+        })
+        .collect();
+    let body = serde_json::json!({
+        "channel": channel.as_str(),
+        "epoch": pos.epoch.as_str(),
+        "first": pos.first,
+        "head": pos.head,
+        "cursors": cursors,
+    });
+    Ok(json_response(StatusCode::OK, &body, false))
+}
+
+/// `GET /api/v1/users/{user}/inbox`: for each acked channel of the user (its
+/// `user:{user}` channel and every channel it has a cursor on): head, cursor
+/// per device, unread.
+pub async fn inbox(
+    AxState(state): St,
+    Path(user): Path<String>,
+    query: Result<Query<LimitQuery>, axum::extract::rejection::QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    api_auth(&state, &headers)?;
+    let limit = cursor_limit(query)?;
+    if user.is_empty() || user.len() > 255 || user.chars().any(char::is_control) {
+        return Err(ApiError::new(ErrorCode::BadRequest, "`user` must be 1..=255 printable characters"));
+    }
+    let mut by_channel: std::collections::BTreeMap<ChannelName, Vec<serde_json::Value>> = Default::default();
+    if let Ok(own) = ChannelName::new(&format!("user:{user}")) {
+        if state.config.namespaces.resolve(&own).is_ok_and(|ns| ns.delivery == herald_core::Delivery::Acked) {
+            by_channel.entry(own).or_default();
+        }
+    }
+    let list = state.engine.user_cursors(&user, limit).await?;
+    for uc in &list {
+        by_channel.entry(uc.channel.clone()).or_default().push(serde_json::json!({
+            "device": uc.device.as_deref(),
+            "cursor": uc.cursor.seq,
+            "acked_at": uc.cursor.acked_at_ms,
+        }));
+    }
+    let mut channels = Vec::with_capacity(by_channel.len());
+    for (channel, mut devices) in by_channel {
+        let pos = state.engine.position(&channel).await?;
+        for d in &mut devices {
+            let cursor = d["cursor"].as_u64().unwrap_or(0);
+            d["unread"] = pos.head.saturating_sub(cursor).into();
+        }
+        // A device that never acked has everything retained unread.
+        let unread_new_device = pos.head + 1 - pos.first;
+        channels.push(serde_json::json!({
+            "channel": channel.as_str(),
+            "epoch": pos.epoch.as_str(),
+            "first": pos.first,
+            "head": pos.head,
+            "unread_without_cursor": unread_new_device,
+            "devices": devices,
+        }));
+    }
+    Ok(json_response(StatusCode::OK, &serde_json::json!({ "user": user, "channels": channels }), false))
+}
+
 pub async fn healthz() -> &'static str {
     "ok\n"
 }

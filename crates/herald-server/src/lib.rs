@@ -6,6 +6,7 @@
 //! back from it into the [`hub::Hub`]. It must never block a runtime thread,
 //! await a slow peer while holding shared state, or queue without a bound.
 
+mod acked;
 pub mod auth;
 pub mod config;
 mod error;
@@ -107,6 +108,8 @@ impl Server {
             .route("/ws", get(ws::upgrade))
             .route("/api/v1/channels/{channel}/messages", post(http::publish_one).get(http::history))
             .route("/api/v1/publish", post(http::publish_batch))
+            .route("/api/v1/channels/{channel}/cursors", get(http::cursors))
+            .route("/api/v1/users/{user}/inbox", get(http::inbox))
             .route("/healthz", get(http::healthz))
             .route("/readyz", get(http::readyz))
             .route("/metrics", get(http::metrics))

@@ -30,6 +30,14 @@ pub struct Metrics {
     pub engine_errors: Counter,
     /// Time from publish request to durable receipt, seconds.
     pub publish_latency: Histogram,
+    /// Acks that advanced a cursor.
+    pub acks: Counter,
+    /// Acked messages sent again after `ack_timeout`.
+    pub redeliveries: Counter,
+    /// Acked subscriptions that reached `max_attempts` on a connection.
+    pub acked_stale: Counter,
+    /// Unacked messages removed by retention before their subscriber resumed.
+    pub acked_truncated: Counter,
 }
 
 impl Default for Metrics {
@@ -47,6 +55,10 @@ impl Default for Metrics {
             volatile_dropped: Counter::default(),
             engine_errors: Counter::default(),
             publish_latency: Histogram::new(exponential_buckets(0.0001, 2.0, 18)),
+            acks: Counter::default(),
+            redeliveries: Counter::default(),
+            acked_stale: Counter::default(),
+            acked_truncated: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
@@ -83,6 +95,22 @@ impl Default for Metrics {
             "publish_latency_seconds",
             "Publish request to durable receipt",
             m.publish_latency.clone(),
+        );
+        registry.register("acks", "Acks that advanced a subscriber's cursor", m.acks.clone());
+        registry.register(
+            "redeliveries",
+            "Acked messages sent again after ack_timeout",
+            m.redeliveries.clone(),
+        );
+        registry.register(
+            "acked_stale",
+            "Acked subscriptions that reached max_attempts on a connection",
+            m.acked_stale.clone(),
+        );
+        registry.register(
+            "acked_truncated",
+            "Unacked messages removed by retention before their subscriber resumed",
+            m.acked_truncated.clone(),
         );
         Metrics { registry, ..m }
     }

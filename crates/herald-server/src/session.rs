@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use herald_core::{Epoch, Message, Seq};
+use herald_core::{AckError, Delivery, Epoch, Message, NamespaceOptions, Seq, StartAt, SubscriberId};
 use herald_proto::{close, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
 use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
+use crate::acked::{AckOpts, AckState, Expiry, Timers};
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::hub::ConnHandle;
@@ -55,7 +56,12 @@ struct LogCursor {
     epoch: Epoch,
     /// The next seq to send.
     next: Seq,
+    /// Reading from the log instead of taking live messages. On an acked
+    /// subscription with a full window it is also "paused": not queued for
+    /// catch-up until an ack opens the window.
     catching_up: bool,
+    /// Acked channels only.
+    ack: Option<AckState>,
 }
 
 /// The connection's subscriptions and their hub entries. Dropping it
@@ -68,10 +74,10 @@ struct Registrations {
 }
 
 impl Registrations {
-    /// Returns whether the channel was subscribed.
-    fn remove(&mut self, channel: &ChannelName) -> bool {
-        let removed = self.subs.remove(channel).is_some();
-        if removed {
+    /// Returns the subscription, if the channel was subscribed.
+    fn remove(&mut self, channel: &ChannelName) -> Option<Sub> {
+        let removed = self.subs.remove(channel);
+        if removed.is_some() {
             self.state.metrics.subscriptions.dec();
             if self.state.hub.remove(channel, self.conn_id) {
                 let engine = self.state.engine.clone();
@@ -111,6 +117,11 @@ enum End {
 pub struct Session {
     state: Arc<State>,
     identity: Identity,
+    /// Acked-channel identity (token `sub` + device); `None` if they do not
+    /// form a valid one (then acked subscribes are refused).
+    subscriber: Option<SubscriberId>,
+    /// Redelivery timers of acked subscriptions (see `acked.rs`).
+    timers: Timers,
     ws: Ws,
     handle: ConnHandle,
     regs: Registrations,
@@ -135,9 +146,12 @@ impl Session {
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
         let rate = state.config.limits.client_frames_per_sec;
+        let subscriber = SubscriberId::new(identity.sub.clone(), identity.device.clone()).ok();
         let session = Session {
             regs: Registrations { state: state.clone(), conn_id, subs: HashMap::new() },
             state,
+            subscriber,
+            timers: None,
             identity,
             ws,
             handle,
@@ -179,6 +193,7 @@ impl Session {
                         }
                     },
                     () = std::future::ready(()), if has_catchup => Box::pin(self.catchup_step()).await,
+                    Some(expired) = next_timer(&mut self.timers) => Box::pin(self.on_timer(expired)).await,
                     _ = tick.tick() => Box::pin(self.on_tick()).await,
                 }
             };
@@ -278,6 +293,14 @@ impl Session {
             self.catchup.push_back(msg.channel.clone());
             return false;
         }
+        if let Some(ack) = cursor.ack.as_mut() {
+            if ack.room(cursor.next) == 0 {
+                // Window full: pause; an ack resumes from the log.
+                cursor.catching_up = true;
+                return false;
+            }
+            ack.on_sent(&msg.channel, seq, &mut self.timers);
+        }
         cursor.next = seq + 1;
         true
     }
@@ -289,7 +312,11 @@ impl Session {
             return Ok(()); // unsubscribed meanwhile
         };
         let (next, epoch) = (cursor.next, cursor.epoch.clone());
-        let page = match self.state.engine.read(&channel, next - 1, CATCHUP_PAGE).await {
+        let limit = cursor.ack.as_ref().map_or(CATCHUP_PAGE, |a| a.room(next).min(CATCHUP_PAGE));
+        if limit == 0 {
+            return Ok(()); // paused until an ack opens the window
+        }
+        let page = match self.state.engine.read(&channel, next - 1, limit).await {
             Ok(page) => page,
             Err(e) => {
                 tracing::warn!(channel = %channel, error = %e, "catch-up read failed");
@@ -319,14 +346,19 @@ impl Session {
         let Some(cursor) = self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else {
             return Ok(());
         };
+        if let Some(ack) = cursor.ack.as_mut() {
+            for seq in page.messages.iter().filter_map(|m| m.seq) {
+                ack.on_sent(&channel, seq, &mut self.timers);
+            }
+        }
         if let Some(last) = last {
             cursor.next = last + 1;
         }
-        if page.messages.len() < CATCHUP_PAGE {
+        if page.messages.len() < limit {
             cursor.catching_up = false;
-        } else {
+        } else if cursor.ack.as_ref().is_none_or(|a| a.room(cursor.next) > 0) {
             self.catchup.push_back(channel);
-        }
+        } // else: the window is full; an ack queues the rest
         Ok(())
     }
 
@@ -376,7 +408,10 @@ impl Session {
                 self.send_bytes(reply).await
             }
             ClientFrame::Unsubscribe { req, channel } => {
-                let reply = if self.regs.remove(&channel) {
+                let reply = if let Some(sub) = self.regs.remove(&channel) {
+                    if let Some(mut ack) = sub.log.and_then(|l| l.ack) {
+                        ack.clear(&mut self.timers);
+                    }
                     self.catchup.retain(|c| c != &channel);
                     OkFrame { req, channel: Some(channel.to_string()), ..Default::default() }.encode()
                 } else {
@@ -393,10 +428,19 @@ impl Session {
                 self.send_bytes(reply).await
             }
             ClientFrame::Ping { req } => self.send_bytes(herald_proto::encode_pong(req)).await,
-            ClientFrame::Ack { req, channel, .. } | ClientFrame::Presence { req, channel } => {
+            ClientFrame::Ack { req, channel, seq } => match self.ack(&channel, seq).await {
+                // No reply needed; one is sent when the client asked with `req`.
+                Ok(()) if req.is_none() => Ok(()),
+                Ok(()) => {
+                    let ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
+                    self.send_bytes(ok.encode()).await
+                }
+                Err(e) => self.send_bytes(e.frame(req, Some(channel.as_str()))).await,
+            },
+            ClientFrame::Presence { req, channel } => {
                 let err = ApiError::new(
                     ErrorCode::NotSupported,
-                    "this frame needs an acked or presence namespace, which this server does not have",
+                    "presence needs a presence namespace, which this server does not have yet",
                 );
                 self.send_bytes(err.frame(req, Some(channel.as_str()))).await
             }
@@ -430,9 +474,16 @@ impl Session {
         let durable = ns.is_durable();
         self.regs.subs.insert(
             channel.clone(),
-            Sub { log: durable.then(|| LogCursor { epoch: Epoch::new(""), next: 1, catching_up: true }) },
+            Sub {
+                log: durable.then(|| LogCursor {
+                    epoch: Epoch::new(""),
+                    next: 1,
+                    catching_up: true,
+                    ack: None,
+                }),
+            },
         );
-        let result = self.start_subscription(req, channel, since, durable, first_local).await;
+        let result = self.start_subscription(req, channel, since, ns, first_local).await;
         if result.is_err() {
             self.regs.remove(channel);
         }
@@ -444,15 +495,18 @@ impl Session {
         req: Option<u64>,
         channel: &ChannelName,
         since: Option<herald_proto::Since>,
-        durable: bool,
+        ns: &NamespaceOptions,
         first_local: bool,
     ) -> Result<OkFrame, ApiError> {
         if first_local {
             self.state.engine.watch(channel).await?;
         }
         let mut ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
-        if !durable {
+        if !ns.is_durable() {
             return Ok(ok);
+        }
+        if ns.delivery == Delivery::Acked {
+            return self.start_acked(ok, channel, since, ns).await;
         }
         let pos = self.state.engine.position(channel).await?;
         let mut next = pos.head + 1;
@@ -477,7 +531,7 @@ impl Session {
         }
         let catching_up = next <= pos.head;
         if let Some(cursor) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
-            *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up };
+            *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up, ack: None };
         }
         if catching_up {
             self.catchup.push_back(channel.clone());
@@ -490,6 +544,147 @@ impl Session {
             ok.epoch_changed = Some(true);
         }
         Ok(ok)
+    }
+
+    /// Subscribe on an acked channel: start after the larger of the stored
+    /// cursor and `since` (the offline inbox); a subscriber with no cursor
+    /// starts where the namespace's `start` says.
+    async fn start_acked(
+        &mut self,
+        mut ok: OkFrame,
+        channel: &ChannelName,
+        since: Option<herald_proto::Since>,
+        ns: &NamespaceOptions,
+    ) -> Result<OkFrame, ApiError> {
+        let Some(subscriber) = self.subscriber.clone() else {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                "acked channels need a valid user and device id",
+            ));
+        };
+        let state = self.state.clone();
+        let pos = state.engine.position(channel).await?;
+        let stored = state.engine.cursor(channel, &subscriber).await?.map(|c| c.seq);
+        let mut has = stored;
+        let mut epoch_changed = false;
+        if let Some(since) = since {
+            let epoch = since.epoch.as_deref().filter(|e| !e.is_empty());
+            if epoch.is_some_and(|e| e != pos.epoch.as_str()) {
+                // The client's seqs belong to another log; the stored cursor
+                // belongs to this one.
+                epoch_changed = true;
+            } else if since.seq > pos.head {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    format!("since.seq {} is beyond the channel head {}", since.seq, pos.head),
+                ));
+            } else {
+                has = Some(has.map_or(since.seq, |c| c.max(since.seq)));
+            }
+        }
+        let has = has.unwrap_or(match ns.start {
+            StartAt::Oldest => pos.first - 1,
+            StartAt::Head => pos.head,
+        });
+        let truncated = has + 1 < pos.first;
+        if truncated {
+            // Retention removed messages this subscriber never acked.
+            state.metrics.acked_truncated.inc_by(pos.first - 1 - has);
+        }
+        let next = (has + 1).max(pos.first);
+        let catching_up = next <= pos.head;
+        let ack = AckState::new(next - 1, stored.unwrap_or(0), AckOpts::from(ns));
+        if let Some(cursor) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
+            *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up, ack: Some(ack) };
+        }
+        if catching_up {
+            self.catchup.push_back(channel.clone());
+        }
+        ok.epoch = Some(pos.epoch.to_string());
+        ok.first = Some(pos.first);
+        ok.head = Some(pos.head);
+        ok.truncated = Some(truncated);
+        ok.epoch_changed = epoch_changed.then_some(true);
+        ok.cursor = Some(stored.unwrap_or(0));
+        ok.unread = Some(pos.head.saturating_sub(next - 1));
+        Ok(ok)
+    }
+
+    /// A cumulative ack: stored in the engine (batched there, no fsync per
+    /// ack), then the window moves and paused delivery resumes.
+    async fn ack(&mut self, channel: &ChannelName, seq: Seq) -> Result<(), ApiError> {
+        let Some(sub) = self.regs.subs.get(channel) else {
+            return Err(ApiError::new(
+                ErrorCode::NotSubscribed,
+                "ack on a channel this connection is not subscribed to",
+            ));
+        };
+        let Some((next, stored)) = sub.log.as_ref().and_then(|l| l.ack.as_ref().map(|a| (l.next, a.stored)))
+        else {
+            return Err(ApiError::new(
+                ErrorCode::NotSupported,
+                "acks are only for channels with delivery = \"acked\"",
+            ));
+        };
+        if seq >= next {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("seq {seq} has not been delivered on this subscription yet"),
+            ));
+        }
+        if seq <= stored {
+            return Ok(()); // idempotent
+        }
+        let subscriber = self.subscriber.clone().expect("acked subscriptions have a subscriber");
+        let state = self.state.clone();
+        let cursor = state.engine.ack(channel, &subscriber, seq).await.map_err(|e| match e {
+            AckError::BeyondHead { .. } => ApiError::new(ErrorCode::BadRequest, e.to_string()),
+            AckError::Engine(e) => e.into(),
+        })?;
+        state.metrics.acks.inc();
+        // Same task: the subscription cannot have gone during the await.
+        if let Some(log) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
+            if let Some(ack) = log.ack.as_mut() {
+                ack.stored = ack.stored.max(cursor.seq);
+                ack.on_ack(seq, &mut self.timers);
+                if log.catching_up && !ack.stale && !self.catchup.contains(channel) {
+                    self.catchup.push_back(channel.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A redelivery timer fired.
+    async fn on_timer(&mut self, (channel, seq): (ChannelName, Seq)) -> Result<(), End> {
+        let Some(ack) =
+            self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()).and_then(|l| l.ack.as_mut())
+        else {
+            return Ok(());
+        };
+        match ack.on_expired(&channel, seq, &mut self.timers) {
+            Expiry::Ignore => Ok(()),
+            Expiry::Stale => {
+                self.state.metrics.acked_stale.inc();
+                tracing::debug!(conn = self.handle.id, channel = %channel, seq, "acked subscription stale");
+                Ok(())
+            }
+            Expiry::Redeliver { attempt } => {
+                let page = match self.state.engine.read(&channel, seq - 1, 1).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        // The next expiry tries again.
+                        tracing::warn!(channel = %channel, error = %e, "redelivery read failed");
+                        return Ok(());
+                    }
+                };
+                if let Some(msg) = page.messages.first().filter(|m| m.seq == Some(seq)) {
+                    self.send_bytes(herald_proto::mark_redelivered(&msg.frame, attempt)).await?;
+                    self.state.metrics.redeliveries.inc();
+                }
+                Ok(())
+            }
+        }
     }
 
     async fn publish(
@@ -545,6 +740,15 @@ impl Session {
             while let Some(Ok(_)) = ws.next().await {}
         })
         .await;
+    }
+}
+
+/// The next fired redelivery timer. Pending forever while there is no timer
+/// queue; `None` (the select branch is skipped) when the queue is empty.
+async fn next_timer(timers: &mut Timers) -> Option<(ChannelName, Seq)> {
+    match timers {
+        Some(q) => std::future::poll_fn(|cx| q.poll_expired(cx)).await.map(|e| e.into_inner()),
+        None => std::future::pending().await,
     }
 }
 

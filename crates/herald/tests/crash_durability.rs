@@ -26,7 +26,7 @@ impl Drop for Proc {
 
 fn spawn(dir: &std::path::Path) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
         .env("HERALD_API_KEYS", API_KEY)
         .env("HERALD_LOG", "warn")
@@ -129,4 +129,45 @@ async fn every_acknowledged_publish_survives_kill_9() {
     for (tag, (seq, id)) in &acked {
         assert_eq!(by_tag.get(tag), Some(&(*seq, id.clone())), "acknowledged message {tag} lost or changed");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirmed_acks_survive_kill_9() {
+    use herald_client::{ConnectOptions, Connection};
+    let dir = tempfile::tempdir().unwrap();
+    let proc = spawn(dir.path());
+    let api = herald_client::HttpApi::new(&proc.url, API_KEY);
+    let mut c = Connection::connect(&ConnectOptions::dev_user(&proc.url, "kim")).await.unwrap();
+    c.subscribe("user:kim", None).await.unwrap();
+    for i in 1..=10 {
+        api.publish("user:kim", &json!(i), None, None).await.unwrap();
+    }
+    let mut got = 0;
+    while got < 10 {
+        if let Some(herald_client::ServerEvent::Frame(f)) = c.next_frame().await.unwrap() {
+            if f.kind == "message" {
+                got += 1;
+            }
+        }
+    }
+    // The ok reply confirms the engine stored the ack.
+    let r = c.request(json!({ "type": "ack", "channel": "user:kim", "seq": 7 })).await.unwrap();
+    assert_eq!(r.kind, "ok");
+    drop(proc); // SIGKILL, no shutdown
+
+    let proc = spawn(dir.path());
+    let mut c = Connection::connect(&ConnectOptions::dev_user(&proc.url, "kim")).await.unwrap();
+    let ok = c.subscribe("user:kim", None).await.unwrap();
+    assert_eq!((ok.cursor, ok.unread), (Some(7), Some(3)));
+    let mut seqs = Vec::new();
+    while seqs.len() < 3 {
+        if let Some(herald_client::ServerEvent::Frame(f)) =
+            tokio::time::timeout(Duration::from_secs(10), c.next_frame()).await.unwrap().unwrap()
+        {
+            if f.kind == "message" {
+                seqs.push(f.seq.unwrap());
+            }
+        }
+    }
+    assert_eq!(seqs, vec![8, 9, 10]);
 }

@@ -42,6 +42,8 @@ async fn bad_frames_get_error_frames_with_stable_codes() {
     let f = c.publish("user:u", &json!(1), None).await.unwrap();
     assert_eq!(f.code, Some(json!("forbidden")), "user: is API-publish only");
     let f = c.request(json!({ "type": "ack", "channel": "chat:d", "seq": 1 })).await.unwrap();
+    assert_eq!(f.code, Some(json!("not_subscribed")));
+    let f = c.request(json!({ "type": "presence", "channel": "room:r" })).await.unwrap();
     assert_eq!(f.code, Some(json!("not_supported")));
 }
 
