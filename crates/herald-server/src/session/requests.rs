@@ -1,0 +1,286 @@
+//! Request handlers of a session: subscribe (durable and acked), ack,
+//! redelivery timers and publish. Split from `session.rs` for size; same type, same invariants.
+
+use herald_core::{AckError, Delivery, Epoch, NamespaceOptions, Seq, StartAt};
+use herald_proto::{ChannelName, ErrorCode, OkFrame};
+
+use super::{End, LogCursor, Session, Sub};
+use crate::acked::{AckOpts, AckState, Expiry};
+use crate::error::ApiError;
+use crate::publish::{fingerprint, scoped_key, validate_idempotency_key, Publish};
+
+impl Session {
+    pub(super) async fn subscribe(
+        &mut self,
+        req: Option<u64>,
+        channel: &ChannelName,
+        since: Option<herald_proto::Since>,
+    ) -> Result<OkFrame, ApiError> {
+        let state = self.state.clone();
+        let ns = state.config.namespaces.resolve(channel)?;
+        if !self.identity.may_subscribe(channel) {
+            return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
+        }
+        if self.regs.subs.contains_key(channel) {
+            return Err(ApiError::new(ErrorCode::AlreadySubscribed, "already subscribed on this connection"));
+        }
+        if self.regs.subs.len() >= state.config.limits.max_subscriptions {
+            return Err(ApiError::new(
+                ErrorCode::TooManySubscriptions,
+                format!("at most {} subscriptions per connection", state.config.limits.max_subscriptions),
+            ));
+        }
+        // Register before reading the position: anything committed after
+        // this point reaches the outbox, anything before is in the log.
+        let first_local = state.hub.add(channel, self.handle.clone());
+        state.metrics.subscriptions.inc();
+        let durable = ns.is_durable();
+        self.regs.subs.insert(
+            channel.clone(),
+            Sub {
+                log: durable.then(|| LogCursor {
+                    epoch: Epoch::new(""),
+                    next: 1,
+                    catching_up: true,
+                    ack: None,
+                }),
+            },
+        );
+        let result = self.start_subscription(req, channel, since, ns, first_local).await;
+        if result.is_err() {
+            self.regs.remove(channel);
+        }
+        result
+    }
+
+    async fn start_subscription(
+        &mut self,
+        req: Option<u64>,
+        channel: &ChannelName,
+        since: Option<herald_proto::Since>,
+        ns: &NamespaceOptions,
+        first_local: bool,
+    ) -> Result<OkFrame, ApiError> {
+        if first_local {
+            self.state.engine.watch(channel).await?;
+        }
+        let mut ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
+        if !ns.is_durable() {
+            return Ok(ok);
+        }
+        if ns.delivery == Delivery::Acked {
+            return self.start_acked(ok, channel, since, ns).await;
+        }
+        let pos = self.state.engine.position(channel).await?;
+        let mut next = pos.head + 1;
+        let (mut truncated, mut epoch_changed) = (false, false);
+        if let Some(since) = since {
+            // An empty epoch means "unknown": trust the seq.
+            let epoch = since.epoch.as_deref().filter(|e| !e.is_empty());
+            if epoch.is_some_and(|e| e != pos.epoch.as_str()) {
+                epoch_changed = true;
+                next = pos.first;
+            } else if since.seq > pos.head {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    format!("since.seq {} is beyond the channel head {}", since.seq, pos.head),
+                ));
+            } else if since.seq + 1 < pos.first {
+                truncated = true;
+                next = pos.first;
+            } else {
+                next = since.seq + 1;
+            }
+        }
+        let catching_up = next <= pos.head;
+        if let Some(cursor) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
+            *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up, ack: None };
+        }
+        if catching_up {
+            self.catchup.push_back(channel.clone());
+        }
+        ok.epoch = Some(pos.epoch.to_string());
+        ok.first = Some(pos.first);
+        ok.head = Some(pos.head);
+        ok.truncated = Some(truncated);
+        if epoch_changed {
+            ok.epoch_changed = Some(true);
+        }
+        Ok(ok)
+    }
+
+    /// Subscribe on an acked channel: start after the larger of the stored
+    /// cursor and `since` (the offline inbox); a subscriber with no cursor
+    /// starts where the namespace's `start` says.
+    async fn start_acked(
+        &mut self,
+        mut ok: OkFrame,
+        channel: &ChannelName,
+        since: Option<herald_proto::Since>,
+        ns: &NamespaceOptions,
+    ) -> Result<OkFrame, ApiError> {
+        let Some(subscriber) = self.subscriber.clone() else {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                "acked channels need a valid user and device id",
+            ));
+        };
+        let state = self.state.clone();
+        let pos = state.engine.position(channel).await?;
+        let stored = state.engine.cursor(channel, &subscriber).await?.map(|c| c.seq);
+        let mut has = stored;
+        let mut epoch_changed = false;
+        if let Some(since) = since {
+            let epoch = since.epoch.as_deref().filter(|e| !e.is_empty());
+            if epoch.is_some_and(|e| e != pos.epoch.as_str()) {
+                // The client's seqs belong to another log; the stored cursor
+                // belongs to this one.
+                epoch_changed = true;
+            } else if since.seq > pos.head {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    format!("since.seq {} is beyond the channel head {}", since.seq, pos.head),
+                ));
+            } else {
+                has = Some(has.map_or(since.seq, |c| c.max(since.seq)));
+            }
+        }
+        let has = has.unwrap_or(match ns.start {
+            StartAt::Oldest => pos.first - 1,
+            StartAt::Head => pos.head,
+        });
+        let truncated = has + 1 < pos.first;
+        if truncated {
+            // Retention removed messages this subscriber never acked.
+            state.metrics.acked_truncated.inc_by(pos.first - 1 - has);
+        }
+        let next = (has + 1).max(pos.first);
+        let catching_up = next <= pos.head;
+        let ack = AckState::new(next - 1, stored.unwrap_or(0), AckOpts::from(ns));
+        if let Some(cursor) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
+            *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up, ack: Some(ack) };
+        }
+        if catching_up {
+            self.catchup.push_back(channel.clone());
+        }
+        ok.epoch = Some(pos.epoch.to_string());
+        ok.first = Some(pos.first);
+        ok.head = Some(pos.head);
+        ok.truncated = Some(truncated);
+        ok.epoch_changed = epoch_changed.then_some(true);
+        ok.cursor = Some(stored.unwrap_or(0));
+        ok.unread = Some(pos.head.saturating_sub(next - 1));
+        Ok(ok)
+    }
+
+    /// A cumulative ack: stored in the engine (batched there, no fsync per
+    /// ack), then the window moves and paused delivery resumes.
+    pub(super) async fn ack(&mut self, channel: &ChannelName, seq: Seq) -> Result<(), ApiError> {
+        let Some(sub) = self.regs.subs.get(channel) else {
+            return Err(ApiError::new(
+                ErrorCode::NotSubscribed,
+                "ack on a channel this connection is not subscribed to",
+            ));
+        };
+        let Some((next, stored)) = sub.log.as_ref().and_then(|l| l.ack.as_ref().map(|a| (l.next, a.stored)))
+        else {
+            return Err(ApiError::new(
+                ErrorCode::NotSupported,
+                "acks are only for channels with delivery = \"acked\"",
+            ));
+        };
+        if seq >= next {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("seq {seq} has not been delivered on this subscription yet"),
+            ));
+        }
+        if seq <= stored {
+            return Ok(()); // idempotent
+        }
+        let subscriber = self.subscriber.clone().expect("acked subscriptions have a subscriber");
+        let state = self.state.clone();
+        let cursor = state.engine.ack(channel, &subscriber, seq).await.map_err(|e| match e {
+            AckError::BeyondHead { .. } => ApiError::new(ErrorCode::BadRequest, e.to_string()),
+            AckError::Engine(e) => e.into(),
+        })?;
+        state.metrics.acks.inc();
+        // Same task: the subscription cannot have gone during the await.
+        if let Some(log) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
+            if let Some(ack) = log.ack.as_mut() {
+                ack.stored = ack.stored.max(cursor.seq);
+                ack.on_ack(seq, &mut self.timers);
+                if log.catching_up && !ack.stale && !self.catchup.contains(channel) {
+                    self.catchup.push_back(channel.clone());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A redelivery timer fired.
+    pub(super) async fn on_timer(&mut self, (channel, seq): (ChannelName, Seq)) -> Result<(), End> {
+        let Some(ack) =
+            self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()).and_then(|l| l.ack.as_mut())
+        else {
+            return Ok(());
+        };
+        match ack.on_expired(&channel, seq, &mut self.timers) {
+            Expiry::Ignore => Ok(()),
+            Expiry::Stale => {
+                self.state.metrics.acked_stale.inc();
+                tracing::debug!(conn = self.handle.id, channel = %channel, seq, "acked subscription stale");
+                Ok(())
+            }
+            Expiry::Redeliver { attempt } => {
+                let page = match self.state.engine.read(&channel, seq - 1, 1).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        // The next expiry tries again.
+                        tracing::warn!(channel = %channel, error = %e, "redelivery read failed");
+                        return Ok(());
+                    }
+                };
+                if let Some(msg) = page.messages.first().filter(|m| m.seq == Some(seq)) {
+                    self.send_bytes(herald_proto::mark_redelivered(&msg.frame, attempt)).await?;
+                    self.state.metrics.redeliveries.inc();
+                }
+                Ok(())
+            }
+        }
+    }
+
+    pub(super) async fn publish(
+        &mut self,
+        channel: &ChannelName,
+        data: Box<serde_json::value::RawValue>,
+        meta: Option<herald_proto::Meta>,
+        idempotency_key: Option<String>,
+    ) -> Result<OkFrame, ApiError> {
+        let state = self.state.clone();
+        let ns = state.config.namespaces.resolve(channel)?;
+        if !ns.client_publish {
+            return Err(ApiError::new(ErrorCode::Forbidden, "clients may not publish to this namespace"));
+        }
+        if !self.identity.may_publish(channel) {
+            return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow publishing here"));
+        }
+        let dedup = match &idempotency_key {
+            Some(key) => {
+                validate_idempotency_key(key)?;
+                let scope = format!("client:{}", self.identity.sub);
+                let fp = fingerprint("publish", std::slice::from_ref(channel), &data, meta.as_ref());
+                Some((scoped_key(&scope, key, None), fp))
+            }
+            None => None,
+        };
+        let receipt = state.publish(ns, Publish { channel: channel.clone(), data, meta, dedup }).await?;
+        Ok(OkFrame {
+            channel: Some(channel.to_string()),
+            seq: receipt.seq,
+            id: Some(receipt.id.to_string()),
+            duplicate: Some(receipt.duplicate),
+            ..Default::default()
+        })
+    }
+}
