@@ -88,6 +88,18 @@ struct RawClientFrame {
 }
 
 impl ClientFrame {
+    /// The request number, if the client gave one.
+    pub fn req(&self) -> Option<u64> {
+        match self {
+            ClientFrame::Subscribe { req, .. }
+            | ClientFrame::Unsubscribe { req, .. }
+            | ClientFrame::Publish { req, .. }
+            | ClientFrame::Ack { req, .. }
+            | ClientFrame::Presence { req, .. }
+            | ClientFrame::Ping { req } => *req,
+        }
+    }
+
     /// Parse one text frame.
     pub fn parse(text: &str) -> Result<Self, ClientFrameError> {
         let raw: RawClientFrame = serde_json::from_str(text).map_err(|e| {

@@ -379,7 +379,12 @@ impl Session {
             .await?;
             return Err(End::Close { code: close::BAD_REQUEST, reason: "binary frame", reconnect: false });
         };
-        if !self.bucket.take() {
+        let frame = ClientFrame::parse(text);
+        // Acks are exempt from the frame budget: a client acks every message
+        // it handles, and acks are bounded by deliveries anyway (one that
+        // does not advance the cursor never reaches the engine).
+        let is_ack = matches!(frame, Ok(ClientFrame::Ack { .. }));
+        if !is_ack && !self.bucket.take() {
             if self.bucket.strikes() > 3 * self.state.config.limits.client_frames_per_sec {
                 return Err(End::Close {
                     code: close::RATE_LIMITED,
@@ -387,13 +392,14 @@ impl Session {
                     reconnect: true,
                 });
             }
-            let req = serde_json::from_str::<serde_json::Value>(text)
-                .ok()
-                .and_then(|v| v.get("req").and_then(serde_json::Value::as_u64));
+            let req = match &frame {
+                Ok(f) => f.req(),
+                Err(e) => e.req,
+            };
             let err = ApiError::new(ErrorCode::RateLimited, "too many frames; slow down");
             return self.send_bytes(err.frame(req, None)).await;
         }
-        let frame = match ClientFrame::parse(text) {
+        let frame = match frame {
             Ok(f) => f,
             Err(e) => {
                 let err = ApiError::new(e.code, e.message);

@@ -234,3 +234,29 @@ async fn bad_acks_get_errors() {
     let r = srv.get("/api/v1/channels/chat:d/cursors").await;
     assert_eq!((r.status, r.code()), (405, "not_supported"));
 }
+
+#[tokio::test]
+async fn acks_do_not_count_against_the_frame_budget() {
+    // A client that acks every message must be able to drain an inbox far
+    // faster than `client_frames_per_sec`.
+    let srv = TestServer::start_with(|c| c.limits.client_frames_per_sec = 10).await;
+    for i in 1..=300 {
+        srv.publish("user:fast", json!(i)).await;
+    }
+    let mut c = connect(&srv, "fast", None).await;
+    c.subscribe("user:fast", None).await.unwrap();
+    for seq in 1..=300u64 {
+        let m = next_frame(&mut c).await;
+        assert_eq!((m.kind.as_str(), m.seq), ("message", Some(seq)));
+        c.send(&json!({ "type": "ack", "channel": "user:fast", "seq": seq })).await.unwrap();
+    }
+    ack(&mut c, "user:fast", 300).await;
+    // Other frames are still limited.
+    let mut limited = false;
+    for _ in 0..30 {
+        if c.ping().await.unwrap().code == Some(json!("rate_limited")) {
+            limited = true;
+        }
+    }
+    assert!(limited, "pings beyond the budget are refused");
+}
