@@ -5,11 +5,17 @@
 #
 #   bench/run.sh [--reps N] [--servers "herald ws socketio socketioxide nats"]
 #                [--scenarios "idle fanout p2p publish reconnect"] [--out DIR] [--quick]
+#                [--no-build]
+#
+# The herald binary is copied into DIR/bin first and used from there (for
+# the server and the bench), so a rebuild during the run changes nothing.
+# --no-build skips bench/setup.sh and uses the binary as it is.
 #
 # Sizes come from the environment (defaults: the figures in
 # docs/benchmarks.md): IDLE_CONNS, IDLE_HOLD, FANOUT_SUBS, FANOUT_MESSAGES,
 # FANOUT_RATE, P2P_USERS, P2P_MESSAGES, PUBLISHERS, PUBLISH_MESSAGES,
-# RECONNECT_CLIENTS. `--quick` shrinks them for a smoke run.
+# RECONNECT_CLIENTS, and NAMESPACE (of the per-user channels of idle and
+# p2p; default `user`). `--quick` shrinks them for a smoke run.
 #
 # `reconnect` runs against Herald only: the peers have no resume, so a
 # dropped client loses what was published meanwhile by design.
@@ -23,17 +29,19 @@ REPS=3
 SERVERS="herald ws socketio socketioxide nats"
 SCENARIOS="idle fanout p2p publish reconnect"
 OUT=
+BUILD=1
 while [ $# -gt 0 ]; do
   case $1 in
     --reps) REPS=$2; shift 2 ;;
     --servers) SERVERS=$2; shift 2 ;;
     --scenarios) SCENARIOS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
+    --no-build) BUILD=0; shift ;;
     --quick)
       : "${IDLE_CONNS:=2000}" "${IDLE_HOLD:=5s}" "${FANOUT_SUBS:=500}" "${FANOUT_MESSAGES:=50}"
       : "${P2P_USERS:=200}" "${P2P_MESSAGES:=2000}" "${PUBLISH_MESSAGES:=2000}" "${RECONNECT_CLIENTS:=100}"
       shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$ROOT/bench/run.sh"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
@@ -47,23 +55,29 @@ P2P_MESSAGES=${P2P_MESSAGES:-20000}
 PUBLISHERS=${PUBLISHERS:-64}
 PUBLISH_MESSAGES=${PUBLISH_MESSAGES:-20000}
 RECONNECT_CLIENTS=${RECONNECT_CLIENTS:-1000}
+NAMESPACE=${NAMESPACE:-user}
 
 OUT=${OUT:-$ROOT/bench/results/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 JSON=$OUT/results.jsonl
 LOG=$OUT/run.log
 
-# shellcheck disable=SC2086
-bash "$ROOT/bench/setup.sh" $SERVERS >>"$LOG" 2>&1 || { echo "setup failed, see $LOG" >&2; exit 1; }
+if [ "$BUILD" = 1 ]; then
+  # shellcheck disable=SC2086
+  bash "$ROOT/bench/setup.sh" $SERVERS >>"$LOG" 2>&1 || { echo "setup failed, see $LOG" >&2; exit 1; }
+fi
+mkdir -p "$OUT/bin"
+cp "$HERALD" "$OUT/bin/herald" || { echo "no herald binary at $HERALD (run bench/setup.sh)" >&2; exit 1; }
+HERALD=$OUT/bin/herald
 
 trap 'stop_server' EXIT
 trap 'stop_server; exit 130' INT TERM
 
 scenario_args() {
   case $1 in
-    idle) echo "--connections $IDLE_CONNS --hold $IDLE_HOLD" ;;
+    idle) echo "--connections $IDLE_CONNS --hold $IDLE_HOLD --namespace $NAMESPACE" ;;
     fanout) echo "--connections $FANOUT_SUBS --messages $FANOUT_MESSAGES --rate $FANOUT_RATE" ;;
-    p2p) echo "--connections $P2P_USERS --messages $P2P_MESSAGES" ;;
+    p2p) echo "--connections $P2P_USERS --messages $P2P_MESSAGES --namespace $NAMESPACE" ;;
     publish) echo "--publishers $PUBLISHERS --messages $PUBLISH_MESSAGES" ;;
     reconnect) echo "--connections $RECONNECT_CLIENTS" ;;
   esac

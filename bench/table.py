@@ -13,6 +13,10 @@ import statistics
 import sys
 from collections import OrderedDict, defaultdict
 
+# Other processes using more CPU than this (% of one core) during a run
+# disturbed it; such runs are listed under the table.
+DISTURBED_PCT = 25
+
 # (scenario, field, label, unit, higher_is_better)
 FIGURES = [
     ("idle", "rss_per_conn_kb", "idle RSS per connection", "KB", False),
@@ -35,6 +39,8 @@ def params(run):
     if s == "publish":
         return f"{run.get('publishers')} publishers"
     p = f"{run.get('connections')} conns"
+    if run.get("namespace") not in (None, "user"):
+        p += f", {run['namespace']}:"
     if s == "fanout":
         p += f", rate {run.get('rate')}"
     return p
@@ -56,6 +62,10 @@ def main(path):
     servers = [s for s in servers if any(r["peer"] == s for r in runs)]
     values = defaultdict(list)  # (scenario, params, field, server) -> [v]
     failed = defaultdict(int)
+    # CPU ticks are 10 ms: shorter runs cannot tell.
+    disturbed = [
+        r for r in runs if (r.get("other_cpu_pct") or 0) > DISTURBED_PCT and r.get("duration_s", 0) >= 2
+    ]
     rows = OrderedDict()
     for r in runs:
         key = (r["scenario"], params(r))
@@ -92,6 +102,11 @@ def main(path):
         print()
         for ((scenario, p), server), n in failed.items():
             print(f"- {n} {scenario} run(s) of {server} ({p}) FAILED verification and are not in the medians")
+    if disturbed:
+        print()
+        for r in disturbed:
+            print(f"- disturbed: {r['scenario']} {r['peer']} ({params(r)}, {r.get('label')}): "
+                  f"other processes used {r['other_cpu_pct']:.0f}% CPU during the run")
     print()
     print("Ratios: Herald's median divided by the peer's. Higher is better for deliveries/s and publishes/s, "
           "lower is better for memory, CPU, latency and resume time.")

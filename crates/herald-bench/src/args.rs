@@ -24,7 +24,7 @@ pub enum Scenario {
     /// N subscribers dropped and reconnected with jitter while publishing:
     /// time until all resumed, nothing lost
     Reconnect,
-    /// Acked delivery (not available yet: the server has no acked namespaces)
+    /// Acked delivery: acks/s and inbox drain time (not built yet)
     Acked,
     /// Internal: one connection-holding worker process (spawned by the bench)
     #[value(hide = true)]
@@ -52,11 +52,11 @@ impl Scenario {
 pub enum Peer {
     /// Herald (WebSocket `/ws`, HTTP API `/api/v1`)
     Herald,
-    /// bench/peers/ws: Node `ws`, rooms in a Map, HTTP publish
+    /// bench/peers/node/ws-server.js: Node `ws`, a Set per channel, HTTP publish
     Ws,
-    /// bench/peers/socketio: Socket.IO 4 rooms, HTTP publish
+    /// bench/peers/node/socketio-server.js: Socket.IO 4.8 rooms, HTTP publish
     Socketio,
-    /// bench/peers/socketioxide: the Rust Socket.IO server, HTTP publish
+    /// bench/peers/socketioxide: the Rust Socket.IO server (axum), HTTP publish
     Socketioxide,
     /// nats-server with its WebSocket listener; publishers use the TCP port
     Nats,
@@ -152,6 +152,10 @@ pub struct BenchArgs {
     /// Message payload size in bytes (JSON with a timestamp, padded)
     #[arg(long, default_value_t = 64)]
     pub size: usize,
+    /// idle, p2p: namespace of each user's own channel (`user` is acked on
+    /// Herald by default: the bench acks; `chat` is durable)
+    #[arg(long, default_value = "user")]
+    pub namespace: String,
     /// Concurrent HTTP publishers (publish, p2p). Default: 64 (p2p: 32)
     #[arg(long)]
     pub publishers: Option<usize>,
@@ -174,8 +178,9 @@ pub struct BenchArgs {
     /// Free text stored in the JSON (e.g. a repetition id)
     #[arg(long)]
     pub label: Option<String>,
-    /// idle: how long to hold the connections (CPU is measured over it)
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    /// idle: how long to hold the connections (CPU is measured over it;
+    /// 30 s spans one heartbeat round of every server)
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub hold: Duration,
     /// Deadline of each phase (connect, deliver, reconnect)
     #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
@@ -231,6 +236,9 @@ impl BenchArgs {
         }
         if self.conns_per_worker == 0 || self.connect_concurrency == 0 {
             bail!("--conns-per-worker and --connect-concurrency must be positive");
+        }
+        if self.namespace.is_empty() || self.namespace.contains(':') {
+            bail!("--namespace takes a namespace name without `:`, e.g. user or chat");
         }
         if self.publishers() == 0 {
             bail!("--publishers must be positive");

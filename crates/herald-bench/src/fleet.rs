@@ -12,6 +12,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::time::Instant;
 
 use crate::args::BenchArgs;
+use crate::proc_stats::{self, ProcSample};
 use crate::protocol::Endpoint;
 use crate::tally::Tally;
 use crate::worker::wire::{Command, Event, Layout, ReconnectTally, WorkerSpec};
@@ -116,6 +117,18 @@ impl Fleet {
 
     pub fn len(&self) -> usize {
         self.workers.len()
+    }
+
+    /// CPU and RSS of the client side: this process (the publishers) plus
+    /// every worker. `None` if a process is gone.
+    pub fn client_sample(&self) -> Option<ProcSample> {
+        let mut total = proc_stats::sample(std::process::id()).ok()?;
+        for w in &self.workers {
+            let s = proc_stats::sample(w.child.id()?).ok()?;
+            total.cpu_ticks += s.cpu_ticks;
+            total.rss_kb += s.rss_kb;
+        }
+        Some(total)
     }
 
     async fn broadcast(&mut self, cmd: &Command) -> anyhow::Result<()> {

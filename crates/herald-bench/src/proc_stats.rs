@@ -69,6 +69,63 @@ fn stat_cpu_ticks(stat: &str) -> anyhow::Result<u64> {
     Ok(utime + stime)
 }
 
+/// Busy time of the whole machine (all CPUs) from `/proc/stat`, in clock
+/// ticks: everything but idle and iowait.
+pub fn machine_busy_ticks() -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").context("cannot read /proc/stat")?;
+    let line = stat.lines().next().filter(|l| l.starts_with("cpu ")).context("no cpu line in /proc/stat")?;
+    let v: Vec<u64> = line.split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal (guest time is inside user)
+    let get = |i: usize| v.get(i).copied().unwrap_or(0);
+    Ok(get(0) + get(1) + get(2) + get(5) + get(6) + get(7))
+}
+
+/// Server, client and whole-machine CPU at one moment; two of them make a
+/// measurement window.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuSnapshot {
+    pub server: Option<ProcSample>,
+    pub client: Option<ProcSample>,
+    machine_ticks: u64,
+    at: Instant,
+}
+
+/// CPU use over a window, each in % of one core.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuWindow {
+    pub server_pct: Option<f64>,
+    pub client_pct: Option<f64>,
+    /// Everything else on the machine: other processes competing for the
+    /// cores. A large value means the run was disturbed.
+    pub other_pct: f64,
+}
+
+impl CpuSnapshot {
+    pub fn take(server_pid: Option<u32>, client: Option<ProcSample>) -> anyhow::Result<Self> {
+        Ok(CpuSnapshot {
+            server: maybe_sample(server_pid)?,
+            client,
+            machine_ticks: machine_busy_ticks()?,
+            at: Instant::now(),
+        })
+    }
+
+    pub fn window(&self, later: &CpuSnapshot) -> CpuWindow {
+        let pct = |a: &Option<ProcSample>, b: &Option<ProcSample>| match (a, b) {
+            (Some(a), Some(b)) => Some(cpu_pct(a, b)),
+            _ => None,
+        };
+        let server_pct = pct(&self.server, &later.server);
+        let client_pct = pct(&self.client, &later.client);
+        let secs = later.at.duration_since(self.at).as_secs_f64().max(1e-9);
+        let machine =
+            later.machine_ticks.saturating_sub(self.machine_ticks) as f64 / clock_ticks_per_sec() / secs
+                * 100.0;
+        let other_pct = (machine - server_pct.unwrap_or(0.0) - client_pct.unwrap_or(0.0)).max(0.0);
+        CpuWindow { server_pct, client_pct, other_pct }
+    }
+}
+
 /// Raise this process's soft open-files limit to the hard limit.
 pub fn raise_nofile() -> u64 {
     rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024)
@@ -110,6 +167,14 @@ mod tests {
             "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 4 0 100 1000 50";
         assert_eq!(stat_cpu_ticks(stat).unwrap(), 325);
         assert!(stat_cpu_ticks("garbage").is_err());
+    }
+
+    #[test]
+    fn machine_window_is_non_negative() {
+        let a = CpuSnapshot::take(Some(std::process::id()), None).unwrap();
+        let b = CpuSnapshot::take(Some(std::process::id()), None).unwrap();
+        let w = a.window(&b);
+        assert!(w.other_pct >= 0.0 && w.server_pct.is_some() && w.client_pct.is_none());
     }
 
     #[test]

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 use crate::args::BenchArgs;
 use crate::hist::Histogram;
-use crate::proc_stats::{Machine, ProcSample};
+use crate::proc_stats::{CpuSnapshot, Machine};
 use crate::tally::Tally;
 
 #[derive(Debug, Clone, Serialize)]
@@ -43,6 +43,9 @@ pub struct Report {
     pub rate: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub size: Option<u64>,
+    /// idle, p2p: namespace of the per-user channels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     pub workers: u64,
     // verification
     pub expected: u64,
@@ -50,6 +53,9 @@ pub struct Report {
     pub lost: u64,
     pub duplicates: u64,
     pub reordered: u64,
+    /// Herald acked channels: messages sent again because an ack was late
+    /// (expected behaviour, not an error).
+    pub redeliveries: u64,
     pub disconnects: u64,
     pub resumes: u64,
     // figures
@@ -79,6 +85,14 @@ pub struct Report {
     pub rss_per_conn_kb: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_cpu_pct: Option<f64>,
+    /// The bench's own CPU (publishers and workers) over the same window:
+    /// it shares the machine with the server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_cpu_pct: Option<f64>,
+    /// Every other process on the machine over the same window: a large
+    /// value means the run competed with outside work.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub other_cpu_pct: Option<f64>,
     /// reconnect: from the drop command until the last client resumed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub all_resumed_s: Option<f64>,
@@ -108,12 +122,14 @@ impl Report {
             messages: None,
             rate: None,
             size: None,
+            namespace: None,
             workers: 0,
             expected: 0,
             delivered: 0,
             lost: 0,
             duplicates: 0,
             reordered: 0,
+            redeliveries: 0,
             disconnects: 0,
             resumes: 0,
             duration_s: 0.0,
@@ -129,6 +145,8 @@ impl Report {
             server_rss_kb: None,
             rss_per_conn_kb: None,
             server_cpu_pct: None,
+            client_cpu_pct: None,
+            other_cpu_pct: None,
             all_resumed_s: None,
             resume_p50_ms: None,
             resume_p99_ms: None,
@@ -144,6 +162,7 @@ impl Report {
         self.lost = t.lost;
         self.duplicates = t.duplicates;
         self.reordered = t.reordered;
+        self.redeliveries = t.redeliveries;
         self.disconnects = t.disconnects;
         self.resumes = t.resumes;
         self.apply_latency(&Histogram::from_wire(&t.latency));
@@ -163,10 +182,14 @@ impl Report {
         self.mean_ms = h.mean_ms();
     }
 
-    pub fn apply_cpu(&mut self, a: Option<&ProcSample>, b: Option<&ProcSample>) {
-        if let (Some(a), Some(b)) = (a, b) {
-            self.server_cpu_pct = Some(round2(crate::proc_stats::cpu_pct(a, b)));
-            self.server_rss_kb = Some(b.rss_kb);
+    /// CPU over the measurement window, and the server's RSS at its end.
+    pub fn apply_window(&mut self, a: &CpuSnapshot, b: &CpuSnapshot) {
+        let w = a.window(b);
+        self.server_cpu_pct = w.server_pct.map(round2);
+        self.client_cpu_pct = w.client_pct.map(round2);
+        self.other_cpu_pct = Some(round2(w.other_pct));
+        if let Some(s) = b.server {
+            self.server_rss_kb = Some(s.rss_kb);
         }
     }
 
@@ -206,6 +229,9 @@ impl Report {
                 "   expected {}   delivered {}   lost {}   duplicates {}   reordered {}   disconnects {}   resumes {}\n",
                 self.expected, self.delivered, self.lost, self.duplicates, self.reordered, self.disconnects, self.resumes
             ));
+            if self.redeliveries > 0 {
+                s.push_str(&format!("   redeliveries (late acks) {}\n", self.redeliveries));
+            }
         }
         let mut figures = Vec::new();
         let mut add = |name: &str, v: Option<f64>, unit: &str| {
@@ -227,6 +253,8 @@ impl Report {
         add("server RSS", self.server_rss_kb.map(|v| v as f64), " KB");
         add("RSS/conn", self.rss_per_conn_kb, " KB");
         add("server CPU", self.server_cpu_pct, " %");
+        add("client CPU", self.client_cpu_pct, " %");
+        add("other CPU", self.other_cpu_pct, " %");
         if !figures.is_empty() {
             s.push_str(&format!("   {}\n", figures.join("   ")));
         }

@@ -30,6 +30,9 @@ pub enum Outcome {
     Reordered,
     /// Seen before.
     Duplicate,
+    /// Sent again by the server because it was not acked in time (Herald's
+    /// acked channels): expected behaviour, not a duplicate.
+    Redelivered,
 }
 
 /// Ordering state of one subscription.
@@ -79,6 +82,16 @@ impl SubCheck {
         }
     }
 
+    /// A delivery the server marked as redelivered: already seen means
+    /// [`Outcome::Redelivered`]; otherwise it is checked as any other.
+    pub fn check_redelivery(&mut self, n: u64) -> Outcome {
+        if n < self.next_n && !self.skipped.contains(&n) {
+            Outcome::Redelivered
+        } else {
+            self.check(n, None)
+        }
+    }
+
     /// Close a period that expected every `n < target`: returns how many of
     /// them never arrived, and forgets them.
     pub fn settle(&mut self, target: u64) -> u64 {
@@ -98,6 +111,8 @@ pub struct Tally {
     /// Distinct expected messages that arrived (late ones included).
     pub delivered: u64,
     pub duplicates: u64,
+    /// Herald acked channels: redeliveries of unacked messages (not errors).
+    pub redeliveries: u64,
     pub reordered: u64,
     /// Expected and never arrived.
     pub lost: u64,
@@ -133,6 +148,7 @@ impl Tally {
                 self.last_rx_us = Some(now_us);
             }
             Outcome::Duplicate => self.duplicates += 1,
+            Outcome::Redelivered => self.redeliveries += 1,
         }
         if outcome == Outcome::Reordered {
             self.reordered += 1;
@@ -143,6 +159,7 @@ impl Tally {
         self.subscriptions += o.subscriptions;
         self.delivered += o.delivered;
         self.duplicates += o.duplicates;
+        self.redeliveries += o.redeliveries;
         self.reordered += o.reordered;
         self.lost += o.lost;
         self.seq_errors += o.seq_errors;
@@ -202,6 +219,8 @@ mod tests {
         assert_eq!(s.next_n, 6);
         assert_eq!(s.check(6, None), Outcome::InOrder);
         assert_eq!(s.settle(7), 0);
+        assert_eq!(s.check_redelivery(6), Outcome::Redelivered);
+        assert_eq!(s.check_redelivery(7), Outcome::InOrder);
     }
 
     #[test]

@@ -23,8 +23,10 @@ use herald_core::{NamespaceOptions, Seq};
 use herald_proto::ChannelName;
 use tokio_util::time::delay_queue::{DelayQueue, Key};
 
-/// Redelivery timers of one connection, by (channel, seq).
-pub type Timers = Option<DelayQueue<(ChannelName, Seq)>>;
+/// Redelivery timers of one connection, by (channel, seq). Boxed: every
+/// session holds this field, and an inline `DelayQueue` would cost ~200
+/// bytes per connection even when unused.
+pub type Timers = Option<Box<DelayQueue<(ChannelName, Seq)>>>;
 
 /// The namespace settings acked delivery needs.
 #[derive(Debug, Clone, Copy)]
@@ -94,8 +96,9 @@ impl AckState {
 
     /// A first delivery of `seq` went out.
     pub fn on_sent(&mut self, channel: &ChannelName, seq: Seq, timers: &mut Timers) {
-        let key =
-            timers.get_or_insert_with(DelayQueue::new).insert((channel.clone(), seq), self.opts.timeout);
+        let key = timers
+            .get_or_insert_with(|| Box::new(DelayQueue::new()))
+            .insert((channel.clone(), seq), self.opts.timeout);
         self.pending.push_back(Pending { seq, attempts: 1, key });
     }
 
@@ -124,7 +127,8 @@ impl AckState {
         }
         let attempt = self.pending[i].attempts + 1;
         let delay = backoff(&self.opts, attempt);
-        let key = timers.get_or_insert_with(DelayQueue::new).insert((channel.clone(), seq), delay);
+        let key =
+            timers.get_or_insert_with(|| Box::new(DelayQueue::new())).insert((channel.clone(), seq), delay);
         self.pending[i].attempts = attempt;
         self.pending[i].key = key;
         Expiry::Redeliver { attempt }

@@ -61,8 +61,9 @@ struct LogCursor {
     /// subscription with a full window it is also "paused": not queued for
     /// catch-up until an ack opens the window.
     catching_up: bool,
-    /// Acked channels only.
-    ack: Option<AckState>,
+    /// Acked channels only. Boxed so subscriptions of other channels (the
+    /// common case) stay small in the per-connection map.
+    ack: Option<Box<AckState>>,
 }
 
 /// The connection's subscriptions and their hub entries. Dropping it
@@ -118,9 +119,6 @@ enum End {
 pub struct Session {
     state: Arc<State>,
     identity: Identity,
-    /// Acked-channel identity (token `sub` + device); `None` if they do not
-    /// form a valid one (then acked subscribes are refused).
-    subscriber: Option<SubscriberId>,
     /// Redelivery timers of acked subscriptions (see `acked.rs`).
     timers: Timers,
     ws: Ws,
@@ -147,11 +145,9 @@ impl Session {
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
         let rate = state.config.limits.client_frames_per_sec;
-        let subscriber = SubscriberId::new(identity.sub.clone(), identity.device.clone()).ok();
         let session = Session {
             regs: Registrations { state: state.clone(), conn_id, subs: HashMap::new() },
             state,
-            subscriber,
             timers: None,
             identity,
             ws,
@@ -194,7 +190,9 @@ impl Session {
                         }
                     },
                     () = std::future::ready(()), if has_catchup => Box::pin(self.catchup_step()).await,
-                    Some(expired) = next_timer(&mut self.timers) => Box::pin(self.on_timer(expired)).await,
+                    Some(expired) = std::future::poll_fn(|cx| poll_timer(&mut self.timers, cx)) => {
+                        Box::pin(self.on_timer(expired)).await
+                    }
                     _ = tick.tick() => Box::pin(self.on_tick()).await,
                 }
             };
@@ -476,12 +474,25 @@ impl Session {
     }
 }
 
-/// The next fired redelivery timer. Pending forever while there is no timer
-/// queue; `None` (the select branch is skipped) when the queue is empty.
-async fn next_timer(timers: &mut Timers) -> Option<(ChannelName, Seq)> {
+/// The next fired redelivery timer: pending while there is no timer queue;
+/// `None` (the select branch is skipped) when the queue is empty. A plain
+/// poll function, not an async fn, so the session's future stays small.
+fn poll_timer(
+    timers: &mut Timers,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<Option<(ChannelName, Seq)>> {
     match timers {
-        Some(q) => std::future::poll_fn(|cx| q.poll_expired(cx)).await.map(|e| e.into_inner()),
-        None => std::future::pending().await,
+        Some(q) => q.poll_expired(cx).map(|e| e.map(|e| e.into_inner())),
+        None => std::task::Poll::Pending,
+    }
+}
+
+impl Session {
+    /// The acked-channel identity: token `sub` plus device. Derived on use
+    /// rather than stored, to keep every session small; `None` if the two do
+    /// not form a valid one (then acked subscribes are refused).
+    fn subscriber(&self) -> Option<SubscriberId> {
+        SubscriberId::new(self.identity.sub.clone(), self.identity.device.clone()).ok()
     }
 }
 

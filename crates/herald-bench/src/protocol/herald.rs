@@ -58,6 +58,11 @@ struct Frame<'a> {
     head: Option<u64>,
     #[serde(default)]
     truncated: Option<bool>,
+    /// Present on the subscribe reply of acked channels.
+    #[serde(default)]
+    cursor: Option<u64>,
+    #[serde(default)]
+    redelivered: Option<bool>,
     #[serde(default)]
     epoch_changed: Option<bool>,
     #[serde(default)]
@@ -93,7 +98,12 @@ pub async fn subscribe(
                 } else {
                     None
                 };
-                return Ok(Subscribed { head: f.head, epoch: f.epoch, gap_reported });
+                return Ok(Subscribed {
+                    head: f.head,
+                    epoch: f.epoch,
+                    gap_reported,
+                    acked: f.cursor.is_some(),
+                });
             }
             ("error", _) => bail!(
                 "subscribe refused: {} {}",
@@ -123,7 +133,8 @@ fn decode_frame(f: Frame<'_>, bytes: &[u8], pending: &mut VecDeque<Incoming>) ->
             let data = f.data.ok_or_else(|| anyhow!("message without data: {}", clip(bytes)))?;
             let stamp = payload::decode(data.get().as_bytes())
                 .with_context(|| format!("message is not a bench payload: {}", clip(bytes)))?;
-            pending.push_back(Incoming::Delivery { stamp, seq: f.seq });
+            let redelivered = f.redelivered.unwrap_or(false);
+            pending.push_back(Incoming::Delivery { stamp, seq: f.seq, redelivered });
         }
         "disconnect" => {
             let code = f.code.map(|c| c.to_string()).unwrap_or_default();
@@ -141,6 +152,65 @@ fn decode_frame(f: Frame<'_>, bytes: &[u8], pending: &mut VecDeque<Incoming>) ->
     Ok(())
 }
 
+/// Acks at most this many deliveries at once…
+const ACK_EVERY: u32 = 64;
+/// …or this long after the first unacked one, whichever comes first. Both
+/// keep a connection far below the server's client frame budget.
+const ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
+
+#[derive(Serialize)]
+struct AckFrame<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    channel: &'a str,
+    seq: u64,
+}
+
+/// Cumulative acks of one acked subscription, batched like a real client
+/// would: one `ack` up to the highest seq handed to the caller.
+pub struct Acker {
+    channel: String,
+    highest: Option<u64>,
+    unacked: u32,
+    due: Option<Instant>,
+}
+
+impl Acker {
+    pub fn new(channel: &str) -> Self {
+        Acker { channel: channel.to_owned(), highest: None, unacked: 0, due: None }
+    }
+
+    /// A delivery with this seq was handed to the caller.
+    pub fn delivered(&mut self, seq: u64) {
+        self.highest = Some(self.highest.map_or(seq, |h| h.max(seq)));
+        self.unacked += 1;
+        self.due.get_or_insert_with(|| Instant::now() + ACK_DELAY);
+    }
+
+    /// When the pending ack must go out at the latest.
+    pub fn due(&self) -> Option<Instant> {
+        self.due
+    }
+
+    /// The ack frame if a full batch is waiting.
+    pub fn take_if_full(&mut self) -> Option<Message> {
+        if self.unacked >= ACK_EVERY {
+            self.take()
+        } else {
+            None
+        }
+    }
+
+    /// The ack frame for everything handed out so far, if anything.
+    pub fn take(&mut self) -> Option<Message> {
+        self.due = None;
+        self.unacked = 0;
+        let seq = self.highest.take()?;
+        let frame = serde_json::to_string(&AckFrame { kind: "ack", channel: &self.channel, seq }).ok()?;
+        Some(Message::text(frame))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,13 +223,32 @@ mod tests {
         );
         decode(&msg, &mut out).unwrap();
         match out.pop_front() {
-            Some(Incoming::Delivery { stamp, seq }) => assert_eq!((stamp.n, stamp.t, seq), (3, 5, Some(9))),
+            Some(Incoming::Delivery { stamp, seq, redelivered }) => {
+                assert_eq!((stamp.n, stamp.t, seq, redelivered), (3, 5, Some(9), false))
+            }
             other => panic!("{other:?}"),
         }
         decode(&Message::text(r#"{"type":"disconnect","code":4008,"reason":"slow consumer"}"#), &mut out)
             .unwrap();
         assert!(matches!(out.pop_front(), Some(Incoming::Closing(r)) if r.contains("4008")));
         assert!(decode(&Message::text(r#"{"type":"message","seq":1,"data":"not ours"}"#), &mut out).is_err());
+    }
+
+    #[test]
+    fn acks_are_cumulative_and_batched() {
+        let mut a = Acker::new("user:1");
+        assert!(a.take().is_none() && a.due().is_none());
+        a.delivered(5);
+        a.delivered(4);
+        assert!(a.due().is_some());
+        assert!(a.take_if_full().is_none());
+        let frame = a.take().unwrap();
+        assert_eq!(frame.as_text(), Some(r#"{"type":"ack","channel":"user:1","seq":5}"#));
+        assert!(a.due().is_none());
+        for seq in 10..10 + u64::from(ACK_EVERY) {
+            a.delivered(seq);
+        }
+        assert!(a.take_if_full().unwrap().as_text().unwrap().contains(&format!("\"seq\":{}", 9 + ACK_EVERY)));
     }
 
     #[test]

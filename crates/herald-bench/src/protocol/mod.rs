@@ -72,14 +72,18 @@ pub struct Subscribed {
     pub epoch: Option<String>,
     /// Herald said messages were lost to retention or a log reset.
     pub gap_reported: Option<String>,
+    /// Herald: an acked channel (the reply carries a `cursor`): the
+    /// subscriber must ack what it received.
+    pub acked: bool,
 }
 
 /// An event from the server, in arrival order.
 #[derive(Debug, Clone)]
 pub enum Incoming {
     /// A bench message; `seq` is the server's sequence number when the
-    /// protocol has one.
-    Delivery { stamp: Stamp, seq: Option<u64> },
+    /// protocol has one. `redelivered`: Herald sent it again because it was
+    /// not acked in time (acked channels), which is not a duplicate.
+    Delivery { stamp: Stamp, seq: Option<u64>, redelivered: bool },
     /// The server announced it is closing the connection (reason).
     Closing(String),
 }
@@ -89,6 +93,8 @@ pub struct SubConn {
     ws: Ws,
     codec: Codec,
     pending: VecDeque<Incoming>,
+    /// Herald acked channels: batches the acks.
+    acker: Option<herald::Acker>,
 }
 
 /// Per-connection protocol state.
@@ -134,17 +140,36 @@ impl SubConn {
                 (Codec::Nats(parser), s)
             }
         };
-        Ok((SubConn { ws, codec, pending }, subscribed))
+        let acker = subscribed.acked.then(|| herald::Acker::new(channel));
+        Ok((SubConn { ws, codec, pending, acker }, subscribed))
     }
 
     /// The next event; `Ok(None)` when the connection ended. Control frames
-    /// (WebSocket pings, Engine.IO and NATS pings) are answered here.
+    /// (WebSocket pings, Engine.IO and NATS pings) are answered here, and
+    /// on Herald's acked channels every delivery handed out is acked
+    /// (cumulatively, in batches).
     pub async fn next(&mut self) -> anyhow::Result<Option<Incoming>> {
         loop {
             if let Some(ev) = self.pending.pop_front() {
+                if let (Some(acker), Incoming::Delivery { seq: Some(seq), .. }) = (&mut self.acker, &ev) {
+                    acker.delivered(*seq);
+                }
                 return Ok(Some(ev));
             }
-            let Some(msg) = self.ws.next().await else { return Ok(None) };
+            if let Some(ack) = self.acker.as_mut().and_then(herald::Acker::take_if_full) {
+                self.ws.send(ack).await.context("WebSocket write failed")?;
+            }
+            let due = self.acker.as_ref().and_then(herald::Acker::due);
+            let next = tokio::select! {
+                next = self.ws.next() => next,
+                () = sleep_until_opt(due) => {
+                    if let Some(ack) = self.acker.as_mut().and_then(herald::Acker::take) {
+                        self.ws.send(ack).await.context("WebSocket write failed")?;
+                    }
+                    continue;
+                }
+            };
+            let Some(msg) = next else { return Ok(None) };
             let msg = msg.context("WebSocket read failed")?;
             if let Some((code, reason)) = msg.as_close() {
                 self.pending.push_back(Incoming::Closing(format!("close {}: {reason}", u16::from(code))));
@@ -214,6 +239,13 @@ pub(crate) async fn next_data(ws: &mut Ws, deadline: Instant, waiting_for: &str)
         if msg.is_text() || msg.is_binary() {
             return Ok(msg);
         }
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

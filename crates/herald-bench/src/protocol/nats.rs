@@ -82,7 +82,7 @@ impl Parser {
                 let body = &self.buf[eol + 2..eol + 2 + size];
                 let stamp =
                     payload::decode(body).with_context(|| format!("not a bench payload: {}", clip(body)))?;
-                pending.push_back(Incoming::Delivery { stamp, seq: None });
+                pending.push_back(Incoming::Delivery { stamp, seq: None, redelivered: false });
                 self.buf.advance(total);
                 continue;
             }

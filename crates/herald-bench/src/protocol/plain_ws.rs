@@ -29,6 +29,6 @@ pub async fn subscribe(ws: &mut Ws, channel: &str, deadline: Instant) -> anyhow:
 pub fn decode(msg: &Message, pending: &mut VecDeque<Incoming>) -> anyhow::Result<Option<Message>> {
     let bytes: &[u8] = msg.as_payload();
     let stamp = payload::decode(bytes).with_context(|| format!("not a bench payload: {}", clip(bytes)))?;
-    pending.push_back(Incoming::Delivery { stamp, seq: None });
+    pending.push_back(Incoming::Delivery { stamp, seq: None, redelivered: false });
     Ok(None)
 }

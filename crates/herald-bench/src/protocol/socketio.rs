@@ -70,7 +70,7 @@ pub fn decode(msg: &Message, pending: &mut VecDeque<Incoming>) -> anyhow::Result
     };
     let (_name, stamp): (IgnoredAny, Stamp) =
         serde_json::from_slice(event).with_context(|| format!("not a bench event: {}", clip(p)))?;
-    pending.push_back(Incoming::Delivery { stamp, seq: None });
+    pending.push_back(Incoming::Delivery { stamp, seq: None, redelivered: false });
     Ok(None)
 }
 
@@ -84,7 +84,7 @@ mod tests {
         decode(&Message::text(r#"42["msg",{"n":4,"t":9,"p":"x"}]"#), &mut out).unwrap();
         assert!(matches!(
             out.pop_front(),
-            Some(Incoming::Delivery { stamp: Stamp { n: 4, t: 9 }, seq: None })
+            Some(Incoming::Delivery { stamp: Stamp { n: 4, t: 9 }, seq: None, redelivered: false })
         ));
         let reply = decode(&Message::text("2"), &mut out).unwrap().unwrap();
         assert_eq!(reply.as_text(), Some("3"));

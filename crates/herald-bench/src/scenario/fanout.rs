@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::fleet::{Fleet, FleetPlan};
-use crate::proc_stats::maybe_sample;
+use crate::proc_stats::CpuSnapshot;
 use crate::report::{round2, Report};
 use crate::worker::wire::Layout;
 
@@ -43,7 +43,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
         report.rate = Some(rate.label());
         report.size = Some(args.size as u64);
 
-        let s0 = maybe_sample(args.server_pid)?;
+        let w0 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
         let start_us = crate::payload::now_micros();
         let started = Instant::now();
         let stats = publish_loop(
@@ -63,10 +63,10 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
         let sent = stats.published;
         report.expected = n as u64 * sent;
         let tally = fleet.collect(n0 + sent, args.timeout).await?;
-        let s1 = maybe_sample(args.server_pid)?;
+        let w1 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
         report.duration_s = round2(started.elapsed().as_secs_f64());
         report.apply_tally(&tally);
-        report.apply_cpu(s0.as_ref(), s1.as_ref());
+        report.apply_window(&w0, &w1);
         report.deliveries_per_s = per_second(tally.delivered, start_us, tally.last_rx_us);
         report.publishes_per_s = Some(round2(sent as f64 / stats.elapsed.as_secs_f64().max(1e-9)));
         if let Some(e) = stats.error {

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::fleet::{Fleet, FleetPlan};
-use crate::proc_stats::{maybe_sample, sample};
+use crate::proc_stats::{maybe_sample, CpuSnapshot};
 use crate::report::{round2, Report};
 use crate::worker::wire::Layout;
 
@@ -24,6 +24,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let n = args.connections();
     let mut report = ctx.report();
     report.connections = n as u64;
+    report.namespace = Some(args.namespace.clone());
     report.checks = "every connection stayed open through the hold";
     let before = maybe_sample(args.server_pid)?;
     report.server_rss_before_kb = before.map(|s| s.rss_kb);
@@ -33,7 +34,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
         endpoint: ctx.endpoint.clone(),
         run_id: ctx.run_id.clone(),
         connections: n,
-        layout: Layout::PerUser { prefix: "user:".into() },
+        layout: Layout::PerUser { prefix: format!("{}:", args.namespace) },
         resume: false,
         lifetime: ctx.lifetime(1, Duration::ZERO),
     };
@@ -47,16 +48,15 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     );
     tokio::time::sleep(SETTLE).await;
 
-    let settled = maybe_sample(args.server_pid)?;
-    report.server_rss_settled_kb = settled.map(|s| s.rss_kb);
+    let settled = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
+    report.server_rss_settled_kb = settled.server.map(|s| s.rss_kb);
     tokio::time::sleep(args.hold).await;
     // RSS per connection from the end of the hold: the steady state, after
     // any garbage collection or allocator trimming the server does.
-    if let (Some(pid), Some(b), Some(a)) = (args.server_pid, before, settled) {
-        let end = sample(pid)?;
-        report.server_rss_kb = Some(end.rss_kb);
-        report.rss_per_conn_kb = Some(round2((end.rss_kb as f64 - b.rss_kb as f64) / n as f64));
-        report.server_cpu_pct = Some(round2(crate::proc_stats::cpu_pct(&a, &end)));
+    let end = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
+    report.apply_window(&settled, &end);
+    if let (Some(b), Some(e)) = (before, end.server) {
+        report.rss_per_conn_kb = Some(round2((e.rss_kb as f64 - b.rss_kb as f64) / n as f64));
     }
     // Nothing is published: this only counts connections lost while idle.
     let tally = fleet.collect(0, Duration::from_secs(1)).await?;

@@ -62,8 +62,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         Scenario::Publish => vec![publish::run(&ctx).await?],
         Scenario::Reconnect => vec![reconnect::run(&ctx).await?],
         Scenario::Acked => bail!(
-            "the `acked` scenario needs acked delivery (server-held cursors, redelivery), \
-             which the server does not have yet"
+            "the `acked` scenario (acks/s with every client acking, inbox drain time) is not built yet; \
+             `idle` and `p2p` already subscribe to acked `user:` channels and ack every delivery"
         ),
         Scenario::Worker => bail!("`worker` is internal: the bench starts it itself"),
     };

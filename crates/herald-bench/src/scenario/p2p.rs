@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::fleet::{Fleet, FleetPlan};
 use crate::hist::Histogram;
-use crate::proc_stats::maybe_sample;
+use crate::proc_stats::CpuSnapshot;
 use crate::report::{round2, Report};
 use crate::worker::wire::{Layout, WorkerSpec};
 
@@ -22,7 +22,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let rounds = per_user(args.messages.unwrap_or(20_000), n);
     let rate = *args.rates()?.first().expect("rates() is never empty");
     let publishers = args.publishers().min(n);
-    let layout = Layout::PerUser { prefix: "user:".into() };
+    let layout = Layout::PerUser { prefix: format!("{}:", args.namespace) };
     let planned = rate.interval(1).map_or(Duration::ZERO, |iv| iv.mul_f64((rounds * n as u64) as f64));
     let plan = FleetPlan {
         endpoint: ctx.endpoint.clone(),
@@ -37,6 +37,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
 
     let mut report = ctx.report();
     report.connections = n as u64;
+    report.namespace = Some(args.namespace.clone());
     report.workers = fleet.len() as u64;
     report.publishers = Some(publishers as u64);
     report.messages = Some(rounds * n as u64);
@@ -44,7 +45,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     report.size = Some(args.size as u64);
     report.expected = rounds * n as u64;
 
-    let s0 = maybe_sample(args.server_pid)?;
+    let w0 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
     let start_us = crate::payload::now_micros();
     let started = Instant::now();
     let deadline = started + args.timeout;
@@ -83,12 +84,12 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     }
     let publish_secs = started.elapsed().as_secs_f64();
     let tally = fleet.collect(rounds, args.timeout).await?;
-    let s1 = maybe_sample(args.server_pid)?;
+    let w1 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
     fleet.stop().await;
 
     report.duration_s = round2(started.elapsed().as_secs_f64());
     report.apply_tally(&tally);
-    report.apply_cpu(s0.as_ref(), s1.as_ref());
+    report.apply_window(&w0, &w1);
     report.deliveries_per_s = per_second(tally.delivered, start_us, tally.last_rx_us);
     report.publishes_per_s = Some(round2(published as f64 / publish_secs.max(1e-9)));
     if !errors.is_empty() {

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use crate::hist::Histogram;
 use crate::payload;
-use crate::proc_stats::maybe_sample;
+use crate::proc_stats::{sample, CpuSnapshot};
 use crate::publisher::{Ack, PublisherFactory};
 use crate::report::{round2, Report};
 
@@ -47,7 +47,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
         _ => "every publish acknowledged",
     };
 
-    let s0 = maybe_sample(args.server_pid)?;
+    let w0 = CpuSnapshot::take(args.server_pid, sample(std::process::id()).ok())?;
     let started = Instant::now();
     let deadline = started + args.timeout;
     let mut tasks = Vec::with_capacity(publishers);
@@ -97,7 +97,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
         lanes.push(t.await.context("publisher task panicked")?);
     }
     let elapsed = started.elapsed();
-    let s1 = maybe_sample(args.server_pid)?;
+    let w1 = CpuSnapshot::take(args.server_pid, sample(std::process::id()).ok())?;
 
     let mut latency = Histogram::default();
     for lane in &lanes {
@@ -112,7 +112,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     report.duration_s = round2(elapsed.as_secs_f64());
     report.publishes_per_s = Some((published as f64 / elapsed.as_secs_f64().max(1e-9)).round());
     report.apply_latency(&latency);
-    report.apply_cpu(s0.as_ref(), s1.as_ref());
+    report.apply_window(&w0, &w1);
     if let PublisherFactory::Herald(_) = ctx.publishers {
         verify_herald(ctx, &lanes, &mut report).await?;
     }

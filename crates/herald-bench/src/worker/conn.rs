@@ -18,6 +18,17 @@ use crate::worker::wire::WorkerSpec;
 /// Attempts for the first open (a loaded server may refuse a few).
 const FIRST_ATTEMPTS: u32 = 3;
 
+/// One connection's identity within the worker.
+struct Slot {
+    shared: Arc<Shared>,
+    /// Index within this worker.
+    i: usize,
+    /// Index within the whole run.
+    global: usize,
+    user: String,
+    channel: String,
+}
+
 pub(super) async fn run(
     shared: Arc<Shared>,
     i: usize,
@@ -26,13 +37,17 @@ pub(super) async fn run(
 ) {
     let spec = &shared.spec;
     let global = spec.first + i;
-    let user = WorkerSpec::user(&spec.run_id, global);
-    let channel = WorkerSpec::channel(&spec.layout, &spec.run_id, global);
+    let slot = Slot {
+        user: WorkerSpec::user(&spec.run_id, global),
+        channel: WorkerSpec::channel(&spec.layout, &spec.run_id, global),
+        shared: shared.clone(),
+        i,
+        global,
+    };
     let mut ctl = shared.control.subscribe();
     let mut conn = {
         let Ok(_permit) = sem.acquire().await else { return };
-        let deadline = Instant::now() + Duration::from_millis(spec.phase_timeout_ms);
-        match open(&shared, i, &user, &channel, deadline, FIRST_ATTEMPTS).await {
+        match slot.open(FIRST_ATTEMPTS).await {
             Ok(c) => {
                 let _ = done_tx.send(Ok(()));
                 Some(c)
@@ -77,108 +92,131 @@ pub(super) async fn run(
                 if conn.take().is_some() {
                     shared.live.fetch_sub(1, Ordering::AcqRel);
                 }
-                shared.with_round(|r, _| r.dropped += 1);
-                tokio::time::sleep(pause).await;
-                let started = Instant::now();
-                let deadline = started + Duration::from_millis(spec.phase_timeout_ms);
-                match open(&shared, i, &user, &channel, deadline, u32::MAX).await {
-                    Ok(c) => {
-                        conn = Some(c);
-                        let took = started.elapsed().as_micros() as u64;
-                        shared.with_round(|r, h| {
-                            r.resumed += 1;
-                            r.last_resumed_us = r.last_resumed_us.max(Some(payload::now_micros()));
-                            h.record(took);
-                        });
-                    }
-                    Err(e) => shared.with_round(|r, _| {
-                        r.failed += 1;
-                        if r.errors.len() < crate::tally::MAX_ERRORS {
-                            r.errors.push(format!("connection {global}: {e:#}"));
-                        }
-                    }),
-                }
+                conn = slot.planned_reconnect(pause).await;
             }
             event = next_opt(&mut conn) => match event {
-                Ok(Some(Incoming::Delivery { stamp, seq })) => shared.on_delivery(i, stamp, seq),
+                Ok(Some(Incoming::Delivery { stamp, seq, redelivered })) => {
+                    shared.on_delivery(i, stamp, seq, redelivered)
+                }
                 Ok(Some(Incoming::Closing(reason))) => {
                     shared.with_period(|t| t.note_error(format!("connection {global}: server closing: {reason}")));
                 }
-                Ok(None) | Err(_) => {
-                    let why = match event {
-                        Err(e) => format!("{e:#}"),
-                        _ => "connection ended".to_owned(),
-                    };
-                    conn = None;
-                    shared.live.fetch_sub(1, Ordering::AcqRel);
-                    shared.with_period(|t| {
-                        t.disconnects += 1;
-                        t.note_error(format!("connection {global} lost: {why}"));
-                    });
-                    if spec.resume {
-                        let deadline = Instant::now() + Duration::from_millis(spec.phase_timeout_ms);
-                        match open(&shared, i, &user, &channel, deadline, u32::MAX).await {
-                            Ok(c) => {
-                                conn = Some(c);
-                                shared.with_period(|t| t.resumes += 1);
-                            }
-                            Err(e) => shared.with_period(|t| t.note_error(format!("connection {global}: resume failed: {e:#}"))),
-                        }
-                    }
+                Ok(None) => {
+                    drop(conn.take());
+                    conn = slot.after_loss("connection ended".to_owned()).await;
+                }
+                Err(e) => {
+                    drop(conn.take());
+                    conn = slot.after_loss(format!("{e:#}")).await;
                 }
             }
         }
     }
 }
 
-/// Open and subscribe, resuming from the subscription's last seq, retrying
-/// with jittered backoff until `attempts` or the deadline run out.
-async fn open(
-    shared: &Shared,
-    i: usize,
-    user: &str,
-    channel: &str,
-    deadline: Instant,
-    attempts: u32,
-) -> anyhow::Result<SubConn> {
-    let mut backoff = Duration::from_millis(50);
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let resume = lock(&shared.subs[i]).resume.clone();
-        match SubConn::open(&shared.spec.endpoint, shared.spec.source, user, channel, &resume).await {
-            Ok((conn, subscribed)) => {
-                {
-                    let mut sub = lock(&shared.subs[i]);
-                    // Nothing received yet: everything after the head at
-                    // this first subscribe is ours.
-                    if sub.resume.last_seq.is_none() {
-                        sub.resume.last_seq = subscribed.head;
+impl Slot {
+    /// Open and subscribe, resuming from the subscription's last seq,
+    /// retrying with jittered backoff until `attempts` or the phase
+    /// deadline run out.
+    async fn open(&self, attempts: u32) -> anyhow::Result<SubConn> {
+        let shared = &*self.shared;
+        let deadline = Instant::now() + Duration::from_millis(shared.spec.phase_timeout_ms);
+        let mut backoff = Duration::from_millis(50);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let resume = lock(&shared.subs[self.i]).resume.clone();
+            let opened =
+                SubConn::open(&shared.spec.endpoint, shared.spec.source, &self.user, &self.channel, &resume)
+                    .await;
+            match opened {
+                Ok((conn, subscribed)) => {
+                    {
+                        let mut sub = lock(&shared.subs[self.i]);
+                        // Nothing received yet: everything after the head at
+                        // this first subscribe is ours.
+                        if sub.resume.last_seq.is_none() {
+                            sub.resume.last_seq = subscribed.head;
+                        }
+                        if subscribed.epoch.is_some() {
+                            sub.resume.epoch = subscribed.epoch;
+                        }
                     }
-                    if subscribed.epoch.is_some() {
-                        sub.resume.epoch = subscribed.epoch;
+                    if let Some(gap) = subscribed.gap_reported {
+                        shared.with_period(|t| {
+                            t.gaps_reported += 1;
+                            t.note_error(format!("{}: {gap}", self.user));
+                        });
                     }
+                    shared.live.fetch_add(1, Ordering::AcqRel);
+                    return Ok(conn);
                 }
-                if let Some(gap) = subscribed.gap_reported {
-                    shared.with_period(|t| {
-                        t.gaps_reported += 1;
-                        t.note_error(format!("{user}: {gap}"));
-                    });
+                Err(e) => {
+                    if attempt >= attempts || Instant::now() + backoff >= deadline {
+                        return Err(e.context(format!("gave up after {attempt} attempt(s)")));
+                    }
+                    {
+                        let mut r = lock(&shared.retries);
+                        r.0 += 1;
+                        r.1.get_or_insert_with(|| format!("{}: {e:#}", self.user));
+                    }
+                    tokio::time::sleep(jitter(backoff) + backoff / 2).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
-                shared.live.fetch_add(1, Ordering::AcqRel);
-                return Ok(conn);
+            }
+        }
+    }
+
+    /// A drop of the current round: wait `pause`, reconnect and resume,
+    /// and count it in the round.
+    async fn planned_reconnect(&self, pause: Duration) -> Option<SubConn> {
+        self.shared.with_round(|r, _| r.dropped += 1);
+        tokio::time::sleep(pause).await;
+        let started = Instant::now();
+        match self.open(u32::MAX).await {
+            Ok(c) => {
+                let took = started.elapsed().as_micros() as u64;
+                self.shared.with_round(|r, h| {
+                    r.resumed += 1;
+                    r.last_resumed_us = r.last_resumed_us.max(Some(payload::now_micros()));
+                    h.record(took);
+                });
+                Some(c)
             }
             Err(e) => {
-                if attempt >= attempts || Instant::now() + backoff >= deadline {
-                    return Err(e.context(format!("gave up after {attempt} attempt(s)")));
-                }
-                {
-                    let mut r = lock(&shared.retries);
-                    r.0 += 1;
-                    r.1.get_or_insert_with(|| format!("{user}: {e:#}"));
-                }
-                tokio::time::sleep(jitter(backoff) + backoff / 2).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                self.shared.with_round(|r, _| {
+                    r.failed += 1;
+                    if r.errors.len() < crate::tally::MAX_ERRORS {
+                        r.errors.push(format!("connection {}: {e:#}", self.global));
+                    }
+                });
+                None
+            }
+        }
+    }
+
+    /// The server or the network ended the connection: count it, and
+    /// resume if the scenario says so.
+    async fn after_loss(&self, why: String) -> Option<SubConn> {
+        let shared = &*self.shared;
+        shared.live.fetch_sub(1, Ordering::AcqRel);
+        shared.with_period(|t| {
+            t.disconnects += 1;
+            t.note_error(format!("connection {} lost: {why}", self.global));
+        });
+        if !shared.spec.resume {
+            return None;
+        }
+        match self.open(u32::MAX).await {
+            Ok(c) => {
+                shared.with_period(|t| t.resumes += 1);
+                Some(c)
+            }
+            Err(e) => {
+                shared.with_period(|t| {
+                    t.note_error(format!("connection {}: resume failed: {e:#}", self.global))
+                });
+                None
             }
         }
     }

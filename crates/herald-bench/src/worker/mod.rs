@@ -73,9 +73,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn on_delivery(&self, i: usize, stamp: Stamp, seq: Option<u64>) {
+    fn on_delivery(&self, i: usize, stamp: Stamp, seq: Option<u64>, redelivered: bool) {
         let now = payload::now_micros();
-        let outcome = lock(&self.subs[i]).check(stamp.n, seq);
+        let outcome = {
+            let mut sub = lock(&self.subs[i]);
+            if redelivered {
+                sub.check_redelivery(stamp.n)
+            } else {
+                sub.check(stamp.n, seq)
+            }
+        };
         let mut p = lock(&self.period);
         let Period { tally, hist } = &mut *p;
         tally.record(outcome, hist, now.saturating_sub(stamp.t), now);

@@ -119,7 +119,7 @@ impl Session {
         since: Option<herald_proto::Since>,
         ns: &NamespaceOptions,
     ) -> Result<OkFrame, ApiError> {
-        let Some(subscriber) = self.subscriber.clone() else {
+        let Some(subscriber) = self.subscriber() else {
             return Err(ApiError::new(
                 ErrorCode::BadRequest,
                 "acked channels need a valid user and device id",
@@ -156,7 +156,7 @@ impl Session {
         }
         let next = (has + 1).max(pos.first);
         let catching_up = next <= pos.head;
-        let ack = AckState::new(next - 1, stored.unwrap_or(0), AckOpts::from(ns));
+        let ack = Box::new(AckState::new(next - 1, stored.unwrap_or(0), AckOpts::from(ns)));
         if let Some(cursor) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
             *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up, ack: Some(ack) };
         }
@@ -198,7 +198,7 @@ impl Session {
         if seq <= stored {
             return Ok(()); // idempotent
         }
-        let subscriber = self.subscriber.clone().expect("acked subscriptions have a subscriber");
+        let subscriber = self.subscriber().expect("acked subscriptions have a valid subscriber");
         let state = self.state.clone();
         let cursor = state.engine.ack(channel, &subscriber, seq).await.map_err(|e| match e {
             AckError::BeyondHead { .. } => ApiError::new(ErrorCode::BadRequest, e.to_string()),
