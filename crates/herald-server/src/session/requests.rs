@@ -1,7 +1,7 @@
 //! Request handlers of a session: subscribe (durable and acked), ack,
 //! redelivery timers and publish. Split from `session.rs` for size; same type, same invariants.
 
-use herald_core::{AckError, Delivery, Epoch, NamespaceOptions, Seq, StartAt};
+use herald_core::{AckError, Delivery, Epoch, NamespaceOptions, Position, Seq, StartAt};
 use herald_proto::{ChannelName, ErrorCode, OkFrame};
 
 use super::{End, LogCursor, Session, Sub};
@@ -92,9 +92,26 @@ impl Session {
                 next = since.seq + 1;
             }
         }
+        self.begin_delivery(&mut ok, channel, &pos, next, None);
+        ok.truncated = Some(truncated);
+        ok.epoch_changed = epoch_changed.then_some(true);
+        Ok(ok)
+    }
+
+    /// Start delivering a subscribed durable channel from `next`: install its
+    /// cursor, queue catch-up if the log has anything from `next` on, and
+    /// fill the log position into the `ok` reply.
+    fn begin_delivery(
+        &mut self,
+        ok: &mut OkFrame,
+        channel: &ChannelName,
+        pos: &Position,
+        next: Seq,
+        ack: Option<Box<AckState>>,
+    ) {
         let catching_up = next <= pos.head;
         if let Some(cursor) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
-            *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up, ack: None };
+            *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up, ack };
         }
         if catching_up {
             self.catchup.push_back(channel.clone());
@@ -102,11 +119,6 @@ impl Session {
         ok.epoch = Some(pos.epoch.to_string());
         ok.first = Some(pos.first);
         ok.head = Some(pos.head);
-        ok.truncated = Some(truncated);
-        if epoch_changed {
-            ok.epoch_changed = Some(true);
-        }
-        Ok(ok)
     }
 
     /// Subscribe on an acked channel: start after the larger of the stored
@@ -155,17 +167,8 @@ impl Session {
             state.metrics.acked_truncated.inc_by(pos.first - 1 - has);
         }
         let next = (has + 1).max(pos.first);
-        let catching_up = next <= pos.head;
         let ack = Box::new(AckState::new(next - 1, stored.unwrap_or(0), AckOpts::from(ns)));
-        if let Some(cursor) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
-            *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up, ack: Some(ack) };
-        }
-        if catching_up {
-            self.catchup.push_back(channel.clone());
-        }
-        ok.epoch = Some(pos.epoch.to_string());
-        ok.first = Some(pos.first);
-        ok.head = Some(pos.head);
+        self.begin_delivery(&mut ok, channel, &pos, next, Some(ack));
         ok.truncated = Some(truncated);
         ok.epoch_changed = epoch_changed.then_some(true);
         ok.cursor = Some(stored.unwrap_or(0));
