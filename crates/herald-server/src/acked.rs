@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use herald_core::{NamespaceOptions, Seq};
+use herald_core::{NamespaceOptions, Seq, SubscriberId};
 use herald_proto::ChannelName;
 use tokio_util::time::delay_queue::{DelayQueue, Key};
 
@@ -67,6 +67,9 @@ pub enum Expiry {
 }
 
 pub struct AckState {
+    /// Whose cursor this is (token `sub` + device), validated once at
+    /// subscribe.
+    pub subscriber: SubscriberId,
     /// Highest seq the subscriber has (acked, or claimed with `since`): the
     /// base of the in-flight window.
     pub acked: Seq,
@@ -81,8 +84,8 @@ pub struct AckState {
 }
 
 impl AckState {
-    pub fn new(acked: Seq, stored: Seq, opts: AckOpts) -> Self {
-        Self { acked, stored, stale: false, pending: VecDeque::new(), opts }
+    pub fn new(subscriber: SubscriberId, acked: Seq, stored: Seq, opts: AckOpts) -> Self {
+        Self { subscriber, acked, stored, stale: false, pending: VecDeque::new(), opts }
     }
 
     /// How many more messages may be sent now, given the next seq to send.
@@ -198,7 +201,7 @@ mod tests {
     #[tokio::test]
     async fn window_acks_and_timers() {
         let mut timers: Timers = None;
-        let mut s = AckState::new(0, 0, opts());
+        let mut s = AckState::new(SubscriberId::new("u", None).unwrap(), 0, 0, opts());
         assert_eq!(s.room(1), 4);
         for seq in 1..=4 {
             s.on_sent(&ch(), seq, &mut timers);
@@ -222,7 +225,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn expiry_redelivers_with_growing_backoff_then_goes_stale() {
         let mut timers: Timers = None;
-        let mut s = AckState::new(0, 0, opts());
+        let mut s = AckState::new(SubscriberId::new("u", None).unwrap(), 0, 0, opts());
         s.on_sent(&ch(), 1, &mut timers);
         s.on_sent(&ch(), 2, &mut timers);
         let t0 = tokio::time::Instant::now();

@@ -11,6 +11,15 @@ use sha2::{Digest, Sha256};
 
 use crate::config::JwtConfig;
 
+/// The credential of an `Authorization: Bearer <credential>` header.
+pub fn bearer(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
+}
+
 /// Who a WebSocket connection is, and what it may do.
 #[derive(Debug, Clone)]
 pub struct Identity {

@@ -20,10 +20,7 @@ type St = AxState<Arc<State>>;
 
 /// Check `Authorization: Bearer <api key>`; returns the idempotency scope.
 fn api_auth(state: &State, headers: &HeaderMap) -> Result<String, ApiError> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+    let bearer = crate::auth::bearer(headers);
     match bearer {
         Some(key) => state
             .api_keys

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use herald_core::{Epoch, Message, Seq, SubscriberId};
+use herald_core::{Epoch, Message, Seq};
 use herald_proto::{close, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
@@ -80,29 +80,30 @@ impl Registrations {
     fn remove(&mut self, channel: &ChannelName) -> Option<Sub> {
         let removed = self.subs.remove(channel);
         if removed.is_some() {
-            self.state.metrics.subscriptions.dec();
-            if self.state.hub.remove(channel, self.conn_id) {
-                let engine = self.state.engine.clone();
-                let channel = channel.clone();
-                tokio::spawn(async move { engine.unwatch(&channel).await });
-            }
+            self.release(channel.clone());
         }
         removed
+    }
+
+    /// Drop the hub entry of a subscription already taken out of `subs`, and
+    /// unwatch the channel if it was the node's last local subscriber.
+    fn release(&self, channel: ChannelName) {
+        self.state.metrics.subscriptions.dec();
+        if self.state.hub.remove(&channel, self.conn_id) {
+            let engine = self.state.engine.clone();
+            // The runtime may be gone at process exit; then there is nothing
+            // left to unwatch.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move { engine.unwatch(&channel).await });
+            }
+        }
     }
 }
 
 impl Drop for Registrations {
     fn drop(&mut self) {
         for channel in std::mem::take(&mut self.subs).into_keys() {
-            self.state.metrics.subscriptions.dec();
-            if self.state.hub.remove(&channel, self.conn_id) {
-                let engine = self.state.engine.clone();
-                // The runtime may be gone at process exit; then there is
-                // nothing left to unwatch.
-                if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                    rt.spawn(async move { engine.unwatch(&channel).await });
-                }
-            }
+            self.release(channel);
         }
         self.state.metrics.connections.dec();
     }
@@ -484,15 +485,6 @@ fn poll_timer(
     match timers {
         Some(q) => q.poll_expired(cx).map(|e| e.map(|e| e.into_inner())),
         None => std::task::Poll::Pending,
-    }
-}
-
-impl Session {
-    /// The acked-channel identity: token `sub` plus device. Derived on use
-    /// rather than stored, to keep every session small; `None` if the two do
-    /// not form a valid one (then acked subscribes are refused).
-    fn subscriber(&self) -> Option<SubscriberId> {
-        SubscriberId::new(self.identity.sub.clone(), self.identity.device.clone()).ok()
     }
 }
 

@@ -37,10 +37,7 @@ fn authenticate(state: &State, headers: &HeaderMap, q: &WsQuery) -> Result<Ident
             ));
         }
     }
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+    let bearer = crate::auth::bearer(headers);
     if let Some(token) = bearer.or(q.token.as_deref()) {
         if !state.jwt.is_configured() {
             return Err(ApiError::new(ErrorCode::Unauthorized, "this server has no JWT keys configured"));

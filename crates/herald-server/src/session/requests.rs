@@ -1,7 +1,7 @@
 //! Request handlers of a session: subscribe (durable and acked), ack,
 //! redelivery timers and publish. Split from `session.rs` for size; same type, same invariants.
 
-use herald_core::{AckError, Delivery, Epoch, NamespaceOptions, Position, Seq, StartAt};
+use herald_core::{AckError, Delivery, Epoch, NamespaceOptions, Position, Seq, StartAt, SubscriberId};
 use herald_proto::{ChannelName, ErrorCode, OkFrame};
 
 use super::{End, LogCursor, Session, Sub};
@@ -131,7 +131,8 @@ impl Session {
         since: Option<herald_proto::Since>,
         ns: &NamespaceOptions,
     ) -> Result<OkFrame, ApiError> {
-        let Some(subscriber) = self.subscriber() else {
+        let Ok(subscriber) = SubscriberId::new(self.identity.sub.clone(), self.identity.device.clone())
+        else {
             return Err(ApiError::new(
                 ErrorCode::BadRequest,
                 "acked channels need a valid user and device id",
@@ -167,7 +168,7 @@ impl Session {
             state.metrics.acked_truncated.inc_by(pos.first - 1 - has);
         }
         let next = (has + 1).max(pos.first);
-        let ack = Box::new(AckState::new(next - 1, stored.unwrap_or(0), AckOpts::from(ns)));
+        let ack = Box::new(AckState::new(subscriber, next - 1, stored.unwrap_or(0), AckOpts::from(ns)));
         self.begin_delivery(&mut ok, channel, &pos, next, Some(ack));
         ok.truncated = Some(truncated);
         ok.epoch_changed = epoch_changed.then_some(true);
@@ -185,7 +186,8 @@ impl Session {
                 "ack on a channel this connection is not subscribed to",
             ));
         };
-        let Some((next, stored)) = sub.log.as_ref().and_then(|l| l.ack.as_ref().map(|a| (l.next, a.stored)))
+        let Some((next, stored, subscriber)) =
+            sub.log.as_ref().and_then(|l| l.ack.as_ref().map(|a| (l.next, a.stored, a.subscriber.clone())))
         else {
             return Err(ApiError::new(
                 ErrorCode::NotSupported,
@@ -201,7 +203,6 @@ impl Session {
         if seq <= stored {
             return Ok(()); // idempotent
         }
-        let subscriber = self.subscriber().expect("acked subscriptions have a valid subscriber");
         let state = self.state.clone();
         let cursor = state.engine.ack(channel, &subscriber, seq).await.map_err(|e| match e {
             AckError::BeyondHead { .. } => ApiError::new(ErrorCode::BadRequest, e.to_string()),
