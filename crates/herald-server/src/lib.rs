@@ -56,10 +56,10 @@ pub struct State {
     /// open-files limit).
     pub max_connections: usize,
     next_conn_id: AtomicU64,
-    /// Period of each connection's tick: pings, idle and token checks, and
-    /// presence renewals (so at most a third of the lease TTL when any
-    /// namespace has presence).
-    pub tick_interval: Duration,
+    /// Heartbeat period of a connection holding presence leases: pings,
+    /// idle and token checks, and lease renewals (at most a third of the
+    /// lease TTL). Other connections tick every `limits.ping_interval`.
+    pub presence_tick: Duration,
 }
 
 /// Raise the soft open-files limit to the hard one and return the connection
@@ -84,14 +84,9 @@ impl Server {
         engine.set_sink(hub.clone());
         let jwt = auth::JwtVerifier::new(&config.jwt)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let has_presence = config.namespaces.0.values().any(|ns| ns.presence);
-        let tick_interval = if has_presence {
-            config.limits.ping_interval.min(config.presence.renew_interval())
-        } else {
-            config.limits.ping_interval
-        };
+        let presence_tick = config.limits.ping_interval.min(config.presence.renew_interval());
         let state = Arc::new(State {
-            tick_interval,
+            presence_tick,
             max_connections: fit_connection_cap(config.limits.max_connections),
             api_keys: auth::ApiKeys::new(&config.api_keys),
             config,

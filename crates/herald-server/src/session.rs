@@ -204,9 +204,8 @@ impl Session {
     }
 
     async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Message>>) -> End {
-        let mut tick = tokio::time::interval(self.state.tick_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.reset();
+        let mut period = self.tick_period();
+        let mut tick = heartbeat(period);
         let shutdown = self.state.shutdown.clone();
         let slow = self.handle.slow.clone();
         loop {
@@ -248,6 +247,23 @@ impl Session {
             if let Err(end) = result {
                 return end;
             }
+            // Subscribing to or leaving a presence channel changes the period.
+            let want = self.tick_period();
+            if want != period {
+                period = want;
+                tick = heartbeat(period);
+            }
+        }
+    }
+
+    /// The heartbeat period: `limits.ping_interval`, or the presence renew
+    /// period while this connection holds a member lease (so idle
+    /// connections without presence wake up no more often than before).
+    fn tick_period(&self) -> Duration {
+        if self.regs.subs.values().any(|s| s.presence.is_some()) {
+            self.state.presence_tick
+        } else {
+            self.state.config.limits.ping_interval
         }
     }
 
@@ -553,6 +569,13 @@ impl Session {
         })
         .await;
     }
+}
+
+/// A tick every `period`, the first one `period` from now.
+fn heartbeat(period: Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }
 
 /// The next fired redelivery timer: pending while there is no timer queue;
