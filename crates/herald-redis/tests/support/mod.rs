@@ -379,8 +379,14 @@ impl Node {
         let mut out = Vec::new();
         let mut after = 0;
         loop {
-            let (status, body) = self.get(&format!("/api/v1/channels/{channel}/messages?after={after}&limit=1000")).await;
-            assert_eq!(status, 200, "{body}");
+            let path = format!("/api/v1/channels/{channel}/messages?after={after}&limit=1000");
+            // Redis may still be coming back: a 503 is retried.
+            let body = eventually("a history page", || async {
+                let (status, body) = self.get(&path).await;
+                assert!(status == 200 || status == 503, "{status} {body}");
+                (status == 200).then_some(body)
+            })
+            .await;
             let msgs = body["messages"].as_array().expect("messages").clone();
             let Some(last) = msgs.last() else { return out };
             after = last["seq"].as_u64().expect("seq");
