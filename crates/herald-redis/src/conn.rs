@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use herald_core::EngineError;
+use redis::aio::AsyncPushSender;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::aio::AsyncPushSender;
 use redis::{Client, Cmd, ErrorKind, Pipeline, ProtocolVersion, RedisFuture, Value};
 
 use crate::{RedisConfig, RedisError};

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_core::{
-    AckError, AppendRequest, CursorState, Engine, EngineError, FanoutSink, Health, Page, Position, Receipt, Seq,
-    SubscriberId, UserCursor,
+    AckError, AppendRequest, CursorState, Engine, EngineError, FanoutSink, Health, Page, Position, Receipt,
+    Seq, SubscriberId, UserCursor,
 };
 use herald_proto::ChannelName;
 use redis::ProtocolVersion;

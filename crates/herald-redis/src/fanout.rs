@@ -47,8 +47,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
-use crate::conn::Conn;
 use crate::config::FILL_PAGE;
+use crate::conn::Conn;
 use crate::ops::Inner;
 use crate::stats::{add, bump};
 use crate::{keys, scripts, val};
@@ -184,7 +184,9 @@ impl Fanout {
         let result = match tokio::time::timeout(self.timeout, op).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(EngineError::Unavailable(format!("redis subscribe: {e}"))),
-            Err(_) => Err(EngineError::Unavailable(format!("redis subscribe: no answer within {:?}", self.timeout))),
+            Err(_) => {
+                Err(EngineError::Unavailable(format!("redis subscribe: no answer within {:?}", self.timeout)))
+            }
         };
         let mut subscribed = self.subscribed.lock().unwrap_or_else(|e| e.into_inner());
         match (want, &result) {
@@ -298,7 +300,8 @@ pub(crate) async fn run_dispatcher(inner: Arc<Inner>, mut rx: mpsc::Receiver<Pus
         match push.kind {
             PushKind::Message | PushKind::SMessage => {
                 let mut data = push.data.into_iter();
-                let (Some(Value::BulkString(name)), Some(Value::BulkString(payload))) = (data.next(), data.next())
+                let (Some(Value::BulkString(name)), Some(Value::BulkString(payload))) =
+                    (data.next(), data.next())
                 else {
                     continue;
                 };
@@ -350,7 +353,14 @@ fn on_message(inner: &Arc<Inner>, ch: &ChannelName, p: Payload) {
     let Some(feed) = inner.fanout.feed(ch) else { return };
     let Some(seq) = p.seq else {
         // Volatile: live only, no order to keep.
-        let msg = Message { channel: ch.clone(), seq: None, id: p.id, ts: p.ts, epoch: Epoch::new(p.epoch), frame: p.frame };
+        let msg = Message {
+            channel: ch.clone(),
+            seq: None,
+            id: p.id,
+            ts: p.ts,
+            epoch: Epoch::new(p.epoch),
+            frame: p.frame,
+        };
         bump(&inner.counters.fanout_delivered);
         deliver(inner, Arc::new(msg));
         return;
@@ -475,18 +485,33 @@ async fn run_worker(inner: &Arc<Inner>, feed: &Arc<Feed>) {
             let new = Uuid::now_v7().hyphenated().to_string();
             let mut inv = scripts::BUMP_EPOCH.prepare_invoke();
             inv.key(keys::meta(ch)).arg(epoch.as_str()).arg(&new);
-            let r: Result<(i64, String), _> =
-                inner.redis.call_unchecked("bump epoch", |mut c| async move { inv.invoke_async(&mut c).await }).await;
-            match r {
-                Ok((1, _)) => tracing::warn!(channel = %ch, old_epoch = %epoch, new_epoch = new, delivered = last,
-                    head = pos.head, "redis lost data of a watched channel; started a new epoch (clients resync)"),
-                Ok(_) => {}
+            let r: Result<(i64, String), _> = inner
+                .redis
+                .call_unchecked("bump epoch", |mut c| async move { inv.invoke_async(&mut c).await })
+                .await;
+            let current = match r {
+                Ok((won, current)) => {
+                    if won == 1 {
+                        tracing::warn!(channel = %ch, old_epoch = %epoch, new_epoch = %current, delivered = last,
+                            head = pos.head, "redis lost data of a watched channel; started a new epoch (clients resync)");
+                    }
+                    current
+                }
                 Err(e) => {
                     tracing::warn!(channel = %ch, error = %e, "could not start a new epoch; retrying at the next check");
                     return;
                 }
+            };
+            if !current.is_empty() {
+                // Follow the epoch that now stands (ours or another node's)
+                // and hand out its head message.
+                bump(&inner.counters.epoch_changes);
+                let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+                st.epoch = Some(Epoch::new(current));
+                st.last = pos.head.saturating_sub(1);
+                st.last_id = None;
+                st.max_seen = 0;
             }
-            // The next round reads the epoch that now stands.
             continue;
         }
         let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -563,8 +588,7 @@ pub(crate) async fn run_checker(inner: Arc<Inner>) {
             }
         });
         let checks = futures_util::stream::iter(checks);
-        futures_util::StreamExt::for_each_concurrent(checks, fan.concurrency, |f| f)
-            .await;
+        futures_util::StreamExt::for_each_concurrent(checks, fan.concurrency, |f| f).await;
     }
 }
 

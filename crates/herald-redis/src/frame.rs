@@ -26,7 +26,8 @@ impl FrameTemplate {
         let ts_at = find(&frame, b",\"ts\":0,").expect("frames have a ts") + b",\"ts\":".len();
         let tail = frame[ts_at + 1..].to_vec();
         let (head, middle) = if durable {
-            let seq_at = find(&frame, b",\"seq\":0,").expect("durable frames have a seq") + b",\"seq\":".len();
+            let seq_at =
+                find(&frame, b",\"seq\":0,").expect("durable frames have a seq") + b",\"seq\":".len();
             (frame[..seq_at].to_vec(), frame[seq_at + 1..ts_at].to_vec())
         } else {
             (frame[..ts_at].to_vec(), Vec::new())
@@ -68,7 +69,10 @@ mod tests {
             for meta in [None, Some(&meta)] {
                 for (seq, ts) in [(1u64, 0u64), (0, 1), (42, 1_700_000_000_123), (u64::MAX, u64::MAX)] {
                     let t = FrameTemplate::new(&ch, true, id, &data, meta);
-                    assert_eq!(t.render(Some(seq), ts), encode_message_frame(&ch, Some(seq), id, ts, &data, meta));
+                    assert_eq!(
+                        t.render(Some(seq), ts),
+                        encode_message_frame(&ch, Some(seq), id, ts, &data, meta)
+                    );
                     let v = FrameTemplate::new(&ch, false, id, &data, meta);
                     assert_eq!(v.render(None, ts), encode_message_frame(&ch, None, id, ts, &data, meta));
                 }

@@ -34,7 +34,11 @@ impl Lease {
 }
 
 /// Refresh the lease every third of its TTL until cancelled.
-pub(crate) async fn keep_alive(inner: Arc<Inner>, lease: Arc<Lease>, cancel: tokio_util::sync::CancellationToken) {
+pub(crate) async fn keep_alive(
+    inner: Arc<Inner>,
+    lease: Arc<Lease>,
+    cancel: tokio_util::sync::CancellationToken,
+) {
     let ttl_ms = u64::try_from(lease.ttl.as_millis()).unwrap_or(u64::MAX);
     let mut registered = false;
     loop {

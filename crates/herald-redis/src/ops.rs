@@ -148,7 +148,8 @@ impl Inner {
             .arg(ch.as_str())
             .arg(keys::fan(ch))
             .arg(self.publish_cmd());
-        let reply: Value = self.redis.call("append", |mut c| async move { inv.invoke_async(&mut c).await }).await?;
+        let reply: Value =
+            self.redis.call("append", |mut c| async move { inv.invoke_async(&mut c).await }).await?;
         let parsed = (|| {
             let mut r = array(reply, "append reply")?.into_iter();
             let kind = string(r.next().ok_or_else(|| val::bad("append kind"))?, "append kind")?;
@@ -203,8 +204,11 @@ impl Inner {
         let mut inv = scripts::READ.prepare_invoke();
         inv.key(keys::meta(ch)).key(keys::log(ch)).arg(new_epoch()).arg(after).arg(limit);
         let run = |mut c: crate::conn::Conn| async move { inv.invoke_async::<Value>(&mut c).await };
-        let reply =
-            if fail_fast { self.redis.call("read", run).await } else { self.redis.call_unchecked("read", run).await };
+        let reply = if fail_fast {
+            self.redis.call("read", run).await
+        } else {
+            self.redis.call_unchecked("read", run).await
+        };
         let reply = self.failed(reply)?;
         let page = (|| {
             let mut r = array(reply, "read reply")?.into_iter();
@@ -216,7 +220,10 @@ impl Inner {
             let entries = array(next("entries")?, "entries")?;
             let messages =
                 entries.into_iter().map(|e| val::message(e, ch, &epoch)).collect::<Result<Vec<_>, _>>()?;
-            Ok::<_, redis::RedisError>((RawPage { position: Position { epoch, first, head }, messages }, lost))
+            Ok::<_, redis::RedisError>((
+                RawPage { position: Position { epoch, first, head }, messages },
+                lost,
+            ))
         })();
         let (page, lost) = page.map_err(|e| EngineError::Unavailable(format!("redis read: {e}")))?;
         if lost {
@@ -236,8 +243,13 @@ impl Inner {
         // the script runs again.
         for _ in 0..2 {
             let mut inv = scripts::ACK.prepare_invoke();
-            inv.key(keys::meta(ch)).key(keys::cursors(ch)).arg(&sk).arg(seq).arg(if indexed { "1" } else { "0" });
-            let reply = self.redis.call("ack", |mut c| async move { inv.invoke_async::<Value>(&mut c).await }).await;
+            inv.key(keys::meta(ch)).key(keys::cursors(ch)).arg(&sk).arg(seq).arg(if indexed {
+                "1"
+            } else {
+                "0"
+            });
+            let reply =
+                self.redis.call("ack", |mut c| async move { inv.invoke_async::<Value>(&mut c).await }).await;
             let reply = self.failed(reply)?;
             let parsed = (|| {
                 let mut r = array(reply, "ack reply")?.into_iter();
@@ -268,7 +280,8 @@ impl Inner {
                     // The per-user index lives in another slot: written
                     // before the cursor, so every cursor is listed (an entry
                     // whose cursor write never happened is skipped).
-                    let prefix = SubscriberId::user_prefix(sub.user()).expect("a SubscriberId has a valid user");
+                    let prefix =
+                        SubscriberId::user_prefix(sub.user()).expect("a SubscriberId has a valid user");
                     let (key, member) = (keys::user_index(&prefix), keys::user_index_member(&sk, ch));
                     let r = self
                         .redis
@@ -284,7 +297,11 @@ impl Inner {
         Err(EngineError::Unavailable("redis ack: cursor index not confirmed".into()).into())
     }
 
-    pub async fn cursor(&self, ch: &ChannelName, sub: &SubscriberId) -> Result<Option<CursorState>, EngineError> {
+    pub async fn cursor(
+        &self,
+        ch: &ChannelName,
+        sub: &SubscriberId,
+    ) -> Result<Option<CursorState>, EngineError> {
         let (key, field) = (keys::cursors(ch), sub.key());
         let v: Option<String> = self
             .redis
@@ -295,7 +312,11 @@ impl Inner {
         v.map(|v| parse_cursor(&v)).transpose()
     }
 
-    pub async fn cursors(&self, ch: &ChannelName, limit: usize) -> Result<Vec<(SubscriberId, CursorState)>, EngineError> {
+    pub async fn cursors(
+        &self,
+        ch: &ChannelName,
+        limit: usize,
+    ) -> Result<Vec<(SubscriberId, CursorState)>, EngineError> {
         let mut out = Vec::new();
         let mut cursor = 0u64;
         let key = keys::cursors(ch);

@@ -14,7 +14,8 @@ async fn concurrent_publishers_on_two_nodes_reach_subscribers_on_three_in_one_or
     support::init_tracing();
     const PER_PUBLISHER: u64 = 100;
     let redis = RedisServer::start();
-    let nodes = [Node::start(&redis.url()).await, Node::start(&redis.url()).await, Node::start(&redis.url()).await];
+    let nodes =
+        [Node::start(&redis.url()).await, Node::start(&redis.url()).await, Node::start(&redis.url()).await];
     let mut subs = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
         let mut c = node.connect(&format!("u{i}")).await;
@@ -80,7 +81,10 @@ async fn one_idempotency_key_through_two_nodes_at_once_appends_once() {
     for round in 0..10 {
         let key = format!("order-{round}");
         let body = json!({ "round": round });
-        let (ra, rb) = tokio::join!(a.publish("chat:idem", body.clone(), Some(&key)), b.publish("chat:idem", body, Some(&key)));
+        let (ra, rb) = tokio::join!(
+            a.publish("chat:idem", body.clone(), Some(&key)),
+            b.publish("chat:idem", body, Some(&key))
+        );
         assert_eq!((ra.0, rb.0), (201, 201), "{ra:?} {rb:?}");
         assert_eq!((&ra.1["seq"], &ra.1["id"]), (&rb.1["seq"], &rb.1["id"]), "one message, one receipt");
         let m = next_message(&mut watcher).await;

@@ -29,7 +29,8 @@ impl Load {
         let stop = tokio_util::sync::CancellationToken::new();
         let mut tasks = Vec::new();
         for p in 0..publishers {
-            let (url, channel, results, stop) = (node.url.clone(), channel.to_owned(), results.clone(), stop.clone());
+            let (url, channel, results, stop) =
+                (node.url.clone(), channel.to_owned(), results.clone(), stop.clone());
             tasks.push(tokio::spawn(async move {
                 let http = reqwest::Client::new();
                 // Bounded: at most this many publishes per publisher, paced

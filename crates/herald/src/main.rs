@@ -140,8 +140,9 @@ async fn open_engine(config: &herald_server::Config) -> anyhow::Result<Arc<dyn h
                 FsyncSetting::Never => FsyncMode::Never,
             };
             store.max_batch = config.storage.max_batch;
-            let engine = EmbeddedEngine::open(store)
-                .map_err(|e| anyhow::anyhow!("cannot open the data dir {}: {e}", config.data_dir.display()))?;
+            let engine = EmbeddedEngine::open(store).map_err(|e| {
+                anyhow::anyhow!("cannot open the data dir {}: {e}", config.data_dir.display())
+            })?;
             Arc::new(engine)
         }
         EngineKind::Redis => {

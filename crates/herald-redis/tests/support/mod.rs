@@ -183,7 +183,8 @@ impl Drop for RedisServer {
 }
 
 fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().is_ok_and(|s| s.success());
+    let ok =
+        Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().is_ok_and(|s| s.success());
     assert!(ok, "kill -{sig} {pid} failed");
 }
 
@@ -197,7 +198,8 @@ pub fn cli(port: u16, args: &[&str]) -> String {
 }
 
 fn ping(port: u16) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(200))
+    let Ok(mut s) =
+        TcpStream::connect_timeout(&SocketAddr::from(([127, 0, 0, 1], port)), Duration::from_millis(200))
     else {
         return false;
     };
@@ -216,7 +218,14 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"];
+        let extra = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ];
         let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&extra)).collect();
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let out = Command::new(REDIS_CLI)
