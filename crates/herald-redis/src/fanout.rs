@@ -560,6 +560,12 @@ pub(crate) async fn run_checker(inner: Arc<Inner>) {
         let mut conn = fan.pubsub.clone();
         let _ = tokio::time::timeout(fan.timeout, redis::cmd("PING").query_async::<Value>(&mut conn)).await;
         inner.redis.probe().await;
+        if inner.redis.health.down_reason().is_some() {
+            // Checks would only wait for their timeouts; they run (all of
+            // them) once Redis answers again.
+            mark_all_suspect(&inner);
+            continue;
+        }
         let now = Instant::now();
         let feeds = fan.all_feeds();
         let checks = feeds.into_iter().map(|feed| {
