@@ -130,7 +130,7 @@ async fn paused_redis_fails_publishes_fast_and_everything_recovers() {
     assert!(!failed.is_empty(), "some publishes ran into the pause");
     for (status, _, elapsed) in &failed {
         assert_eq!(*status, 503, "a paused Redis is a 503, nothing else");
-        assert!(*elapsed < Duration::from_millis(1500), "503 within the command timeout: {elapsed:?}");
+        assert!(*elapsed < Duration::from_millis(2500), "503 soon after the command timeout: {elapsed:?}");
     }
     assert_nothing_acked_lost(&node, "chat:pause", &results, &mut c).await;
     drop(redis);
