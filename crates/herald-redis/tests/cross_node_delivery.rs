@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::json;
 use support::{data, next_message, Node, RedisServer};
@@ -129,4 +129,54 @@ async fn a_client_resumes_on_another_node_after_its_node_is_gone() {
     // And live from there, published through B itself.
     assert_eq!(b.publish("chat:roam", json!(13), None).await.0, 201);
     assert_eq!(next_message(&mut c).await.seq, Some(13));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_on_a_cluster_deliver_every_channel_in_order() {
+    support::init_tracing();
+    const PER_NODE: u64 = 30;
+    let cluster = support::RedisCluster::start();
+    let (a, b) = (Node::start(&cluster.url()).await, Node::start(&cluster.url()).await);
+    // Channels spread over the cluster's slots (and so its three masters).
+    let channels: Vec<String> = (0..6).map(|i| format!("chat:c{i}")).collect();
+    let mut subs = Vec::new();
+    for (i, node) in [&a, &b].into_iter().enumerate() {
+        let mut c = node.connect(&format!("s{i}")).await;
+        for ch in &channels {
+            c.subscribe(ch, None).await.unwrap();
+        }
+        subs.push(c);
+    }
+    let mut tasks = Vec::new();
+    for node in [&a, &b] {
+        for ch in channels.clone() {
+            let (url, http) = (node.url.clone(), reqwest::Client::new());
+            tasks.push(tokio::spawn(async move {
+                for i in 0..PER_NODE {
+                    let r = http
+                        .post(format!("{url}/api/v1/channels/{ch}/messages"))
+                        .bearer_auth(support::API_KEY)
+                        .json(&json!({ "data": i }))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 201);
+                }
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let total = 2 * PER_NODE * channels.len() as u64;
+    for c in &mut subs {
+        let mut next: HashMap<String, u64> = HashMap::new();
+        for _ in 0..total {
+            let m = next_message(c).await;
+            let seq = next.entry(m.channel.clone().unwrap()).or_insert(1);
+            assert_eq!(m.seq, Some(*seq), "per channel in order, no gap");
+            *seq += 1;
+        }
+        assert!(next.values().all(|&n| n == 2 * PER_NODE + 1));
+    }
 }

@@ -107,3 +107,32 @@ async fn a_lost_lease_is_registered_again_and_released_on_close() {
     engine.close().await;
     assert_eq!(redis.cli(&["EXISTS", key]).trim(), "0", "a clean close releases the lease");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_are_counted_so_a_late_unwatch_keeps_a_new_watch() {
+    support::init_tracing();
+    let redis = RedisServer::start();
+    let engine = support::engine(&redis.url()).await;
+    let sink = Arc::new(RecordingSink::default());
+    engine.set_sink(sink.clone());
+    let ch = ChannelName::new("chat:count").unwrap();
+    // The server's order when a subscriber leaves and another arrives: the
+    // second watch runs before the (spawned) unwatch of the first.
+    engine.watch(&ch).await.unwrap();
+    engine.watch(&ch).await.unwrap();
+    engine.unwatch(&ch).await;
+    assert_eq!(engine.watched_channels(), 1);
+    engine.append(request(&ch, "1")).await.unwrap();
+    sink.wait_for(&ch, 1).await;
+    engine.unwatch(&ch).await;
+    assert_eq!(engine.watched_channels(), 0);
+    eventually("the pub/sub unsubscribe", || async {
+        let n = redis.cli(&["PUBSUB", "NUMSUB", "herald:{chat:count}:fan"]);
+        (n.lines().nth(1).map(str::trim) == Some("0")).then_some(())
+    })
+    .await;
+    engine.append(request(&ch, "2")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sink.delivered_on(&ch).len(), 1, "nothing after the last unwatch");
+    engine.close().await;
+}
