@@ -147,7 +147,9 @@ async fn redis_killed_and_restarted_from_its_aof_loses_nothing_acknowledged() {
     let load = Load::start(&node, "chat:crash", 4);
     tokio::time::sleep(Duration::from_millis(500)).await;
     redis.kill9();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Longer than one reconnect round of the connections (they give up
+    // after a few attempts; the probe and the pub/sub PING start another).
+    tokio::time::sleep(Duration::from_secs(4)).await;
     redis.restart();
     let before = node.history("chat:crash").await.len();
     eventually("publishes to succeed again", || async {
@@ -161,6 +163,13 @@ async fn redis_killed_and_restarted_from_its_aof_loses_nothing_acknowledged() {
     assert_eq!(body["epoch"].as_str(), Some(epoch.as_str()));
     assert_nothing_acked_lost(&node, "chat:crash", &results, &mut c).await;
     assert_eq!(node.engine.stats().data_loss_detected, 0);
+    // Pub/sub itself is back (not only the head checks' fills).
+    let before = node.engine.stats().fanout_delivered;
+    for i in 0..5 {
+        assert_eq!(node.publish("chat:crash", json!({ "after": i }), None).await.0, 201);
+        assert_eq!(data(&next_message(&mut c).await), json!({ "after": i }));
+    }
+    assert!(node.engine.stats().fanout_delivered >= before + 4, "live over pub/sub again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
