@@ -4,7 +4,7 @@
 # table of medians with Herald/peer ratios (bench/table.py).
 #
 #   bench/run.sh [--reps N] [--servers "herald ws socketio socketioxide nats"]
-#                [--scenarios "idle fanout p2p publish reconnect"] [--out DIR] [--quick]
+#                [--scenarios "idle fanout p2p publish reconnect acked"] [--out DIR] [--quick]
 #                [--no-build]
 #
 # The herald binary is copied into DIR/bin first and used from there (for
@@ -14,11 +14,13 @@
 # Sizes come from the environment (defaults: the figures in
 # docs/benchmarks.md): IDLE_CONNS, IDLE_HOLD, FANOUT_SUBS, FANOUT_MESSAGES,
 # FANOUT_RATE, P2P_USERS, P2P_MESSAGES, PUBLISHERS, PUBLISH_MESSAGES,
-# RECONNECT_CLIENTS, and NAMESPACE (of the per-user channels of idle and
-# p2p; default `user`). `--quick` shrinks them for a smoke run.
+# RECONNECT_CLIENTS, ACKED_USERS, ACKED_MESSAGES (per user and phase), and
+# NAMESPACE (of the per-user channels of idle and p2p; default `user`;
+# acked always runs on `user`). `--quick` shrinks them for a smoke run.
 #
-# `reconnect` runs against Herald only: the peers have no resume, so a
-# dropped client loses what was published meanwhile by design.
+# `reconnect` and `acked` run against Herald only: the peers have no resume,
+# so a dropped client loses what was published meanwhile by design, and no
+# acked delivery.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -27,7 +29,7 @@ ROOT=$PWD
 
 REPS=3
 SERVERS="herald ws socketio socketioxide nats"
-SCENARIOS="idle fanout p2p publish reconnect"
+SCENARIOS="idle fanout p2p publish reconnect acked"
 OUT=
 BUILD=1
 while [ $# -gt 0 ]; do
@@ -40,8 +42,9 @@ while [ $# -gt 0 ]; do
     --quick)
       : "${IDLE_CONNS:=2000}" "${IDLE_HOLD:=5s}" "${FANOUT_SUBS:=500}" "${FANOUT_MESSAGES:=50}"
       : "${P2P_USERS:=200}" "${P2P_MESSAGES:=2000}" "${PUBLISH_MESSAGES:=2000}" "${RECONNECT_CLIENTS:=100}"
+      : "${ACKED_USERS:=200}" "${ACKED_MESSAGES:=20}"
       shift ;;
-    -h|--help) sed -n '2,22p' "$ROOT/bench/run.sh"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$ROOT/bench/run.sh"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
@@ -55,6 +58,8 @@ P2P_MESSAGES=${P2P_MESSAGES:-20000}
 PUBLISHERS=${PUBLISHERS:-64}
 PUBLISH_MESSAGES=${PUBLISH_MESSAGES:-20000}
 RECONNECT_CLIENTS=${RECONNECT_CLIENTS:-1000}
+ACKED_USERS=${ACKED_USERS:-1000}
+ACKED_MESSAGES=${ACKED_MESSAGES:-50}
 NAMESPACE=${NAMESPACE:-user}
 
 OUT=${OUT:-$ROOT/bench/results/$(date +%Y%m%d-%H%M%S)}
@@ -80,6 +85,7 @@ scenario_args() {
     p2p) echo "--connections $P2P_USERS --messages $P2P_MESSAGES --namespace $NAMESPACE" ;;
     publish) echo "--publishers $PUBLISHERS --messages $PUBLISH_MESSAGES" ;;
     reconnect) echo "--connections $RECONNECT_CLIENTS" ;;
+    acked) echo "--connections $ACKED_USERS --messages $ACKED_MESSAGES --namespace user" ;;
   esac
 }
 
@@ -87,7 +93,9 @@ failures=0
 for rep in $(seq 1 "$REPS"); do
   for scenario in $SCENARIOS; do
     for server in $SERVERS; do
-      if [ "$scenario" = reconnect ] && [ "$server" != herald ]; then continue; fi
+      case $scenario in
+        reconnect|acked) if [ "$server" != herald ]; then continue; fi ;;
+      esac
       echo "== rep $rep/$REPS  $scenario  $server" | tee -a "$LOG"
       if ! start_server "$server" >>"$LOG" 2>&1; then
         echo "   !! $server did not start (see $LOG)" | tee -a "$LOG"

@@ -31,6 +31,12 @@ FIGURES = [
     ("publish", "p99_ms", "publish p99", "ms", False),
     ("reconnect", "all_resumed_s", "all clients resumed", "s", False),
     ("reconnect", "resume_p99_ms", "resume handshake p99", "ms", False),
+    ("acked", "drain_s", "acked: all inboxes drained", "s", False),
+    ("acked", "drain_p99_ms", "acked: one inbox drained, p99", "ms", False),
+    ("acked", "deliveries_per_s", "acked deliveries/s", "", True),
+    ("acked", "p99_ms", "acked p99", "ms", False),
+    ("acked", "acks_per_s", "acked: ack frames/s (clients)", "", True),
+    ("acked", "server_acks_per_s", "acked: acks/s (server)", "", True),
 ]
 
 
@@ -43,6 +49,9 @@ def params(run):
         p += f", {run['namespace']}:"
     if s == "fanout":
         p += f", rate {run.get('rate')}"
+    if s == "acked":
+        conns, messages = run.get("connections") or 0, run.get("messages") or 0
+        p += f", {messages // max(conns, 1)} msgs each, {run.get('phase')}"
     return p
 
 

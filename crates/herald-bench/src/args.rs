@@ -24,7 +24,8 @@ pub enum Scenario {
     /// N subscribers dropped and reconnected with jitter while publishing:
     /// time until all resumed, nothing lost
     Reconnect,
-    /// Acked delivery: acks/s and inbox drain time (not built yet)
+    /// Herald only: N users' acked `user:` channels, every client acking:
+    /// offline-inbox drain time, then live deliveries/s; acks/s throughout
     Acked,
     /// Internal: one connection-holding worker process (spawned by the bench)
     #[value(hide = true)]
@@ -98,6 +99,15 @@ impl Rate {
             Rate::Max => None,
         }
     }
+
+    /// Interval between two messages of a sequential publisher that sends
+    /// to `part` of `whole` equally served channels; `None` for max.
+    pub fn interval_of(self, part: usize, whole: usize) -> Option<Duration> {
+        match self {
+            Rate::PerSec(r) => Some(Duration::from_secs_f64(whole.max(1) as f64 / (r * part.max(1) as f64))),
+            Rate::Max => None,
+        }
+    }
 }
 
 /// `--rate 20,max` → `[PerSec(20), Max]`.
@@ -146,7 +156,8 @@ pub struct BenchArgs {
     /// WebSocket connections (subscribers). Default: 1000 (reconnect: 500)
     #[arg(long)]
     pub connections: Option<usize>,
-    /// Messages per rate phase (fanout), in total (p2p, publish, reconnect)
+    /// Messages per rate phase (fanout), in total (p2p, publish, reconnect),
+    /// per user and phase (acked; default 50)
     #[arg(long)]
     pub messages: Option<u64>,
     /// Publishing rate in messages/s, or `max`; comma-separated for several
@@ -156,11 +167,13 @@ pub struct BenchArgs {
     /// Message payload size in bytes (JSON with a timestamp, padded)
     #[arg(long, default_value_t = 64)]
     pub size: usize,
-    /// idle, p2p: namespace of each user's own channel (`user` is acked on
-    /// Herald by default: the bench acks; `chat` is durable)
+    /// idle, p2p, acked: namespace of each user's own channel (`user` is
+    /// acked on Herald by default: the bench acks; `chat` is durable; acked
+    /// needs an acked one)
     #[arg(long, default_value = "user")]
     pub namespace: String,
-    /// Concurrent HTTP publishers (publish, p2p). Default: 64 (p2p: 32)
+    /// Concurrent HTTP publishers (publish, p2p, acked). Default: 64 (p2p,
+    /// acked: 32)
     #[arg(long)]
     pub publishers: Option<usize>,
     /// Server process id, to read its RSS and CPU from /proc
@@ -176,7 +189,8 @@ pub struct BenchArgs {
     /// The server runs with --dev: connect as `?user=NAME`, publish without a key
     #[arg(long)]
     pub dev: bool,
-    /// Append one JSON object per run (or per rate phase) to this file
+    /// Append one JSON object per run (or per rate phase, or per acked phase)
+    /// to this file
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Free text stored in the JSON (e.g. a repetition id)
@@ -222,7 +236,7 @@ impl BenchArgs {
 
     pub fn publishers(&self) -> usize {
         self.publishers.unwrap_or(match self.scenario {
-            Scenario::P2p => 32,
+            Scenario::P2p | Scenario::Acked => 32,
             _ => 64,
         })
     }
@@ -243,6 +257,9 @@ impl BenchArgs {
         }
         if self.namespace.is_empty() || self.namespace.contains(':') {
             bail!("--namespace takes a namespace name without `:`, e.g. user or chat");
+        }
+        if self.scenario == Scenario::Acked && self.peer != Peer::Herald {
+            bail!("`acked` runs against Herald only: the peers have no acked delivery");
         }
         if self.publishers() == 0 {
             bail!("--publishers must be positive");
@@ -265,10 +282,33 @@ mod tests {
         assert!(parse_rates(",").is_err());
     }
 
+    fn parse(argv: &[&str]) -> BenchArgs {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: BenchArgs,
+        }
+        <Cli as clap::Parser>::try_parse_from(std::iter::once("bench").chain(argv.iter().copied()))
+            .expect("arguments parse")
+            .args
+    }
+
+    #[test]
+    fn acked_is_herald_only_and_defaults_to_32_publishers() {
+        let a = parse(&["acked", "--token", "t"]);
+        assert!(a.validate().is_ok());
+        assert_eq!((a.connections(), a.publishers(), a.rates().unwrap()), (1000, 32, vec![Rate::Max]));
+        assert!(parse(&["acked", "--peer", "ws"]).validate().is_err());
+    }
+
     #[test]
     fn interval_splits_the_rate_between_publishers() {
         assert_eq!(Rate::PerSec(100.0).interval(1), Some(Duration::from_millis(10)));
         assert_eq!(Rate::PerSec(100.0).interval(4), Some(Duration::from_millis(40)));
         assert_eq!(Rate::Max.interval(4), None);
+        // 3 of 10 channels at 100/s in all: 30/s for this publisher.
+        let iv = Rate::PerSec(100.0).interval_of(3, 10).unwrap();
+        assert!((iv.as_secs_f64() - 1.0 / 30.0).abs() < 1e-9);
+        assert_eq!(Rate::Max.interval_of(3, 10), None);
     }
 }

@@ -153,7 +153,24 @@ impl Fleet {
     /// Wait until every subscription has every `n < target_n`, or `timeout`;
     /// the period's counts over all workers.
     pub async fn collect(&mut self, target_n: u64, timeout: Duration) -> anyhow::Result<Tally> {
-        self.broadcast(&Command::Collect { target_n, timeout_ms: timeout.as_millis() as u64 }).await?;
+        self.collect_inner(target_n, false, timeout).await
+    }
+
+    /// [`Fleet::collect`], and also wait until every subscription acked
+    /// everything it received (Herald's acked channels); the tally then
+    /// carries each subscription's subscribe → last ack time, once.
+    pub async fn collect_acked(&mut self, target_n: u64, timeout: Duration) -> anyhow::Result<Tally> {
+        self.collect_inner(target_n, true, timeout).await
+    }
+
+    async fn collect_inner(
+        &mut self,
+        target_n: u64,
+        wait_acks: bool,
+        timeout: Duration,
+    ) -> anyhow::Result<Tally> {
+        let timeout_ms = timeout.as_millis() as u64;
+        self.broadcast(&Command::Collect { target_n, wait_acks, timeout_ms }).await?;
         let deadline = Instant::now() + timeout + SLACK;
         let mut total = Tally::default();
         for k in 0..self.workers.len() {

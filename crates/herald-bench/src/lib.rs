@@ -2,7 +2,7 @@
 //! against the servers users would pick instead (bench/peers/), so one run
 //! compares them on one machine.
 //!
-//! Each scenario (`idle`, `fanout`, `p2p`, `publish`, `reconnect`) is
+//! Each scenario (`idle`, `fanout`, `p2p`, `publish`, `reconnect`, `acked`) is
 //! bounded in count and time, prints a human summary, appends one JSON
 //! object per run to `--json`, and **verifies as it measures**: every
 //! subscriber checks that each expected message arrived once and in order
@@ -22,6 +22,7 @@
 
 mod args;
 mod fleet;
+mod herald_api;
 mod hist;
 mod payload;
 mod proc_stats;

@@ -25,6 +25,9 @@ pub struct Versions {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub scenario: &'static str,
+    /// acked: which part of the run (`drain`, `live`); one object each.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phase: Option<&'static str>,
     pub peer: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
@@ -100,6 +103,35 @@ pub struct Report {
     pub resume_p50_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resume_p99_ms: Option<f64>,
+    /// acked, drain: from the first subscribe until the ack that covered
+    /// the last inbox.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_s: Option<f64>,
+    /// acked, drain: one user's subscribe → the ack covering its inbox.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_p50_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_p99_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_max_ms: Option<f64>,
+    /// acked, drain: sum of `unread` in the subscribe replies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unread_at_subscribe: Option<u64>,
+    /// acked: ack frames the clients sent (cumulative acks, batched), and
+    /// per second over the phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acks_sent: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acks_per_s: Option<f64>,
+    /// acked: `herald_acks_total` over the phase (acks that advanced a
+    /// cursor), and per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_acks: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_acks_per_s: Option<f64>,
+    /// acked: `herald_redeliveries_total` over the phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_redeliveries: Option<u64>,
     pub versions: Versions,
     pub machine: Machine,
     /// What "verified" means for this scenario (summary only).
@@ -111,6 +143,7 @@ impl Report {
     pub fn new(args: &BenchArgs, run_id: &str) -> Report {
         Report {
             scenario: args.scenario.name(),
+            phase: None,
             peer: args.peer.name(),
             label: args.label.clone(),
             run_id: run_id.to_owned(),
@@ -150,6 +183,16 @@ impl Report {
             all_resumed_s: None,
             resume_p50_ms: None,
             resume_p99_ms: None,
+            drain_s: None,
+            drain_p50_ms: None,
+            drain_p99_ms: None,
+            drain_max_ms: None,
+            unread_at_subscribe: None,
+            acks_sent: None,
+            acks_per_s: None,
+            server_acks: None,
+            server_acks_per_s: None,
+            server_redeliveries: None,
             versions: Versions { bench: env!("CARGO_PKG_VERSION"), server: None },
             machine: Machine::describe(),
             checks: "every expected delivery arrived once, in order",
@@ -216,6 +259,9 @@ impl Report {
 
     fn summary(&self) -> String {
         let mut s = format!("== {} against {}", self.scenario, self.peer);
+        if let Some(phase) = self.phase {
+            s.push_str(&format!(", {phase}"));
+        }
         if let Some(rate) = &self.rate {
             s.push_str(&format!(" (rate {rate})"));
         }
@@ -233,6 +279,19 @@ impl Report {
                 s.push_str(&format!("   redeliveries (late acks) {}\n", self.redeliveries));
             }
         }
+        let mut acks = Vec::new();
+        let mut count = |name: &str, v: Option<u64>| {
+            if let Some(v) = v {
+                acks.push(format!("{name} {v}"));
+            }
+        };
+        count("unread at subscribe", self.unread_at_subscribe);
+        count("ack frames sent", self.acks_sent);
+        count("server acks", self.server_acks);
+        count("server redeliveries", self.server_redeliveries);
+        if !acks.is_empty() {
+            s.push_str(&format!("   {}\n", acks.join("   ")));
+        }
         let mut figures = Vec::new();
         let mut add = |name: &str, v: Option<f64>, unit: &str| {
             if let Some(v) = v {
@@ -248,6 +307,12 @@ impl Report {
         add("all resumed in", self.all_resumed_s, " s");
         add("resume p50", self.resume_p50_ms, " ms");
         add("resume p99", self.resume_p99_ms, " ms");
+        add("drained in", self.drain_s, " s");
+        add("drain p50", self.drain_p50_ms, " ms");
+        add("drain p99", self.drain_p99_ms, " ms");
+        add("drain max", self.drain_max_ms, " ms");
+        add("acks/s", self.acks_per_s, "");
+        add("server acks/s", self.server_acks_per_s, "");
         add("server RSS before", self.server_rss_before_kb.map(|v| v as f64), " KB");
         add("server RSS settled", self.server_rss_settled_kb.map(|v| v as f64), " KB");
         add("server RSS", self.server_rss_kb.map(|v| v as f64), " KB");

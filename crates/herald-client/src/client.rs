@@ -71,6 +71,9 @@ impl From<ConnectOptions> for ClientOptions {
 #[derive(Debug, Clone)]
 pub struct Delivery {
     pub channel: ChannelName,
+    /// `Message` for app messages; `Room` for a room's state changes, which
+    /// share the channel's seqs.
+    pub kind: herald_proto::FrameKind,
     /// `None` on volatile channels.
     pub seq: Option<u64>,
     pub id: String,
@@ -112,6 +115,12 @@ pub enum Event {
         channel: ChannelName,
         expected: u64,
         got: u64,
+    },
+    /// The server ended the subscription (for example `room_closed`): it is
+    /// not resumed, and nothing more comes.
+    Unsubscribed {
+        channel: ChannelName,
+        reason: String,
     },
 }
 

@@ -350,7 +350,7 @@ impl Worker {
                 ev = conn.next_frame() => match ev {
                     Ok(Some(ServerEvent::Frame(view))) => {
                         healthy = true;
-                        if view.kind == "message" {
+                        if view.kind == "message" || view.kind == "room" {
                             // The hot path is synchronous; only a full or
                             // abandoned queue needs the (boxed) slow path.
                             if let Some(stalled) = self.on_message(view) {
@@ -491,7 +491,7 @@ impl Worker {
         disconnect: &mut Option<Disconnect>,
     ) -> Option<SessionEnd> {
         match view.kind.as_str() {
-            "message" => {
+            "message" | "room" => {
                 if let Some(stalled) = self.on_message(view) {
                     self.finish_delivery(conn, stalled).await;
                 }
@@ -527,6 +527,15 @@ impl Worker {
                     reconnect: view.reconnect.unwrap_or(true),
                 });
             }
+            "unsubscribed" => {
+                if let Some(channel) = view.channel.as_deref().and_then(|c| ChannelName::new(c).ok()) {
+                    let reason = view.reason.unwrap_or_default();
+                    let ev = Event::Unsubscribed { channel: channel.clone(), reason };
+                    self.deliver(conn, channel.as_str(), Ok(ev)).await;
+                    // Not resumed on reconnect.
+                    self.subs.remove(channel.as_str());
+                }
+            }
             // Frames this client does not use yet (presence join/leave, ...).
             _ => {}
         }
@@ -537,6 +546,7 @@ impl Worker {
     /// it over if the queue has room. `Some` when the rest needs
     /// [`Worker::finish_delivery`].
     fn on_message(&mut self, view: MessageView) -> Option<Stalled> {
+        let kind = herald_proto::FrameKind::parse(&view.kind).unwrap_or_default();
         let MessageView { channel, seq, id, ts, data, meta, .. } = view;
         let channel = channel?;
         // No sub: left over from an unsubscribe still in flight.
@@ -557,6 +567,7 @@ impl Worker {
         };
         let message = Event::Message(Delivery {
             channel: sub.channel.clone(),
+            kind,
             seq,
             id: id.unwrap_or_default(),
             ts: ts.unwrap_or(0),

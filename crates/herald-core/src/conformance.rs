@@ -8,6 +8,13 @@
 //! An engine's tests either call [`run_all`] with a factory, or run the
 //! scenarios one test each (see `herald-store/tests/conformance.rs`) and
 //! check that none was forgotten with [`scenarios`].
+//!
+//! Time-dependent scenarios (lease expiry) use short real TTLs
+//! ([`SHORT_TTL`]) and poll with a deadline; the engine's own clock decides.
+//! `presence_expire` is global by contract (it sweeps every channel), so the
+//! expiry scenarios need the engine's expiry index to be private to the
+//! fixture (a fresh store, or a per-fixture key prefix): another run's
+//! concurrent sweeps on the same index would take their leases.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -16,15 +23,50 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
-use herald_proto::{ChannelName, MessageView, Meta};
+use herald_proto::{ChannelName, Member, MessageView, Meta};
 use serde_json::value::RawValue;
 
 use crate::engine::{
     AckError, AppendRequest, Dedup, Engine, EngineError, FanoutSink, Message, Retention, Seq, SubscriberId,
 };
+use crate::room::Room;
+
+mod presence;
+mod rooms;
+
+pub use presence::{
+    presence_expire_returns_each_expired_lease_once, presence_join_lists_counts_and_finds_users,
+    presence_rejoin_reclaims_with_a_greater_token, presence_renew_never_resurrects_a_swept_lease,
+    presence_stale_tokens_have_no_effect, presence_tokens_stay_monotonic_without_leases,
+};
+pub use rooms::{
+    closing_a_room_seals_its_channel, room_cas_admits_one_writer_per_version,
+    room_create_conflicts_with_an_existing_room, room_versions_are_logged_in_order_with_messages, room_write,
+};
 
 /// How long a scenario waits for fan-out before it fails.
 const FANOUT_DEADLINE: Duration = Duration::from_secs(10);
+/// A lease TTL that no scenario outlives.
+pub const LONG_TTL: Duration = Duration::from_secs(300);
+/// A lease TTL that scenarios wait out.
+pub const SHORT_TTL: Duration = Duration::from_millis(300);
+/// How long a scenario waits for leases to expire and be swept.
+const EXPIRY_DEADLINE: Duration = Duration::from_secs(10);
+/// How far an engine's clock (Redis `TIME`) may be from the test's.
+const CLOCK_SLACK_MS: u64 = 5_000;
+
+/// Poll `check` every 10 ms until it holds; panics after [`EXPIRY_DEADLINE`].
+pub async fn assert_eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + EXPIRY_DEADLINE;
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "not within {EXPIRY_DEADLINE:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
 
 /// A [`FanoutSink`] that keeps everything it is given, in delivery order.
 #[derive(Default)]
@@ -113,6 +155,32 @@ impl Fixture {
         SubscriberId::new(self.user(user), device.map(Arc::from)).expect("scenario subscribers are valid")
     }
 
+    /// A presence member: user `self.user(user)`, no device, no info.
+    pub fn member(&self, user: &str, client_id: &str) -> Member {
+        Member { client_id: client_id.to_owned(), user: self.user(user), device: None, info: None }
+    }
+
+    /// The active rooms of this fixture (`rooms_active`, paged from just
+    /// before the fixture's channels to just after).
+    pub async fn active_rooms(&self) -> Vec<(ChannelName, Room)> {
+        let own = format!("{}:", self.prefix);
+        // Every channel of this fixture sorts after this name, and they are
+        // contiguous in name order.
+        let mut after = ChannelName::new(&own).expect("the prefix is a valid channel name");
+        let mut out = Vec::new();
+        loop {
+            let page = self.engine.rooms_active(Some(&after), 7).await.expect("rooms_active");
+            let Some((last, _)) = page.last() else { return out };
+            let more = page.len() == 7;
+            after = last.clone();
+            let before = out.len();
+            out.extend(page.into_iter().filter(|(c, _)| c.as_str().starts_with(&own)));
+            if !more || out.len() - before < 7 {
+                return out;
+            }
+        }
+    }
+
     /// Append `n` messages to `channel`.
     pub async fn fill(&self, channel: &ChannelName, n: u64) {
         for i in 0..n {
@@ -129,14 +197,12 @@ impl Fixture {
 
 /// A durable append of `data` (JSON) with no retention and no dedup.
 pub fn request(channel: &ChannelName, data: &str) -> AppendRequest {
-    AppendRequest {
-        channel: channel.clone(),
-        data: RawValue::from_string(data.to_owned()).expect("scenario data is valid JSON"),
-        meta: None,
-        durable: true,
-        retention: Retention { max_len: 0, max_age: None },
-        dedup: None,
-    }
+    AppendRequest::message(
+        channel.clone(),
+        RawValue::from_string(data.to_owned()).expect("scenario data is valid JSON"),
+        true,
+        Retention { max_len: 0, max_age: None },
+    )
 }
 
 fn seqs(messages: &[Arc<Message>]) -> Vec<u64> {
@@ -639,6 +705,16 @@ scenario_list![
     cursors_lists_each_subscriber,
     user_cursors_lists_the_users_channels_only,
     concurrent_acks_end_at_the_max,
+    presence_join_lists_counts_and_finds_users,
+    presence_rejoin_reclaims_with_a_greater_token,
+    presence_stale_tokens_have_no_effect,
+    presence_renew_never_resurrects_a_swept_lease,
+    presence_expire_returns_each_expired_lease_once,
+    presence_tokens_stay_monotonic_without_leases,
+    room_create_conflicts_with_an_existing_room,
+    room_cas_admits_one_writer_per_version,
+    room_versions_are_logged_in_order_with_messages,
+    closing_a_room_seals_its_channel,
 ];
 
 /// Run every scenario, each on a fresh engine from `make`, closing it after.

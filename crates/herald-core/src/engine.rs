@@ -34,8 +34,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use herald_proto::{ChannelName, Meta};
+use herald_proto::{ChannelName, FrameKind, Meta};
 use serde_json::value::RawValue;
+
+use crate::presence::{FenceToken, Joined, Lease, Member, Renewed};
+use crate::room::Room;
 
 /// Position of a message in its channel: 1, 2, 3, ...
 pub type Seq = u64;
@@ -107,6 +110,29 @@ pub struct AppendRequest {
     pub durable: bool,
     pub retention: Retention,
     pub dedup: Option<Dedup>,
+    /// The frame's type (`message` for everything apps publish). The engine
+    /// encodes the frame with [`herald_proto::encode_frame`].
+    pub kind: FrameKind,
+    /// Durable only: this is the channel's last message. The channel is
+    /// closed for good in the same atomic step ([`Position::closed`]); any
+    /// later append fails with [`EngineError::Closed`].
+    pub seal: bool,
+}
+
+impl AppendRequest {
+    /// An app message with no dedup: the common case, for tests and tools.
+    pub fn message(channel: ChannelName, data: Box<RawValue>, durable: bool, retention: Retention) -> Self {
+        AppendRequest {
+            channel,
+            data,
+            meta: None,
+            durable,
+            retention,
+            dedup: None,
+            kind: FrameKind::Message,
+            seal: false,
+        }
+    }
 }
 
 /// The result of an append: what the publisher is told.
@@ -134,9 +160,12 @@ pub struct Message {
     pub id: Arc<str>,
     pub ts: u64,
     pub epoch: Epoch,
-    /// The complete `{"type":"message",...}` frame, shared by every
-    /// subscriber.
+    /// The complete `{"type":"message",...}` frame (or another
+    /// [`FrameKind`]), shared by every subscriber.
     pub frame: Bytes,
+    /// The channel's final message ([`AppendRequest::seal`]): after it a
+    /// subscriber is unsubscribed. Engines set it on fan-out and on reads.
+    pub closes: bool,
 }
 
 /// Where a channel's log stands.
@@ -147,6 +176,9 @@ pub struct Position {
     pub first: Seq,
     /// Last assigned seq; 0 before the first append.
     pub head: Seq,
+    /// The channel was sealed: `head` is its final message and no append
+    /// will follow.
+    pub closed: bool,
 }
 
 /// The result of a range read.
@@ -352,6 +384,33 @@ pub enum EngineError {
     /// The engine is closing.
     #[error("storage is shutting down")]
     ShuttingDown,
+    /// The channel was sealed (a closed room): nothing more is appended.
+    #[error("the channel is closed")]
+    Closed,
+}
+
+/// The result of [`Engine::room_write`].
+#[derive(Debug)]
+pub enum RoomWritten {
+    /// The record is now `room`, and its event was appended with `receipt`.
+    Written { room: Room, receipt: Receipt },
+    /// Nothing was written: the stored version is not the expected one (or
+    /// the room exists on create, or is missing on update). `current` is the
+    /// stored record.
+    Conflict { current: Option<Room> },
+}
+
+/// A compare-and-set of a room's record plus its event.
+#[derive(Debug)]
+pub struct RoomWrite {
+    /// The version the record must have now; `None` = create (the room must
+    /// not exist).
+    pub expected_version: Option<u64>,
+    /// The new record; its `version` is `expected_version + 1` (1 on create).
+    pub room: Room,
+    /// The room event: durable, on the room's channel, `kind` [`FrameKind::Room`],
+    /// `seal` set exactly when `room.state` is closed.
+    pub event: AppendRequest,
 }
 
 /// Receives every appended message of the channels this node watches.
@@ -430,6 +489,80 @@ pub trait Engine: Send + Sync + 'static {
     /// never listed, whatever their names share with `user`. A `user` that
     /// is not a valid [`SubscriberId`] user has none.
     async fn user_cursors(&self, user: &str, limit: usize) -> Result<Vec<UserCursor>, EngineError>;
+
+    // ---- Presence (see `presence.rs` for the invariants) ----
+
+    /// Make `member` present on `channel` until now + `ttl`, with a new
+    /// fencing token. A stored lease with the same key (expired or not, as
+    /// long as no sweep removed it) is taken over: [`Joined::Reclaimed`].
+    /// A sealed channel (a closed room) takes no members:
+    /// [`EngineError::Closed`].
+    ///
+    /// Durability of presence writes (join, renew, leave, expire): like an
+    /// ack — no fsync of their own; `Ok` survives a crash of the Herald
+    /// process.
+    async fn presence_join(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        ttl: Duration,
+    ) -> Result<Joined, EngineError>;
+
+    /// Extend the lease `key` to now + `ttl` if its token is `token`. Never
+    /// creates a lease; a lease that expired but was not swept yet is
+    /// extended (no `leave` was announced for it, so the member never left).
+    async fn presence_renew(
+        &self,
+        channel: &ChannelName,
+        key: &str,
+        token: FenceToken,
+        ttl: Duration,
+    ) -> Result<Renewed, EngineError>;
+
+    /// Remove the lease `key` if its token is `token`; returns it when
+    /// removed (the caller announces the `leave`).
+    async fn presence_leave(
+        &self,
+        channel: &ChannelName,
+        key: &str,
+        token: FenceToken,
+    ) -> Result<Option<Lease>, EngineError>;
+
+    /// Up to `limit` unexpired leases of `channel`, ordered by key.
+    async fn presence(&self, channel: &ChannelName, limit: usize) -> Result<Vec<Lease>, EngineError>;
+
+    /// How many unexpired leases `channel` has.
+    async fn presence_count(&self, channel: &ChannelName) -> Result<u64, EngineError>;
+
+    /// Whether `user` holds an unexpired lease on `channel` (any client id).
+    async fn presence_has_user(&self, channel: &ChannelName, user: &str) -> Result<bool, EngineError>;
+
+    /// Remove up to `limit` leases (of any channel) that expired, and return
+    /// them. Each removed lease is returned to exactly one caller, on any
+    /// node, which announces its `leave`.
+    async fn presence_expire(&self, limit: usize) -> Result<Vec<(ChannelName, Lease)>, EngineError>;
+
+    // ---- Rooms (see `room.rs`) ----
+
+    /// The room record of `channel`, if it was created.
+    async fn room(&self, channel: &ChannelName) -> Result<Option<Room>, EngineError>;
+
+    /// Compare-and-set the room record on `write.expected_version` and
+    /// append `write.event` to the room's channel, as one atomic step: both
+    /// happen or neither. When the new state is closed the same step seals
+    /// the channel, removes every lease of it (no `leave` is announced: the
+    /// final event says it all) and takes the room out of
+    /// [`rooms_active`](Engine::rooms_active). A write to a room whose
+    /// channel is already sealed is [`EngineError::Closed`].
+    async fn room_write(&self, write: RoomWrite) -> Result<RoomWritten, EngineError>;
+
+    /// Up to `limit` rooms that are not closed, with channel names greater
+    /// than `after`, in name order (for the keeper that drives timers).
+    async fn rooms_active(
+        &self,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> Result<Vec<(ChannelName, Room)>, EngineError>;
 
     fn health(&self) -> Health;
 

@@ -8,12 +8,17 @@
 
 pub mod engine;
 pub mod namespace;
+pub mod presence;
+pub mod room;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
 pub use engine::{
     AckError, AppendRequest, CursorState, Dedup, Engine, EngineError, Epoch, FanoutSink, Health,
-    InvalidSubscriber, Message, Page, Position, Receipt, Retention, Seq, SubscriberId, UserCursor,
+    InvalidSubscriber, Message, Page, Position, Receipt, Retention, RoomWrite, RoomWritten, Seq,
+    SubscriberId, UserCursor,
 };
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};
+pub use presence::{member_key, FenceToken, Joined, Lease, Member, Renewed};
+pub use room::{IllegalTransition, Room, RoomReason, RoomStatus};

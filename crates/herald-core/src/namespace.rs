@@ -36,10 +36,17 @@ pub struct NamespaceOptions {
     pub client_publish: bool,
     /// API publishes without an `Idempotency-Key` are rejected.
     pub require_idempotency_key: bool,
-    /// Keep presence (members with leases). Reserved for the rooms issue.
+    /// Subscribers are members (leases renewed by their connection), listed
+    /// by presence requests; `join` and `leave` are pushed.
     pub presence: bool,
-    /// The channel has a room lifecycle. Reserved for the rooms issue.
+    /// Channels are rooms: created by `PUT /api/v1/rooms/{channel}`, with a
+    /// host and the open → live → grace → closed lifecycle. Needs
+    /// `presence` and a logged delivery.
     pub room: bool,
+    /// Rooms: how long a room whose host left waits for the host before it
+    /// closes (the default of `PUT`'s `grace_period`).
+    #[serde(with = "humantime_serde")]
+    pub grace_period: Duration,
     /// Acked: a delivered message not acked within this is sent again.
     #[serde(with = "humantime_serde")]
     pub ack_timeout: Duration,
@@ -78,6 +85,7 @@ impl Default for NamespaceOptions {
             require_idempotency_key: false,
             presence: false,
             room: false,
+            grace_period: Duration::from_secs(60),
             ack_timeout: Duration::from_secs(10),
             ack_backoff_max: Duration::from_secs(120),
             max_attempts: 5,
@@ -111,13 +119,17 @@ pub struct UnknownNamespace(pub String);
 pub struct Namespaces(pub BTreeMap<String, NamespaceOptions>);
 
 impl Default for Namespaces {
-    /// `chat` (durable, clients publish), `user` (acked), `room` (durable),
-    /// `live` (volatile, clients publish).
+    /// `chat` (durable, clients publish), `user` (acked), `room` (durable,
+    /// clients publish, presence and room lifecycle), `live` (volatile,
+    /// clients publish).
     fn default() -> Self {
         let mut m = BTreeMap::new();
         m.insert("chat".into(), NamespaceOptions { client_publish: true, ..Default::default() });
         m.insert("user".into(), NamespaceOptions { delivery: Delivery::Acked, ..Default::default() });
-        m.insert("room".into(), NamespaceOptions { client_publish: true, ..Default::default() });
+        m.insert(
+            "room".into(),
+            NamespaceOptions { client_publish: true, presence: true, room: true, ..Default::default() },
+        );
         m.insert(
             "live".into(),
             NamespaceOptions {
@@ -158,13 +170,13 @@ impl Namespaces {
                     ));
                 }
             }
-            if ns.delivery == Delivery::Volatile && (ns.presence || ns.room) {
-                return Err(format!("namespace `{name}`: presence and room need a durable namespace"));
-            }
-            if ns.presence || ns.room {
+            if ns.room && (ns.delivery == Delivery::Volatile || !ns.presence) {
                 return Err(format!(
-                    "namespace `{name}`: presence and room are not available in this version"
+                    "namespace `{name}`: room needs presence = true and a durable or acked delivery"
                 ));
+            }
+            if ns.room && ns.grace_period.is_zero() {
+                return Err(format!("namespace `{name}`: grace_period must be positive"));
             }
         }
         Ok(())
@@ -207,5 +219,18 @@ mod tests {
         assert_eq!(o.history_size, 10_000);
         let bad: Result<Namespaces, _> = toml::from_str("[x]\ndelivery = \"sometimes\"");
         assert!(bad.is_err());
+    }
+
+    #[test]
+    fn rooms_need_presence_and_a_log() {
+        let room =
+            |extra: &str| -> Namespaces { toml::from_str(&format!("[r]\nroom = true\n{extra}")).unwrap() };
+        assert!(room("").validate().is_err(), "room without presence");
+        assert!(room("presence = true").validate().is_ok());
+        assert!(room("presence = true\ndelivery = \"volatile\"").validate().is_err());
+        assert!(room("presence = true\ngrace_period = \"0s\"").validate().is_err());
+        let defaults = Namespaces::default();
+        let r = defaults.resolve(&ChannelName::new("room:a").unwrap()).unwrap();
+        assert!(r.room && r.presence && r.grace_period == Duration::from_secs(60));
     }
 }

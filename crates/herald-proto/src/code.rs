@@ -72,6 +72,13 @@ pub enum ErrorCode {
     RateLimited,
     /// The server is at its connection limit.
     TooManyConnections,
+    /// The resource exists already (`PUT` of an existing room), or the change
+    /// is not a legal transition from the current state.
+    Conflict,
+    /// `If-Match` named a version that is not the current one.
+    PreconditionFailed,
+    /// The channel was closed for good (a closed room): no more publishes.
+    ChannelClosed,
     /// The storage engine cannot take writes or reads right now. Retry later.
     Unavailable,
     /// The server is shutting down.
@@ -102,6 +109,9 @@ impl ErrorCode {
             Self::NotSupported => "not_supported",
             Self::RateLimited => "rate_limited",
             Self::TooManyConnections => "too_many_connections",
+            Self::Conflict => "conflict",
+            Self::PreconditionFailed => "precondition_failed",
+            Self::ChannelClosed => "channel_closed",
             Self::Unavailable => "unavailable",
             Self::ShuttingDown => "shutting_down",
             Self::Internal => "internal",
@@ -120,7 +130,11 @@ impl ErrorCode {
             Self::Forbidden => 403,
             Self::NotFound | Self::UnknownNamespace => 404,
             Self::NotSupported => 405,
-            Self::AlreadySubscribed | Self::NotSubscribed | Self::IdempotencyKeyInFlight => 409,
+            Self::AlreadySubscribed | Self::NotSubscribed | Self::IdempotencyKeyInFlight | Self::Conflict => {
+                409
+            }
+            Self::ChannelClosed => 410,
+            Self::PreconditionFailed => 412,
             Self::PayloadTooLarge => 413,
             Self::IdempotencyKeyReused => 422,
             Self::TooManySubscriptions | Self::RateLimited => 429,
@@ -164,6 +178,9 @@ impl ErrorCode {
             Self::NotSupported => "Not supported for this channel",
             Self::RateLimited => "Rate limited",
             Self::TooManyConnections => "Too many connections",
+            Self::Conflict => "Conflict",
+            Self::PreconditionFailed => "Precondition failed",
+            Self::ChannelClosed => "Channel closed",
             Self::Unavailable => "Storage unavailable",
             Self::ShuttingDown => "Server shutting down",
             Self::Internal => "Internal error",
@@ -187,6 +204,10 @@ pub struct Problem {
     pub code: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,
+    /// The resource's current state, where the error is about it (a room on
+    /// 409 and 412), so the caller can retry without another read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<serde_json::Value>,
 }
 
 impl Problem {
@@ -197,6 +218,7 @@ impl Problem {
             status: code.http_status(),
             code: code.as_str().to_owned(),
             detail: detail.into(),
+            current: None,
         }
     }
 }

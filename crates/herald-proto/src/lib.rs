@@ -13,6 +13,8 @@ mod frame;
 pub use channel::{ChannelName, ChannelNameError, MAX_CHANNEL_LEN};
 pub use code::{close, ErrorCode, Problem};
 pub use frame::{
-    encode_message_frame, encode_pong, mark_redelivered, validate_meta, ClientFrame, ClientFrameError,
-    DisconnectFrame, ErrorFrame, MessageView, Meta, OkFrame, Since, MAX_META_ENTRIES, MAX_META_VALUE_LEN,
+    encode_frame, encode_message_frame, encode_pong, encode_unsubscribed, mark_redelivered,
+    validate_client_id, validate_meta, ClientFrame, ClientFrameError, DisconnectFrame, ErrorFrame, FrameKind,
+    Member, MessageView, Meta, OkFrame, Since, MAX_CLIENT_ID_LEN, MAX_MEMBER_INFO_LEN, MAX_META_ENTRIES,
+    MAX_META_VALUE_LEN,
 };

@@ -29,6 +29,9 @@ pub struct Identity {
     publish: Vec<Pattern>,
     /// Token expiry (seconds since the Unix epoch); `None` in dev mode.
     pub exp: Option<u64>,
+    /// The token's `info` claim (JSON text): what presence members see about
+    /// this client. Wins over the subscribe frame's `info`.
+    pub info: Option<Box<str>>,
 }
 
 impl Identity {
@@ -40,6 +43,7 @@ impl Identity {
             subscribe: vec![Pattern::All],
             publish: vec![Pattern::All],
             exp: None,
+            info: None,
         }
     }
 
@@ -92,6 +96,8 @@ struct Claims {
     publish: Vec<String>,
     #[serde(default)]
     device: Option<String>,
+    #[serde(default)]
+    info: Option<serde_json::Value>,
     exp: u64,
 }
 
@@ -170,12 +176,17 @@ impl JwtVerifier {
         }
         // A device claim in the token wins over the query parameter.
         let device = c.device.as_deref().or(device_param).map(Arc::from);
+        let info = c.info.map(|v| v.to_string().into_boxed_str());
+        if info.as_ref().is_some_and(|i| i.len() > herald_proto::MAX_MEMBER_INFO_LEN) {
+            return Err(AuthError::new(ErrorCode::Unauthorized, "the token's `info` claim is too long"));
+        }
         Ok(Identity {
             sub: Arc::from(c.sub),
             device,
             subscribe: c.channels.iter().map(|p| Pattern::parse(p)).collect(),
             publish: c.publish.iter().map(|p| Pattern::parse(p)).collect(),
             exp: Some(c.exp),
+            info,
         })
     }
 }
@@ -217,7 +228,14 @@ mod tests {
 
     #[test]
     fn own_user_channel_is_always_allowed() {
-        let id = Identity { sub: "42".into(), device: None, subscribe: vec![], publish: vec![], exp: None };
+        let id = Identity {
+            sub: "42".into(),
+            device: None,
+            subscribe: vec![],
+            publish: vec![],
+            exp: None,
+            info: None,
+        };
         assert!(id.may_subscribe(&ChannelName::new("user:42").unwrap()));
         assert!(!id.may_subscribe(&ChannelName::new("user:43").unwrap()));
         assert!(!id.may_subscribe(&ChannelName::new("user:420").unwrap()));

@@ -39,6 +39,7 @@ pub struct Config {
     pub jwt: JwtConfig,
     pub limits: Limits,
     pub storage: StorageConfig,
+    pub presence: PresenceConfig,
     /// How long idempotency receipts are kept.
     #[serde(with = "humantime_serde")]
     pub idempotency_ttl: Duration,
@@ -58,6 +59,7 @@ impl Default for Config {
             jwt: JwtConfig::default(),
             limits: Limits::default(),
             storage: StorageConfig::default(),
+            presence: PresenceConfig::default(),
             idempotency_ttl: Duration::from_secs(24 * 3600),
             namespaces: Namespaces::default(),
         }
@@ -129,6 +131,40 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
         }
+    }
+}
+
+/// Presence leases and the room keeper.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PresenceConfig {
+    /// A member whose connection stops renewing (dropped without a close)
+    /// leaves this long after its last renewal. Connections renew every
+    /// third of it.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// How often expired leases are swept (and their `leave` announced) and
+    /// room timers (host lost, grace over) are checked.
+    #[serde(with = "humantime_serde")]
+    pub sweep_interval: Duration,
+    /// Most members one presence listing returns.
+    pub max_members_listed: usize,
+}
+
+impl Default for PresenceConfig {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(30),
+            sweep_interval: Duration::from_secs(1),
+            max_members_listed: 1000,
+        }
+    }
+}
+
+impl PresenceConfig {
+    /// How often a connection renews its leases.
+    pub fn renew_interval(&self) -> Duration {
+        self.lease_ttl / 3
     }
 }
 
@@ -242,6 +278,14 @@ impl Config {
             if r.lease_ttl < Duration::from_secs(1) {
                 return Err("redis.lease_ttl must be at least 1s".into());
             }
+        }
+        let p = &self.presence;
+        if p.lease_ttl < Duration::from_millis(300) || p.sweep_interval.is_zero() || p.max_members_listed == 0
+        {
+            return Err(
+                "presence.lease_ttl must be at least 300ms, sweep_interval positive and max_members_listed at least 1"
+                    .into(),
+            );
         }
         if self.storage.max_batch == 0 {
             return Err("storage.max_batch must be at least 1".into());

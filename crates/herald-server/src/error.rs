@@ -13,11 +13,19 @@ pub struct ApiError {
     pub detail: String,
     /// Seconds, sent as `Retry-After` on 503.
     pub retry_after: Option<u64>,
+    /// The resource's current state (problem+json `current`), for 409/412
+    /// on rooms.
+    pub current: Option<Box<serde_json::Value>>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, detail: impl Into<String>) -> Self {
-        Self { code, detail: detail.into(), retry_after: None }
+        Self { code, detail: detail.into(), retry_after: None, current: None }
+    }
+
+    pub fn with_current(mut self, current: serde_json::Value) -> Self {
+        self.current = Some(Box::new(current));
+        self
     }
 
     pub fn frame(&self, req: Option<u64>, channel: Option<&str>) -> Vec<u8> {
@@ -47,25 +55,32 @@ impl From<EngineError> for ApiError {
                 code: ErrorCode::Unavailable,
                 detail: "storage is unavailable; retry with the same Idempotency-Key".into(),
                 retry_after: Some(1),
+                current: None,
             },
             EngineError::Failed(_) => ApiError {
                 code: ErrorCode::Unavailable,
                 detail: "storage has failed and refuses writes until restarted; retry with the same Idempotency-Key"
                     .into(),
                 retry_after: Some(5),
+                current: None,
             },
             EngineError::ShuttingDown => ApiError {
                 code: ErrorCode::ShuttingDown,
                 detail: "server is shutting down; nothing was stored".into(),
                 retry_after: Some(1),
+                current: None,
             },
+            EngineError::Closed => {
+                ApiError::new(ErrorCode::ChannelClosed, "the channel is closed (a closed room); nothing was stored")
+            }
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let problem = Problem::new(self.code, self.detail);
+        let mut problem = Problem::new(self.code, self.detail);
+        problem.current = self.current.map(|c| *c);
         let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = serde_json::to_vec(&problem).expect("problem serialises");
         let mut resp = (status, body).into_response();

@@ -19,7 +19,7 @@ use crate::State;
 type St = AxState<Arc<State>>;
 
 /// Check `Authorization: Bearer <api key>`; returns the idempotency scope.
-fn api_auth(state: &State, headers: &HeaderMap) -> Result<String, ApiError> {
+pub(crate) fn api_auth(state: &State, headers: &HeaderMap) -> Result<String, ApiError> {
     let bearer = crate::auth::bearer(headers);
     match bearer {
         Some(key) => state
@@ -36,13 +36,16 @@ fn api_auth(state: &State, headers: &HeaderMap) -> Result<String, ApiError> {
     }
 }
 
-fn parse_channel<'a>(state: &'a State, name: &str) -> Result<(ChannelName, &'a NamespaceOptions), ApiError> {
+pub(crate) fn parse_channel<'a>(
+    state: &'a State,
+    name: &str,
+) -> Result<(ChannelName, &'a NamespaceOptions), ApiError> {
     let channel = ChannelName::new(name).map_err(|e| ApiError::new(ErrorCode::BadChannel, e.to_string()))?;
     let ns = state.config.namespaces.resolve(&channel)?;
     Ok((channel, ns))
 }
 
-fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(ErrorCode::PayloadTooLarge, format!("request body is larger than {limit} bytes"))
@@ -52,7 +55,7 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
     })
 }
 
-fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| {
         let code = if e.is_syntax() || e.is_eof() { ErrorCode::BadJson } else { ErrorCode::BadRequest };
         ApiError::new(code, format!("invalid body: {e}"))
@@ -248,6 +251,9 @@ pub struct HistoryQuery {
 
 #[derive(Serialize)]
 struct HistoryMessage {
+    /// `message`, or `room` for a room's state changes.
+    #[serde(rename = "type")]
+    kind: String,
     seq: Option<u64>,
     id: Option<String>,
     ts: Option<u64>,
@@ -279,7 +285,14 @@ pub async fn history(
     for m in &page.messages {
         let v = MessageView::parse(&m.frame)
             .map_err(|e| ApiError::new(ErrorCode::Internal, format!("stored frame unreadable: {e}")))?;
-        messages.push(HistoryMessage { seq: v.seq, id: v.id, ts: v.ts, data: v.data, meta: v.meta });
+        messages.push(HistoryMessage {
+            kind: v.kind,
+            seq: v.seq,
+            id: v.id,
+            ts: v.ts,
+            data: v.data,
+            meta: v.meta,
+        });
     }
     let body = serde_json::json!({
         "channel": channel.as_str(),

@@ -11,9 +11,11 @@ pub mod auth;
 pub mod config;
 mod error;
 mod http;
+mod http_rooms;
 pub mod hub;
 pub mod metrics;
 mod publish;
+mod rooms;
 mod session;
 mod ws;
 
@@ -54,6 +56,10 @@ pub struct State {
     /// open-files limit).
     pub max_connections: usize,
     next_conn_id: AtomicU64,
+    /// Period of each connection's tick: pings, idle and token checks, and
+    /// presence renewals (so at most a third of the lease TTL when any
+    /// namespace has presence).
+    pub tick_interval: Duration,
 }
 
 /// Raise the soft open-files limit to the hard one and return the connection
@@ -78,7 +84,14 @@ impl Server {
         engine.set_sink(hub.clone());
         let jwt = auth::JwtVerifier::new(&config.jwt)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let has_presence = config.namespaces.0.values().any(|ns| ns.presence);
+        let tick_interval = if has_presence {
+            config.limits.ping_interval.min(config.presence.renew_interval())
+        } else {
+            config.limits.ping_interval
+        };
         let state = Arc::new(State {
+            tick_interval,
             max_connections: fit_connection_cap(config.limits.max_connections),
             api_keys: auth::ApiKeys::new(&config.api_keys),
             config,
@@ -110,6 +123,14 @@ impl Server {
             .route("/api/v1/publish", post(http::publish_batch))
             .route("/api/v1/channels/{channel}/cursors", get(http::cursors))
             .route("/api/v1/users/{user}/inbox", get(http::inbox))
+            .route("/api/v1/channels/{channel}/presence", get(http_rooms::presence))
+            .route(
+                "/api/v1/rooms/{room}",
+                get(http_rooms::get_room)
+                    .put(http_rooms::create_room)
+                    .patch(http_rooms::patch_room)
+                    .delete(http_rooms::delete_room),
+            )
             .route("/healthz", get(http::healthz))
             .route("/readyz", get(http::readyz))
             .route("/metrics", get(http::metrics))
@@ -126,6 +147,7 @@ impl Server {
         let state = self.state.clone();
         let http_tasks = TaskTracker::new();
         let http = hyper::server::conn::http1::Builder::new();
+        let keeper = tokio::spawn(rooms::keeper(state.clone()));
         tokio::pin!(signal);
         loop {
             tokio::select! {
@@ -173,6 +195,9 @@ impl Server {
         if drained.is_err() {
             tracing::warn!(?grace, "grace period over with connections still open");
         }
+        // The keeper stops on the shutdown token; wait so it never races the
+        // engine's close.
+        let _ = keeper.await;
         state.engine.close().await;
         tracing::info!("shutdown complete");
         Ok(())

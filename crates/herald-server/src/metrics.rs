@@ -38,6 +38,14 @@ pub struct Metrics {
     pub acked_stale: Counter,
     /// Unacked messages removed by retention before their subscriber resumed.
     pub acked_truncated: Counter,
+    /// Presence members that joined (new leases, not reclaims).
+    pub presence_joins: Counter,
+    /// Presence members that left cleanly (unsubscribe, close, kick).
+    pub presence_leaves: Counter,
+    /// Presence leases that expired (connection lost, node died).
+    pub presence_expired: Counter,
+    /// Room state or attribute changes written (API and automatic).
+    pub room_changes: Counter,
 }
 
 impl Default for Metrics {
@@ -59,6 +67,10 @@ impl Default for Metrics {
             redeliveries: Counter::default(),
             acked_stale: Counter::default(),
             acked_truncated: Counter::default(),
+            presence_joins: Counter::default(),
+            presence_leaves: Counter::default(),
+            presence_expired: Counter::default(),
+            room_changes: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
@@ -73,6 +85,10 @@ impl Default for Metrics {
             m.connections_rejected.clone(),
         );
         registry.register("subscriptions", "Active subscriptions", m.subscriptions.clone());
+        registry.register("presence_joins", "Presence members that joined", m.presence_joins.clone());
+        registry.register("presence_leaves", "Presence members that left cleanly", m.presence_leaves.clone());
+        registry.register("presence_expired", "Presence leases that expired", m.presence_expired.clone());
+        registry.register("room_changes", "Room state or attribute changes", m.room_changes.clone());
         registry.register("published", "Messages published", m.published.clone());
         registry.register(
             "dedup_hits",

@@ -112,22 +112,22 @@ impl State {
                 format!("`data` is larger than {} bytes", self.config.limits.max_message_bytes),
             ));
         }
+        if ns.room && self.engine.room(&p.channel).await?.is_none() {
+            return Err(crate::rooms::no_such_room());
+        }
         let _guard = match &p.dedup {
             Some((key, _)) => Some(self.in_flight.claim(key)?),
             None => None,
         };
         let started = Instant::now();
         let req = AppendRequest {
-            channel: p.channel,
-            data: p.data,
             meta: p.meta,
-            durable: ns.is_durable(),
-            retention: ns.retention(),
             dedup: p.dedup.map(|(key, fingerprint)| Dedup {
                 key,
                 fingerprint,
                 ttl: self.config.idempotency_ttl,
             }),
+            ..AppendRequest::message(p.channel, p.data, ns.is_durable(), ns.retention())
         };
         match self.engine.append(req).await {
             Ok(receipt) => {
@@ -140,7 +140,10 @@ impl State {
                 Ok(receipt)
             }
             Err(e) => {
-                if !matches!(e, herald_core::EngineError::IdempotencyMismatch) {
+                if !matches!(
+                    e,
+                    herald_core::EngineError::IdempotencyMismatch | herald_core::EngineError::Closed
+                ) {
                     self.metrics.engine_errors.inc();
                     tracing::warn!(error = %e, "publish failed in the engine");
                 }

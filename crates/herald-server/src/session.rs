@@ -12,6 +12,13 @@
 //! catch-up read tells the client to resync). The hub
 //! registration happens before the first position read, so nothing committed
 //! after it can be missed.
+//!
+//! Presence: a subscription of a presence channel holds a member lease
+//! (`rooms::Hold`), renewed on every tick. A clean end of the connection
+//! (the peer's close frame, a kick, shutdown) or an unsubscribe leaves at
+//! once; any other end (network loss, I/O error, idle timeout, a panic)
+//! leaves the lease to expire, so a client back within the lease keeps its
+//! membership without a leave/join pair.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -20,7 +27,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use herald_core::{Epoch, Message, Seq};
-use herald_proto::{close, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame};
+use herald_proto::{
+    close, encode_unsubscribed, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame,
+};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
@@ -30,6 +39,7 @@ use crate::acked::{AckState, Timers};
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::hub::ConnHandle;
+use crate::rooms::Hold;
 use crate::State;
 
 mod requests;
@@ -53,6 +63,9 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 struct Sub {
     /// `None` for volatile channels.
     log: Option<LogCursor>,
+    /// Presence channels: this connection's member lease. Boxed: most
+    /// subscriptions have none.
+    presence: Option<Box<Hold>>,
 }
 
 struct LogCursor {
@@ -75,6 +88,9 @@ struct Registrations {
     state: Arc<State>,
     conn_id: u64,
     subs: HashMap<ChannelName, Sub>,
+    /// The connection ended cleanly: leave presence at once on drop instead
+    /// of letting the leases expire.
+    leave_on_drop: bool,
 }
 
 impl Registrations {
@@ -104,8 +120,22 @@ impl Registrations {
 
 impl Drop for Registrations {
     fn drop(&mut self) {
-        for channel in std::mem::take(&mut self.subs).into_keys() {
+        let mut holds = Vec::new();
+        for (channel, sub) in std::mem::take(&mut self.subs) {
+            if let Some(hold) = sub.presence.filter(|_| self.leave_on_drop) {
+                holds.push((channel.clone(), hold));
+            }
             self.release(channel);
+        }
+        if !holds.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
+            // Tracked, so shutdown waits for these leaves before it closes
+            // the engine.
+            let state = self.state.clone();
+            self.state.tasks.spawn(async move {
+                for (channel, hold) in holds {
+                    crate::rooms::leave(&state, &channel, &hold).await;
+                }
+            });
         }
         self.state.metrics.connections.dec();
     }
@@ -149,7 +179,7 @@ impl Session {
         state.metrics.connections_total.inc();
         let rate = state.config.limits.client_frames_per_sec;
         let session = Session {
-            regs: Registrations { state: state.clone(), conn_id, subs: HashMap::new() },
+            regs: Registrations { state: state.clone(), conn_id, subs: HashMap::new(), leave_on_drop: false },
             state,
             timers: None,
             identity,
@@ -165,6 +195,10 @@ impl Session {
     /// Run the connection to its end. Cleanup is guaranteed by `Registrations`.
     pub async fn run(mut self, outbox_rx: flume::Receiver<Arc<Message>>) {
         let end = self.run_loop(outbox_rx).await;
+        if let End::Close { code, .. } = &end {
+            // An idle timeout is a lost client, like a dropped socket.
+            self.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
+        }
         if let End::Close { code, reason, reconnect } = end {
             Box::pin(self.close(code, reason, reconnect)).await;
         }
@@ -172,8 +206,7 @@ impl Session {
     }
 
     async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Message>>) -> End {
-        let limits = &self.state.config.limits;
-        let mut tick = tokio::time::interval(limits.ping_interval);
+        let mut tick = tokio::time::interval(self.state.tick_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.reset();
         let shutdown = self.state.shutdown.clone();
@@ -250,6 +283,9 @@ impl Session {
                 });
             }
         }
+        if self.regs.subs.values().any(|s| s.presence.is_some()) {
+            Box::pin(self.renew_presence()).await;
+        }
         self.ws.send(WsMessage::ping(Bytes::new())).await.map_err(|_| End::Gone)
     }
 
@@ -262,15 +298,22 @@ impl Session {
         let mut written = 0u64;
         let mut next = Some(first);
         let mut taken = 0;
+        let mut closed = Vec::new();
         while let Some(msg) = next.take() {
             if self.accept_live(&msg) {
                 self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
                 written += 1;
+                if msg.closes {
+                    closed.push(msg.channel.clone());
+                }
             }
             taken += 1;
             if taken < OUTBOX_BATCH {
                 next = outbox_rx.try_recv().ok();
             }
+        }
+        for channel in closed {
+            self.end_subscription(&channel, "room_closed").await?;
         }
         if written > 0 {
             self.ws.flush().await.map_err(|_| End::Gone)?;
@@ -279,13 +322,31 @@ impl Session {
         Ok(())
     }
 
+    /// The server ends a subscription whose channel closed (its final
+    /// message was just sent): drop it, without a presence leave (closing
+    /// cleared the channel's presence), and tell the client.
+    async fn end_subscription(&mut self, channel: &ChannelName, reason: &str) -> Result<(), End> {
+        if let Some(sub) = self.regs.remove(channel) {
+            if let Some(mut ack) = sub.log.and_then(|l| l.ack) {
+                ack.clear(&mut self.timers);
+            }
+            self.catchup.retain(|c| c != channel);
+            self.ws
+                .feed(WsMessage::text(Bytes::from(encode_unsubscribed(channel, reason))))
+                .await
+                .map_err(|_| End::Gone)?;
+        }
+        Ok(())
+    }
+
     /// Decide whether a live message goes out now (see the module invariant).
     fn accept_live(&mut self, msg: &Message) -> bool {
         let Some(sub) = self.regs.subs.get_mut(&msg.channel) else { return false };
-        let (Some(cursor), Some(seq)) = (sub.log.as_mut(), msg.seq) else {
-            // Volatile channel: live only.
-            return sub.log.is_none();
-        };
+        // Volatile messages and presence events (no seq): live only, on any channel.
+        let Some(seq) = msg.seq else { return true };
+        // A logged message for a volatile subscription cannot happen
+        // (delivery is per namespace); drop it rather than break the order.
+        let Some(cursor) = sub.log.as_mut() else { return false };
         if cursor.catching_up {
             return false;
         }
@@ -342,9 +403,16 @@ impl Session {
             return Err(End::Close { code: close::RESYNC, reason: "resync needed", reconnect: true });
         }
         let mut last = None;
+        let mut closes = false;
         for msg in &page.messages {
             self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
             last = msg.seq;
+            closes |= msg.closes;
+        }
+        if closes {
+            self.state.metrics.delivered.inc_by(page.messages.len() as u64);
+            self.end_subscription(&channel, "room_closed").await?;
+            return self.ws.flush().await.map_err(|_| End::Gone);
         }
         if !page.messages.is_empty() {
             self.ws.flush().await.map_err(|_| End::Gone)?;
@@ -374,7 +442,9 @@ impl Session {
             return Ok(());
         }
         if msg.is_close() {
-            // tokio-websockets answers the close; the next read ends the loop.
+            // tokio-websockets answers the close; the next read ends the
+            // loop. A close frame is a clean end: leave presence at once.
+            self.regs.leave_on_drop = true;
             return Ok(());
         }
         let Some(text) = msg.as_text() else {
@@ -413,15 +483,25 @@ impl Session {
             }
         };
         match frame {
-            ClientFrame::Subscribe { req, channel, since } => {
-                let reply = match self.subscribe(req, &channel, since).await {
-                    Ok(ok) => ok.encode(),
-                    Err(e) => e.frame(req, Some(channel.as_str())),
+            ClientFrame::Subscribe { req, channel, since, client_id, info } => {
+                let presence = requests::PresenceArgs { client_id, info };
+                let (reply, ended) = match self.subscribe(req, &channel, since, presence).await {
+                    Ok((ok, ended)) => (ok.encode(), ended),
+                    Err(e) => (e.frame(req, Some(channel.as_str())), false),
                 };
-                self.send_bytes(reply).await
+                self.send_bytes(reply).await?;
+                if ended {
+                    // A closed room with nothing left to catch up.
+                    self.end_subscription(&channel, "room_closed").await?;
+                    self.ws.flush().await.map_err(|_| End::Gone)?;
+                }
+                Ok(())
             }
             ClientFrame::Unsubscribe { req, channel } => {
                 let reply = if let Some(sub) = self.regs.remove(&channel) {
+                    if let Some(hold) = &sub.presence {
+                        Box::pin(crate::rooms::leave(&self.state, &channel, hold)).await;
+                    }
                     if let Some(mut ack) = sub.log.and_then(|l| l.ack) {
                         ack.clear(&mut self.timers);
                     }
@@ -451,11 +531,11 @@ impl Session {
                 Err(e) => self.send_bytes(e.frame(req, Some(channel.as_str()))).await,
             },
             ClientFrame::Presence { req, channel } => {
-                let err = ApiError::new(
-                    ErrorCode::NotSupported,
-                    "presence needs a presence namespace, which this server does not have yet",
-                );
-                self.send_bytes(err.frame(req, Some(channel.as_str()))).await
+                let reply = match Box::pin(self.presence_list(&channel)).await {
+                    Ok(ok) => OkFrame { req, ..ok }.encode(),
+                    Err(e) => e.frame(req, Some(channel.as_str())),
+                };
+                self.send_bytes(reply).await
             }
         }
     }

@@ -102,14 +102,12 @@ async fn main() -> anyhow::Result<()> {
                 for c in (t..channels).step_by(SETUP_CONCURRENCY) {
                     let channel = ChannelName::new(&format!("user:{c}"))?;
                     for _ in 0..messages {
-                        let req = AppendRequest {
-                            channel: channel.clone(),
-                            data: RawValue::from_string("{\"text\":\"hello\"}".into())?,
-                            meta: None,
-                            durable: true,
-                            retention: Retention { max_len: 10_000, max_age: None },
-                            dedup: None,
-                        };
+                        let req = AppendRequest::message(
+                            channel.clone(),
+                            RawValue::from_string("{\"text\":\"hello\"}".into())?,
+                            true,
+                            Retention { max_len: 10_000, max_age: None },
+                        );
                         engine.append(req).await?;
                     }
                 }

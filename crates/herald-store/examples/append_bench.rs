@@ -95,14 +95,12 @@ async fn main() -> anyhow::Result<()> {
             let mut latencies = Vec::new();
             let ch = &channels[t % channels.len()];
             while issued.fetch_add(1, Ordering::Relaxed) < total && Instant::now() < deadline {
-                let req = AppendRequest {
-                    channel: ch.clone(),
-                    data: RawValue::from_string(data.to_string())?,
-                    meta: None,
-                    durable: true,
-                    retention: Retention { max_len: 10_000, max_age: None },
-                    dedup: None,
-                };
+                let req = AppendRequest::message(
+                    ch.clone(),
+                    RawValue::from_string(data.to_string())?,
+                    true,
+                    Retention { max_len: 10_000, max_age: None },
+                );
                 let t0 = Instant::now();
                 engine.append(req).await?;
                 latencies.push(t0.elapsed());

@@ -15,6 +15,9 @@ use uuid::Uuid;
 const LOG_KEY_SEP: u8 = 0;
 
 const FORMAT_V1: u8 = 1;
+/// Second layout of a value whose first layout is [`FORMAT_V1`] (only
+/// [`ChannelMeta`] has one so far).
+const FORMAT_V2: u8 = 2;
 
 /// Bytes before the frame in a log value: format, ts, id.
 pub(crate) const LOG_HEADER_LEN: usize = 1 + 8 + 16;
@@ -82,47 +85,61 @@ pub(crate) fn decode_log_value(v: &[u8]) -> Result<(LogHeader, &[u8]), CodecErro
 /// Invariant: `1 <= first <= head + 1`; the log holds exactly the seqs
 /// `first..=head`. The meta is written in the same atomic batch as the log
 /// entries it describes, so the two never disagree, even after a crash.
+/// Once `closed`, it stays closed and `head` stays where it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ChannelMeta {
     pub head: u64,
     pub first: u64,
     /// Age limit from the channel's latest append; applied by the sweeper.
     pub max_age: Option<Duration>,
+    /// Sealed: `head` is the final message; every append is refused.
+    pub closed: bool,
 }
 
 impl Default for ChannelMeta {
     /// A channel never written.
     fn default() -> Self {
-        Self { head: 0, first: 1, max_age: None }
+        Self { head: 0, first: 1, max_age: None, closed: false }
     }
 }
 
 impl ChannelMeta {
-    /// `format ++ head ++ first ++ has_max_age (u8) ++ max_age_ms`.
+    /// Format 2: `format ++ head ++ first ++ has_max_age (u8) ++ max_age_ms
+    /// ++ closed (u8)`. Format 1, still decoded (data dirs written before
+    /// channels could be sealed), is the same without `closed`.
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(1 + 8 + 8 + 1 + 8);
-        v.push(FORMAT_V1);
+        let mut v = Vec::with_capacity(1 + 8 + 8 + 1 + 8 + 1);
+        v.push(FORMAT_V2);
         v.extend_from_slice(&self.head.to_be_bytes());
         v.extend_from_slice(&self.first.to_be_bytes());
         let age_ms = self.max_age.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         v.push(u8::from(age_ms.is_some()));
         v.extend_from_slice(&age_ms.unwrap_or(0).to_be_bytes());
+        v.push(u8::from(self.closed));
         v
     }
 
     pub fn decode(v: &[u8]) -> Result<Self, CodecError> {
         let mut r = Reader::new(v, "channel meta");
-        r.format()?;
+        let format = r.format_of(&[FORMAT_V1, FORMAT_V2])?;
         let head = r.u64()?;
         let first = r.u64()?;
         let has_age = r.u8()?;
         let age_ms = r.u64()?;
+        let closed = match format {
+            FORMAT_V1 => false,
+            _ => match r.u8()? {
+                0 => false,
+                1 => true,
+                _ => return Err(bad("channel meta (closed flag)")),
+            },
+        };
         r.end()?;
         if first == 0 || first > head.saturating_add(1) {
             return Err(bad("channel meta (first out of range)"));
         }
         let max_age = (has_age != 0).then(|| Duration::from_millis(age_ms));
-        Ok(Self { head, first, max_age })
+        Ok(Self { head, first, max_age, closed })
     }
 }
 
@@ -275,6 +292,124 @@ impl CursorRecord {
     }
 }
 
+/// Separates the channel from the member key in `presence` keys (and in
+/// `presence_exp` keys, after the expiry). Channel names never contain
+/// `\0`, so the first `\0` after the channel is always this separator
+/// whatever the member key holds, and a channel's leases are one
+/// contiguous key range.
+const PRESENCE_KEY_SEP: u8 = 0;
+
+/// `channel ++ 0x00`: the common prefix of a channel's lease keys.
+pub(crate) fn presence_prefix(channel: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(channel.len() + 1);
+    key.extend_from_slice(channel.as_bytes());
+    key.push(PRESENCE_KEY_SEP);
+    key
+}
+
+/// `channel ++ 0x00 ++ member key` (see `herald_core::member_key`).
+pub(crate) fn presence_key(channel: &str, member_key: &str) -> Vec<u8> {
+    let mut key = presence_prefix(channel);
+    key.extend_from_slice(member_key.as_bytes());
+    key
+}
+
+/// The channel and the member key of a `presence` key.
+pub(crate) fn split_presence_key(key: &[u8]) -> Result<(&str, &str), CodecError> {
+    let sep = key.iter().position(|&b| b == PRESENCE_KEY_SEP).ok_or(bad("presence key"))?;
+    let channel = std::str::from_utf8(&key[..sep]).map_err(|_| bad("presence key"))?;
+    let member = std::str::from_utf8(&key[sep + 1..]).map_err(|_| bad("presence key"))?;
+    Ok((channel, member))
+}
+
+/// `expires_at_ms (u64 BE) ++ presence key`: the lease expiry index, in
+/// expiry order, so `presence_expire` finds expired leases with one range
+/// scan.
+pub(crate) fn presence_exp_key(expires_at_ms: u64, presence_key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + presence_key.len());
+    k.extend_from_slice(&expires_at_ms.to_be_bytes());
+    k.extend_from_slice(presence_key);
+    k
+}
+
+/// The expiry and the presence key of a `presence_exp` key.
+pub(crate) fn split_presence_exp_key(k: &[u8]) -> Result<(u64, &[u8]), CodecError> {
+    let (exp, key) = k.split_first_chunk::<8>().ok_or(bad("lease expiry key"))?;
+    Ok((u64::from_be_bytes(*exp), key))
+}
+
+/// A stored lease: its fencing token, its expiry and the member as JSON
+/// (`herald_proto::Member`, whose `info` is arbitrary JSON).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LeaseRecord {
+    pub token: u64,
+    pub expires_at_ms: u64,
+    pub member: herald_proto::Member,
+}
+
+impl LeaseRecord {
+    /// `format ++ token ++ expires_at_ms ++ member JSON`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(1 + 8 + 8 + 64);
+        v.push(FORMAT_V1);
+        v.extend_from_slice(&self.token.to_be_bytes());
+        v.extend_from_slice(&self.expires_at_ms.to_be_bytes());
+        serde_json::to_writer(&mut v, &self.member).expect("a member always serialises");
+        v
+    }
+
+    pub fn decode(v: &[u8]) -> Result<Self, CodecError> {
+        let (token, expires_at_ms) = Self::decode_header(v)?;
+        let member = serde_json::from_slice(&v[LEASE_HEADER_LEN..]).map_err(|_| bad("lease member"))?;
+        Ok(Self { token, expires_at_ms, member })
+    }
+
+    /// Token and expiry only, without parsing the member (for counting).
+    pub fn decode_header(v: &[u8]) -> Result<(u64, u64), CodecError> {
+        let mut r = Reader::new(v, "lease");
+        r.format()?;
+        Ok((r.u64()?, r.u64()?))
+    }
+
+    pub fn lease(self) -> herald_core::Lease {
+        herald_core::Lease { member: self.member, token: self.token, expires_at_ms: self.expires_at_ms }
+    }
+}
+
+/// Bytes before the member JSON in a lease value: format, token, expiry.
+const LEASE_HEADER_LEN: usize = 1 + 8 + 8;
+
+/// `format ++ last token (u64)`: the last fencing token a channel handed
+/// out (in `presence_tokens`, by channel). Never deleted.
+pub(crate) fn encode_token(token: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(9);
+    v.push(FORMAT_V1);
+    v.extend_from_slice(&token.to_be_bytes());
+    v
+}
+
+pub(crate) fn decode_token(v: &[u8]) -> Result<u64, CodecError> {
+    let mut r = Reader::new(v, "presence token");
+    r.format()?;
+    let token = r.u64()?;
+    r.end()?;
+    Ok(token)
+}
+
+/// `format ++ room JSON` (the serde form of `herald_core::Room`, shared by
+/// every engine).
+pub(crate) fn encode_room(room: &herald_core::Room) -> Vec<u8> {
+    let mut v = vec![FORMAT_V1];
+    serde_json::to_writer(&mut v, room).expect("a room always serialises");
+    v
+}
+
+pub(crate) fn decode_room(v: &[u8]) -> Result<herald_core::Room, CodecError> {
+    let mut r = Reader::new(v, "room");
+    r.format()?;
+    serde_json::from_slice(r.rest()).map_err(|_| bad("room"))
+}
+
 /// Strings are bounded by the callers (channel names <= 255 bytes, epochs are
 /// UUIDs); the u16 length saturates rather than panics.
 fn put_str(v: &mut Vec<u8>, s: &str) {
@@ -322,9 +457,16 @@ impl<'a> Reader<'a> {
     }
 
     fn format(&mut self) -> Result<(), CodecError> {
-        match self.u8()? {
-            FORMAT_V1 => Ok(()),
-            _ => Err(bad(self.what)),
+        self.format_of(&[FORMAT_V1]).map(drop)
+    }
+
+    /// The format byte, if it is one of `known`.
+    fn format_of(&mut self, known: &[u8]) -> Result<u8, CodecError> {
+        let format = self.u8()?;
+        if known.contains(&format) {
+            Ok(format)
+        } else {
+            Err(bad(self.what))
         }
     }
 
@@ -377,13 +519,39 @@ mod tests {
     fn channel_meta_round_trips_and_rejects_bad_ranges() {
         for meta in [
             ChannelMeta::default(),
-            ChannelMeta { head: 10, first: 4, max_age: Some(Duration::from_secs(3600)) },
-            ChannelMeta { head: 10, first: 11, max_age: None },
+            ChannelMeta { head: 10, first: 4, max_age: Some(Duration::from_secs(3600)), closed: false },
+            ChannelMeta { head: 10, first: 11, max_age: None, closed: true },
         ] {
             assert_eq!(ChannelMeta::decode(&meta.encode()), Ok(meta));
         }
-        let bad = ChannelMeta { head: 3, first: 5, max_age: None }.encode();
+        let bad = ChannelMeta { head: 3, first: 5, max_age: None, closed: false }.encode();
         assert!(ChannelMeta::decode(&bad).is_err());
+        let mut flag = ChannelMeta::default().encode();
+        *flag.last_mut().unwrap() = 2;
+        assert!(ChannelMeta::decode(&flag).is_err(), "a closed flag is 0 or 1");
+        let mut future = ChannelMeta::default().encode();
+        future[0] = 3;
+        assert!(ChannelMeta::decode(&future).is_err(), "an unknown format is not guessed at");
+    }
+
+    /// Data dirs written before channels could be sealed hold format 1
+    /// metas (exactly these bytes); they decode as open channels.
+    #[test]
+    fn channel_meta_format_1_still_decodes() {
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&10u64.to_be_bytes());
+        v1.extend_from_slice(&4u64.to_be_bytes());
+        v1.push(1);
+        v1.extend_from_slice(&3_600_000u64.to_be_bytes());
+        let meta = ChannelMeta::decode(&v1).unwrap();
+        assert_eq!(
+            meta,
+            ChannelMeta { head: 10, first: 4, max_age: Some(Duration::from_secs(3600)), closed: false }
+        );
+        assert_eq!(meta.encode()[0], 2, "rewritten in the current format");
+        let mut trailing = v1.clone();
+        trailing.push(0);
+        assert!(ChannelMeta::decode(&trailing).is_err(), "format 1 has no closed flag");
     }
 
     #[test]
@@ -422,6 +590,45 @@ mod tests {
         let rec = CursorRecord { seq: 9, acked_at_ms: 1_700_000_000_000 };
         assert_eq!(CursorRecord::decode(&rec.encode()), Ok(rec));
         assert!(CursorRecord::decode(&rec.encode()[..9]).is_err());
+    }
+
+    #[test]
+    fn presence_keys_group_by_channel_and_expiry_keys_sort_by_time() {
+        let k = presence_key("room:1", "5:alicec1");
+        assert!(k.starts_with(&presence_prefix("room:1")));
+        assert!(!presence_key("room:10", "5:alicec1").starts_with(&presence_prefix("room:1")));
+        assert_eq!(split_presence_key(&k), Ok(("room:1", "5:alicec1")));
+        assert!(split_presence_key(b"no separator").is_err());
+
+        let early = presence_exp_key(5, &presence_key("z", "1:u"));
+        let late = presence_exp_key(256, &presence_key("a", "1:u"));
+        assert!(early < late, "expiry order first, whatever the channel");
+        assert_eq!(split_presence_exp_key(&late), Ok((256, &presence_key("a", "1:u")[..])));
+        assert!(split_presence_exp_key(b"short").is_err());
+    }
+
+    #[test]
+    fn lease_token_and_room_values_round_trip() {
+        let member = herald_proto::Member {
+            client_id: "c1".into(),
+            user: "alice".into(),
+            device: Some("phone".into()),
+            info: Some(serde_json::json!({"name": "Alice", "n": [1, 2]})),
+        };
+        let rec = LeaseRecord { token: 7, expires_at_ms: 1_700_000_000_000, member };
+        let v = rec.encode();
+        assert_eq!(LeaseRecord::decode(&v), Ok(rec.clone()));
+        assert_eq!(LeaseRecord::decode_header(&v), Ok((7, 1_700_000_000_000)));
+        assert!(LeaseRecord::decode(&v[..LEASE_HEADER_LEN + 2]).is_err());
+
+        assert_eq!(decode_token(&encode_token(u64::MAX)), Ok(u64::MAX));
+        assert!(decode_token(&encode_token(1)[..5]).is_err());
+
+        let room = herald_core::Room::new("alice".into(), Default::default(), 30_000, 5);
+        let grace = room.change(Some(herald_core::RoomStatus::Live), None, 6).unwrap();
+        let grace = grace.change(Some(herald_core::RoomStatus::Grace), None, 7).unwrap();
+        assert_eq!(decode_room(&encode_room(&grace)), Ok(grace));
+        assert!(decode_room(b"\x01{").is_err());
     }
 
     #[test]

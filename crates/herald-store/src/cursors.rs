@@ -205,7 +205,7 @@ impl Writer {
                 return Ok(Ok(rec.state()));
             }
         }
-        let rec = CursorRecord { seq: req.seq, acked_at_ms: self.clock.now_ms() };
+        let rec = CursorRecord { seq: req.seq, acked_at_ms: self.shared.clock.now_ms() };
         ws.put(Space::Cursors, key.clone(), rec.encode());
         if stored.is_none() {
             ws.put(Space::UserCursors, codec::user_cursor_key(&subscriber, channel), Vec::new());

@@ -3,15 +3,18 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_core::{
-    AckError, AppendRequest, CursorState, Engine, EngineError, Epoch, FanoutSink, Health, Page, Position,
-    Receipt, Seq, SubscriberId, UserCursor,
+    AckError, AppendRequest, CursorState, Engine, EngineError, Epoch, FanoutSink, FenceToken, Health, Joined,
+    Lease, Member, Page, Position, Receipt, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId,
+    UserCursor,
 };
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::presence::PresenceCmd;
 use crate::read;
 use crate::shared::Shared;
 use crate::storage::{Storage, StorageError};
@@ -191,6 +194,92 @@ impl Engine for EmbeddedEngine {
     async fn user_cursors(&self, user: &str, limit: usize) -> Result<Vec<UserCursor>, EngineError> {
         let user = user.to_owned();
         self.read_blocking(move |storage| read::user_cursors(storage, &user, limit)).await
+    }
+
+    /// Through the writer, like an ack: no fsync of its own (see
+    /// `presence.rs`). Refused with [`EngineError::Closed`] on a sealed
+    /// channel: a closed room has no members.
+    async fn presence_join(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        ttl: Duration,
+    ) -> Result<Joined, EngineError> {
+        let (channel, member) = (channel.clone(), member.clone());
+        self.submit(|reply| Command::Presence(PresenceCmd::Join { channel, member, ttl, reply })).await?
+    }
+
+    /// Through the writer; no fsync of its own. Extends an expired lease
+    /// that no `presence_expire` removed yet (its `leave` was not
+    /// announced, so the member never left).
+    async fn presence_renew(
+        &self,
+        channel: &ChannelName,
+        key: &str,
+        token: FenceToken,
+        ttl: Duration,
+    ) -> Result<Renewed, EngineError> {
+        let (channel, key) = (channel.clone(), key.to_owned());
+        self.submit(|reply| Command::Presence(PresenceCmd::Renew { channel, key, token, ttl, reply })).await?
+    }
+
+    /// Through the writer; no fsync of its own.
+    async fn presence_leave(
+        &self,
+        channel: &ChannelName,
+        key: &str,
+        token: FenceToken,
+    ) -> Result<Option<Lease>, EngineError> {
+        let (channel, key) = (channel.clone(), key.to_owned());
+        self.submit(|reply| Command::Presence(PresenceCmd::Leave { channel, key, token, reply })).await?
+    }
+
+    /// On the blocking pool: a scan of the channel's leases.
+    async fn presence(&self, channel: &ChannelName, limit: usize) -> Result<Vec<Lease>, EngineError> {
+        let (channel, now) = (channel.clone(), self.shared.clock.now_ms());
+        self.read_blocking(move |storage| read::presence(storage, &channel, limit, now)).await
+    }
+
+    /// On the blocking pool: a scan of the channel's lease headers.
+    async fn presence_count(&self, channel: &ChannelName) -> Result<u64, EngineError> {
+        let (channel, now) = (channel.clone(), self.shared.clock.now_ms());
+        self.read_blocking(move |storage| read::presence_count(storage, &channel, now)).await
+    }
+
+    /// Runs inline: a scan of one user's leases on the channel (a few
+    /// client ids), like a point read.
+    async fn presence_has_user(&self, channel: &ChannelName, user: &str) -> Result<bool, EngineError> {
+        let now = self.shared.clock.now_ms();
+        read::presence_has_user(&self.shared.storage, channel, user, now).map_err(|e| self.read_failed(e))
+    }
+
+    /// Through the writer (removal and handing out are one step, so each
+    /// lease goes to one caller), oldest expiry first; no fsync of its own.
+    async fn presence_expire(&self, limit: usize) -> Result<Vec<(ChannelName, Lease)>, EngineError> {
+        self.submit(|reply| Command::Presence(PresenceCmd::Expire { limit, reply })).await?
+    }
+
+    /// Runs inline: one point read.
+    async fn room(&self, channel: &ChannelName) -> Result<Option<Room>, EngineError> {
+        read::room(&self.shared.storage, channel).map_err(|e| self.read_failed(e))
+    }
+
+    /// Through the writer, in the group commit of the appends around it,
+    /// with their fsync. The event is always staged durable, sealing
+    /// exactly when the new state is closed, and without dedup (see
+    /// `rooms.rs`).
+    async fn room_write(&self, write: RoomWrite) -> Result<RoomWritten, EngineError> {
+        self.submit(|reply| Command::Room { write, reply }).await?
+    }
+
+    /// On the blocking pool: a scan of the active-room index.
+    async fn rooms_active(
+        &self,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> Result<Vec<(ChannelName, Room)>, EngineError> {
+        let after = after.cloned();
+        self.read_blocking(move |storage| read::rooms_active(storage, after.as_ref(), limit)).await
     }
 
     fn health(&self) -> Health {

@@ -4,7 +4,9 @@
 //!
 //! This crate must never answer an append `Ok` before the append (and its
 //! idempotency receipt) is durable under the configured [`FsyncMode`], let a
-//! reader see a message whose append could still fail, or keep accepting
+//! reader see a message whose append could still fail, append anything to a
+//! sealed channel, hand out a channel's fencing token twice, change a room
+//! record without appending its event (or the reverse), or keep accepting
 //! writes after a storage error (fail-stop). It knows nothing of sockets or
 //! HTTP.
 //!
@@ -15,9 +17,12 @@
 //! every mutation: it takes all queued requests (up to
 //! [`StoreConfig::max_batch`]), and for each one checks dedup (requests of
 //! the same batch first, then the `idem` space; an expired receipt counts as
-//! absent), assigns `seq = head + 1`, a UUIDv7 id and a timestamp, encodes
-//! the `message` frame once, and stages the log entry, the channel meta, the
-//! `max_len` trimming and the receipt. The whole batch is one atomic storage
+//! absent), refuses it with [`EngineError::Closed`](herald_core::EngineError::Closed)
+//! if the channel is sealed (durable or volatile alike; a dedup hit still
+//! gets its receipt), assigns `seq = head + 1`, a UUIDv7 id and a
+//! timestamp, encodes the frame (of the request's `kind`) once, and stages
+//! the log entry, the channel meta (with `closed` set by a sealing append),
+//! the `max_len` trimming and the receipt. The whole batch is one atomic storage
 //! commit with one fsync ([`FsyncMode::Always`]). Only then are the callers
 //! answered, and then the new messages are handed to the
 //! [`FanoutSink`](herald_core::FanoutSink)
@@ -28,6 +33,10 @@
 //! Between batches the writer runs the retention sweep (`sweep.rs`) in
 //! bounded slices: it removes messages older than their channel's `max_age`
 //! and expired receipts.
+//!
+//! Every request of a batch is staged against the committed state overlaid
+//! with what the batch staged before it, so a batch behaves as if its
+//! requests had committed one by one, in queue order.
 //!
 //! # How an ack flows
 //!
@@ -53,14 +62,43 @@
 //! loss. With [`FsyncMode::Never`] acks are fsynced only at a clean close,
 //! like appends.
 //!
+//! # Presence
+//!
+//! `presence_join`, `presence_renew`, `presence_leave` and
+//! `presence_expire` go through the writer like acks, and cost no fsync of
+//! their own either: committed to the OS before the reply (an `Ok` survives
+//! `kill -9`), fsynced within `ack_sync_interval` (see `presence.rs` for
+//! why losing that window to a machine crash cannot break fencing on a
+//! single node). A join takes the channel's next fencing token from
+//! `presence_tokens` (never reset or deleted, so tokens grow across leaves,
+//! sweeps, room closes and restarts) and is refused on a sealed channel.
+//! Renew and leave act only with the stored token. `presence_expire`
+//! removes leases from the expiry index in expiry order, each in the same
+//! commit as handing it to exactly one caller. Leases keep their
+//! `expires_at_ms` across restarts, so those of a dead process expire on
+//! time and are swept then. Reads (`presence`, `presence_count`,
+//! `presence_has_user`) filter expired leases by the engine's clock, the
+//! same clock the writer uses, so an expired lease disappears from them at
+//! once, before any sweep.
+//!
+//! # Rooms
+//!
+//! `room_write` goes through the writer and its group commit like an
+//! append, with the fsync (`rooms.rs`): compare-and-set on the record's
+//! version, the event's append, the record and the `rooms_active` entry in
+//! one commit, or nothing. A write to `closed` seals the channel in the
+//! event's append, deletes every lease of the channel and the
+//! `rooms_active` entry, in the same commit.
+//!
 //! Retention that removes messages above a channel's lowest cursor counts
 //! them in [`StoreStats::unacked_trimmed`] (once per message; see
 //! `cursors.rs` for the bound and its cost).
 //!
-//! Reads (`position`, `read`) go straight to a consistent storage snapshot,
-//! not through the writer. Storage makes a commit visible only after it is
-//! durable, so no clamp to a "durable head" is needed: a reader can never see
-//! a message that a failed fsync would take back.
+//! Reads (`position`, `read`, cursors, presence, rooms) go straight to a
+//! consistent storage snapshot, not through the writer. Storage makes a
+//! commit visible only after it is durable, so no clamp to a "durable head"
+//! is needed: a reader can never see a message that a failed fsync would
+//! take back.
 //!
 //! # Durability and failure
 //!
@@ -82,6 +120,10 @@
 //! - Acks: see "How an ack flows" above. A cursor never exceeds its
 //!   channel's head, also after a crash (the ack and the append it
 //!   acknowledges are in journal order).
+//! - Presence writes: like acks (see "Presence" above). Room writes: like
+//!   appends.
+//! - A sealed channel stays sealed: `closed` is in the channel meta,
+//!   committed with the sealing append, and nothing clears it.
 //!
 //! # On-disk layout (fjall keyspaces; integers big-endian)
 //!
@@ -90,11 +132,16 @@
 //! | `meta` | `format` | store format, `1` |
 //! | `meta` | `epoch` | UUID made when the data dir was created; every channel's [`Epoch`](herald_core::Epoch) |
 //! | `log` | channel ++ `0x00` ++ seq (u64) | format (u8) ++ ts (u64 ms) ++ id (16-byte UUIDv7) ++ the `message` frame, byte for byte as sent |
-//! | `channels` | channel | format ++ head ++ first ++ has_max_age (u8) ++ max_age_ms |
+//! | `channels` | channel | format (`2`) ++ head ++ first ++ has_max_age (u8) ++ max_age_ms ++ closed (u8); format `1` (still read) has no `closed` |
 //! | `idem` | dedup key | format ++ fingerprint (32) ++ has_seq (u8) ++ seq ++ id (16) ++ ts ++ expires_at ++ channel (u16 len + bytes) ++ epoch (u16 len + bytes) |
 //! | `idem_exp` | expires_at (u64 ms) ++ dedup key | empty: the expiry index the sweeper scans |
 //! | `cursors` | channel ++ `0x00` ++ subscriber key | format ++ seq (u64) ++ acked_at_ms (u64) |
 //! | `user_cursors` | subscriber key ++ `0x00` ++ channel | empty: the per-user index of `cursors` |
+//! | `presence` | channel ++ `0x00` ++ member key | format ++ token (u64) ++ expires_at_ms (u64) ++ the member as JSON |
+//! | `presence_exp` | expires_at_ms (u64) ++ channel ++ `0x00` ++ member key | empty: the lease expiry index `presence_expire` scans |
+//! | `presence_tokens` | channel | format ++ the last fencing token handed out (u64) |
+//! | `rooms` | channel | format ++ the [`Room`](herald_core::Room) record as JSON |
+//! | `rooms_active` | channel | empty: the index of rooms not closed |
 //!
 //! The id and ts sit in a fixed header before the frame so reads and the
 //! sweeper never parse JSON, and reads send the stored frame unchanged.
@@ -105,10 +152,21 @@
 //! entries, every device and channel, are the one key range starting with
 //! [`SubscriberId::user_prefix`](herald_core::SubscriberId::user_prefix).
 //! An index entry is written in the same commit as its cursor's first ack;
-//! cursors are never deleted. (The two spaces were added without a format
-//! bump: an older data dir opens with no cursors.) For a channel `c`, the log holds exactly the seqs
-//! `first..=head` of its meta; a channel never written has `head = 0`,
-//! `first = 1`.
+//! cursors are never deleted. (The cursor, presence and room spaces were
+//! added without a store format bump: an older data dir opens with none.)
+//! For a channel `c`, the log holds exactly the seqs `first..=head` of its
+//! meta; a channel never written has `head = 0`, `first = 1`; once `closed`,
+//! `head` never moves again.
+//!
+//! The member key is [`member_key`](herald_core::member_key)
+//! (`{len(user)}:{user}{client_id}`), so a channel's leases are one key
+//! range and a user's leases on it one prefix range
+//! (`channel ++ 0x00 ++ {len(user)}:{user}`). Every lease has exactly one
+//! `presence_exp` entry, at its current expiry: each change of a lease's
+//! expiry or its removal moves or removes the entry in the same commit.
+//! `presence_tokens` holds, per channel, a token at least as high as every
+//! lease's token of that channel; it is never deleted. A `rooms_active`
+//! entry exists exactly for each `rooms` record not in state `closed`.
 //!
 //! Storage access is confined to `storage.rs` (fjall today) so another
 //! embedded store could replace it; the properties it must keep are listed
@@ -119,7 +177,9 @@ mod config;
 mod cursors;
 mod engine;
 mod error;
+mod presence;
 mod read;
+mod rooms;
 mod shared;
 mod stats;
 mod storage;

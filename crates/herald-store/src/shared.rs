@@ -1,7 +1,8 @@
 //! State shared by the engine handle, the writer thread and readers.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use herald_core::{EngineError, FanoutSink};
 use tokio::sync::watch;
@@ -19,6 +20,7 @@ pub(crate) struct Shared {
     /// The writer thread has finished (its last batch is persisted).
     writer_done: watch::Sender<bool>,
     pub counters: Counters,
+    pub clock: Clock,
 }
 
 impl Shared {
@@ -30,6 +32,7 @@ impl Shared {
             closing: AtomicBool::new(false),
             writer_done: watch::Sender::new(false),
             counters: Counters::default(),
+            clock: Clock::default(),
         }
     }
 
@@ -79,5 +82,24 @@ impl Shared {
             Some(reason) => EngineError::Failed(reason.to_owned()),
             None => EngineError::ShuttingDown,
         }
+    }
+}
+
+/// The engine's time: wall-clock ms, never going backwards within a run, so
+/// each channel's log is ordered by `ts` too (the age sweeper relies on it),
+/// and readers never count a lease as live that the writer already treats
+/// as expired. Shared by the writer and the readers.
+#[derive(Default)]
+pub(crate) struct Clock {
+    last_ms: AtomicU64,
+}
+
+impl Clock {
+    pub fn now_ms(&self) -> u64 {
+        let wall = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        self.last_ms.fetch_max(wall, Ordering::Relaxed).max(wall)
     }
 }

@@ -39,6 +39,17 @@ pub struct StoreStats {
     pub acks_beyond_head: u64,
     /// Idempotency receipts removed after their TTL.
     pub receipts_expired: u64,
+    /// Appends, room writes and presence joins refused because their
+    /// channel was sealed.
+    pub closed_refused: u64,
+    /// Presence joins, renews and leaves that changed a lease.
+    pub presence_writes: u64,
+    /// Leases removed by `presence_expire`.
+    pub presence_expired: u64,
+    /// Room records written (each with its event).
+    pub room_writes: u64,
+    /// Room writes refused by the version check.
+    pub room_conflicts: u64,
     /// Requests answered with `EngineError::Failed`.
     pub failed: u64,
     /// Requests waiting in the writer's queue right now.
@@ -61,6 +72,11 @@ pub(crate) struct Counters {
     pub acks_unchanged: AtomicU64,
     pub acks_beyond_head: AtomicU64,
     pub receipts_expired: AtomicU64,
+    pub closed_refused: AtomicU64,
+    pub presence_writes: AtomicU64,
+    pub presence_expired: AtomicU64,
+    pub room_writes: AtomicU64,
+    pub room_conflicts: AtomicU64,
     pub failed: AtomicU64,
 }
 
@@ -89,6 +105,11 @@ impl Counters {
             acks_unchanged: get(&self.acks_unchanged),
             acks_beyond_head: get(&self.acks_beyond_head),
             receipts_expired: get(&self.receipts_expired),
+            closed_refused: get(&self.closed_refused),
+            presence_writes: get(&self.presence_writes),
+            presence_expired: get(&self.presence_expired),
+            room_writes: get(&self.room_writes),
+            room_conflicts: get(&self.room_conflicts),
             failed: get(&self.failed),
             queue_depth,
         }

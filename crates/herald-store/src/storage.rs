@@ -1,6 +1,6 @@
 //! The only module that knows the storage library (fjall).
 //!
-//! The rest of the crate sees seven byte-keyed spaces, point reads, bounded
+//! The rest of the crate sees twelve byte-keyed spaces, point reads, bounded
 //! range scans, consistent read views and one atomic [`WriteSet`] commit.
 //! Replacing fjall (for example with redb) means rewriting this file only.
 //!
@@ -37,6 +37,11 @@ pub(crate) enum Space {
     IdemExp,
     Cursors,
     UserCursors,
+    Presence,
+    PresenceExp,
+    PresenceTokens,
+    Rooms,
+    RoomsActive,
 }
 
 /// A storage failure. Any of these puts the engine into fail-stop.
@@ -84,6 +89,26 @@ impl WriteSet {
         self.ops.is_empty()
     }
 
+    /// What this set will leave at `key`: `None` when it does not touch
+    /// the key, `Some(None)` when it deletes it. Lets the writer read its
+    /// own batch (a renew after a join of the same batch sees the join).
+    pub fn staged(&self, space: Space, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.ops.get(&(space, key.to_vec())).map(Option::as_deref)
+    }
+
+    /// Every key of `space` starting with `prefix` that this set touches,
+    /// with what it leaves there (unordered).
+    pub fn staged_with_prefix<'a>(
+        &'a self,
+        space: Space,
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a {
+        self.ops
+            .iter()
+            .filter(move |((s, k), _)| *s == space && k.starts_with(prefix))
+            .map(|((_, k), v)| (k.as_slice(), v.as_deref()))
+    }
+
     /// Distinct keys written so far.
     pub fn len(&self) -> usize {
         self.ops.len()
@@ -98,6 +123,11 @@ pub(crate) struct Storage {
     idem_exp: Keyspace,
     cursors: Keyspace,
     user_cursors: Keyspace,
+    presence: Keyspace,
+    presence_exp: Keyspace,
+    presence_tokens: Keyspace,
+    rooms: Keyspace,
+    rooms_active: Keyspace,
     epoch: Epoch,
     /// Test hook: the next commit fails without writing.
     fail_next_commit: AtomicBool,
@@ -123,10 +153,15 @@ impl Storage {
             idem: space("idem")?,
             idem_exp: space("idem_exp")?,
             // Added after format 1 shipped, without a format bump: opening
-            // an older data dir creates them empty (no cursors yet), and an
-            // older binary never opens them.
+            // an older data dir creates them empty (no cursors, leases or
+            // rooms yet), and an older binary never opens them.
             cursors: space("cursors")?,
             user_cursors: space("user_cursors")?,
+            presence: space("presence")?,
+            presence_exp: space("presence_exp")?,
+            presence_tokens: space("presence_tokens")?,
+            rooms: space("rooms")?,
+            rooms_active: space("rooms_active")?,
             epoch,
             db,
             fail_next_commit: AtomicBool::new(false),
@@ -146,6 +181,11 @@ impl Storage {
             Space::IdemExp => &self.idem_exp,
             Space::Cursors => &self.cursors,
             Space::UserCursors => &self.user_cursors,
+            Space::Presence => &self.presence,
+            Space::PresenceExp => &self.presence_exp,
+            Space::PresenceTokens => &self.presence_tokens,
+            Space::Rooms => &self.rooms,
+            Space::RoomsActive => &self.rooms_active,
         }
     }
 

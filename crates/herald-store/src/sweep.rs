@@ -84,7 +84,7 @@ impl Writer {
     }
 
     fn sweep_slice(&mut self, ws: &mut WriteSet) -> Result<SliceOutcome, StorageError> {
-        let now = self.clock.now_ms();
+        let now = self.shared.clock.now_ms();
         let mut out = SliceOutcome::default();
         let mut budget = DELETES_PER_SLICE;
 

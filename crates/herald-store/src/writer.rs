@@ -1,18 +1,27 @@
 //! The writer thread: the only code that mutates the store.
 //!
 //! It takes every queued request (up to `max_batch`), stages them into one
-//! [`WriteSet`] (appends: dedup check, seq assignment, frame encoding,
-//! trimming, receipt; acks: compare-and-raise of a cursor, see
-//! `cursors.rs`), commits that set atomically, then answers every request,
+//! [`WriteSet`] (appends: seal check, dedup check, seq assignment, frame
+//! encoding, trimming, receipt; acks: compare-and-raise of a cursor, see
+//! `cursors.rs`; presence: lease changes with fencing tokens, see
+//! `presence.rs`; rooms: compare-and-set plus the event's append, see
+//! `rooms.rs`), commits that set atomically, then answers every request,
 //! then fans the new messages out in seq order. Between batches it runs
 //! bounded slices of the retention sweep (`sweep.rs`) and, when due, the
-//! fsync of acks that have not had one yet.
+//! fsync of acks and presence writes that have not had one yet.
 //!
-//! With [`FsyncMode::Always`] a batch that appended anything is committed
-//! with one fsync (its acks ride along); a batch of acks only is committed
-//! without one (written to the OS, so it survives a crash of the process)
-//! and is fsynced within `ack_sync_interval` by a later append batch, a
-//! sweep, or the ack-sync timer, whichever comes first.
+//! Requests of one batch see each other: each is staged against the
+//! committed state overlaid with what the batch staged before it
+//! ([`WriteSet::staged`], the channel cache, the cursor book), so the batch
+//! behaves exactly as if its requests had committed one by one, in queue
+//! order.
+//!
+//! With [`FsyncMode::Always`] a batch that appended anything (room writes
+//! included) is committed with one fsync (its acks and presence writes ride
+//! along); a batch of acks and presence writes only is committed without one
+//! (written to the OS, so it survives a crash of the process) and is fsynced
+//! within `ack_sync_interval` by a later append batch, a sweep, or the
+//! ack-sync timer, whichever comes first.
 //!
 //! Invariants:
 //! - one thread owns `channels` (the head/first cache); after every
@@ -27,18 +36,20 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use herald_core::{
-    AckError, AppendRequest, CursorState, EngineError, Epoch, Message, Receipt, Seq, SubscriberId,
+    AckError, AppendRequest, CursorState, EngineError, Epoch, Message, Receipt, RoomWrite, RoomWritten, Seq,
+    SubscriberId,
 };
-use herald_proto::{encode_message_frame, ChannelName};
+use herald_proto::{encode_frame, ChannelName};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use crate::codec::{self, ChannelMeta, IdemRecord, LogHeader};
 use crate::cursors::CursorBook;
+use crate::presence::{PresenceCmd, PresenceDone};
 use crate::shared::Shared;
 use crate::stats::bump;
 use crate::storage::{Space, StorageError, WriteSet};
@@ -57,6 +68,7 @@ const TRIM_BUDGET_PER_APPEND: u64 = 1024;
 
 pub(crate) type AppendReply = oneshot::Sender<Result<Receipt, EngineError>>;
 pub(crate) type AckReply = oneshot::Sender<Result<CursorState, AckError>>;
+pub(crate) type RoomReply = oneshot::Sender<Result<RoomWritten, EngineError>>;
 
 pub(crate) enum Command {
     Append {
@@ -66,6 +78,11 @@ pub(crate) enum Command {
     Ack {
         req: AckRequest,
         reply: AckReply,
+    },
+    Presence(PresenceCmd),
+    Room {
+        write: RoomWrite,
+        reply: RoomReply,
     },
     /// Stop accepting, finish what is queued, persist, exit.
     Close,
@@ -82,6 +99,8 @@ pub(crate) struct AckRequest {
 pub(crate) enum Op {
     Append(AppendRequest, AppendReply),
     Ack(AckRequest, AckReply),
+    Presence(PresenceCmd),
+    Room(RoomWrite, RoomReply),
 }
 
 impl Op {
@@ -94,6 +113,10 @@ impl Op {
             Op::Ack(_, reply) => {
                 let _ = reply.send(Err(EngineError::Failed(reason.to_owned()).into()));
             }
+            Op::Presence(cmd) => cmd.unstaged().fail(reason),
+            Op::Room(_, reply) => {
+                let _ = reply.send(Err(EngineError::Failed(reason.to_owned())));
+            }
         }
     }
 }
@@ -102,6 +125,8 @@ impl Op {
 enum Staged {
     Append { reply: AppendReply, result: Result<Receipt, EngineError>, fanout: Option<Arc<Message>> },
     Ack { reply: AckReply, result: Result<CursorState, AckError> },
+    Presence(PresenceDone),
+    Room { reply: RoomReply, result: Result<RoomWritten, EngineError>, fanout: Option<Arc<Message>> },
 }
 
 impl Staged {
@@ -113,6 +138,10 @@ impl Staged {
                 Staged::Append { reply, result: Err(EngineError::ShuttingDown), fanout: None }
             }
             Op::Ack(_, reply) => Staged::Ack { reply, result: Err(EngineError::ShuttingDown.into()) },
+            Op::Presence(cmd) => Staged::Presence(cmd.unstaged()),
+            Op::Room(_, reply) => {
+                Staged::Room { reply, result: Err(EngineError::ShuttingDown), fanout: None }
+            }
         }
     }
 
@@ -123,6 +152,10 @@ impl Staged {
             }
             Staged::Ack { reply, .. } => {
                 let _ = reply.send(Err(EngineError::Failed(reason.to_owned()).into()));
+            }
+            Staged::Presence(done) => done.fail(reason),
+            Staged::Room { reply, .. } => {
+                let _ = reply.send(Err(EngineError::Failed(reason.to_owned())));
             }
         }
     }
@@ -139,12 +172,17 @@ impl Staged {
             Staged::Ack { reply, result } => {
                 let _ = reply.send(result);
             }
+            Staged::Presence(done) => done.answer(),
+            Staged::Room { reply, result, fanout: msg } => {
+                let _ = reply.send(result);
+                fanout.extend(msg);
+            }
         }
     }
 }
 
 /// Why staging one request did not produce an append.
-enum StageError {
+pub(crate) enum StageError {
     /// Answer this request with the error; the batch goes on.
     Refused(EngineError),
     /// Storage failed: the whole batch fails and the engine fail-stops.
@@ -168,23 +206,11 @@ pub(crate) struct Tally {
     pub acks: u64,
     pub acks_unchanged: u64,
     pub acks_beyond_head: u64,
-}
-
-/// Message timestamps: wall-clock ms, never going backwards within a run, so
-/// each channel's log is ordered by `ts` too (the age sweeper relies on it).
-pub(crate) struct Clock {
-    last_ms: u64,
-}
-
-impl Clock {
-    pub fn now_ms(&mut self) -> u64 {
-        let wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
-        self.last_ms = self.last_ms.max(wall);
-        self.last_ms
-    }
+    pub closed_refused: u64,
+    pub presence_writes: u64,
+    pub presence_expired: u64,
+    pub room_writes: u64,
+    pub room_conflicts: u64,
 }
 
 pub(crate) struct Writer {
@@ -193,15 +219,15 @@ pub(crate) struct Writer {
     pub(crate) fsync: FsyncMode,
     max_batch: usize,
     pub(crate) sweep_interval: Duration,
-    /// Longest an ack committed without fsync waits for one
-    /// (`FsyncMode::Always` only).
+    /// Longest an ack or presence write committed without fsync waits for
+    /// one (`FsyncMode::Always` only).
     ack_sync_interval: Duration,
-    /// Since when committed writes (acks) wait for an fsync; `None` when
-    /// everything committed has been fsynced (or `FsyncMode::Never`).
+    /// Since when committed writes (acks, presence) wait for an fsync;
+    /// `None` when everything committed has been fsynced (or
+    /// `FsyncMode::Never`).
     unsynced_since: Option<Instant>,
     pub(crate) channels: HashMap<ChannelName, ChannelMeta>,
     pub(crate) cursors: CursorBook,
-    pub(crate) clock: Clock,
     pub(crate) sweep: SweepState,
 }
 
@@ -218,7 +244,6 @@ impl Writer {
             unsynced_since: None,
             channels: HashMap::new(),
             cursors: CursorBook::default(),
-            clock: Clock { last_ms: 0 },
             sweep: SweepState::new(Instant::now() + sweep_interval),
         }
     }
@@ -353,10 +378,11 @@ impl Writer {
         let n = batch.len() as u64;
         if let Some(reason) = self.shared.failure() {
             let reason = reason.to_owned();
+            // Counted before answering, so a caller that saw the error sees it counted.
+            bump(&counters.failed, n);
             for op in batch.drain(..) {
                 op.fail(&reason);
             }
-            bump(&counters.failed, n);
             return;
         }
 
@@ -364,8 +390,9 @@ impl Writer {
         let mut pending_idem: HashMap<Arc<str>, IdemRecord> = HashMap::new();
         let mut tally = Tally::default();
         let mut done: Vec<Staged> = Vec::with_capacity(batch.len());
-        // Whether an append wrote anything: only then does the commit need
-        // an fsync under `FsyncMode::Always` (acks alone never do).
+        // Whether an append (or a room write) wrote anything: only then does
+        // the commit need an fsync under `FsyncMode::Always` (acks and
+        // presence writes alone never do).
         let mut appended = false;
         // After a storage error the rest is not staged; every result of the
         // batch is then replaced by `Failed` below.
@@ -402,6 +429,25 @@ impl Writer {
                     };
                     done.push(Staged::Ack { reply, result });
                 }
+                Op::Presence(cmd) => {
+                    let (staged, error) = self.stage_presence(cmd, &mut ws, &mut tally);
+                    storage_error = error;
+                    done.push(Staged::Presence(staged));
+                }
+                Op::Room(write, reply) => {
+                    let before = ws.len();
+                    let result = self.stage_room(write, &mut ws, &mut pending_idem, &mut tally);
+                    appended |= ws.len() > before;
+                    let (result, fanout) = match result {
+                        Ok((written, fanout)) => (Ok(written), fanout),
+                        Err(StageError::Refused(e)) => (Err(e), None),
+                        Err(StageError::Storage(e)) => {
+                            storage_error = Some(e);
+                            (Err(EngineError::ShuttingDown), None)
+                        }
+                    };
+                    done.push(Staged::Room { reply, result, fanout });
+                }
             }
         }
         let sync = appended && self.fsync == FsyncMode::Always;
@@ -416,10 +462,10 @@ impl Writer {
             self.channels.clear();
             self.cursors.reset();
             let reason = self.shared.fail(format!("group commit failed: {e}"));
+            bump(&counters.failed, n);
             for p in done {
                 p.fail(&reason);
             }
-            bump(&counters.failed, n);
             return;
         }
         self.cursors.end_batch();
@@ -432,6 +478,11 @@ impl Writer {
         bump(&counters.acks, tally.acks);
         bump(&counters.acks_unchanged, tally.acks_unchanged);
         bump(&counters.acks_beyond_head, tally.acks_beyond_head);
+        bump(&counters.closed_refused, tally.closed_refused);
+        bump(&counters.presence_writes, tally.presence_writes);
+        bump(&counters.presence_expired, tally.presence_expired);
+        bump(&counters.room_writes, tally.room_writes);
+        bump(&counters.room_conflicts, tally.room_conflicts);
         if self.channels.len() > CHANNEL_CACHE_CAP {
             self.channels.clear();
         }
@@ -448,16 +499,17 @@ impl Writer {
         }
     }
 
-    /// Stage one request into `ws`: dedup check, then append (durable) or
-    /// broadcast (volatile), then the receipt.
-    fn stage(
+    /// Stage one request into `ws`: dedup check, seal check, then append
+    /// (durable) or broadcast (volatile), then the receipt. Refusals stage
+    /// nothing.
+    pub(crate) fn stage(
         &mut self,
         req: AppendRequest,
         ws: &mut WriteSet,
         pending_idem: &mut HashMap<Arc<str>, IdemRecord>,
         tally: &mut Tally,
     ) -> Result<(Receipt, Option<Arc<Message>>), StageError> {
-        let now = self.clock.now_ms();
+        let now = self.shared.clock.now_ms();
         let epoch = self.shared.storage.epoch().clone();
         // The expiry-index entry of an expired receipt this append replaces.
         let mut stale_exp_key = None;
@@ -487,13 +539,21 @@ impl Writer {
             }
         }
 
+        let channel = &req.channel;
+        // After the dedup check: a retry of an append made before the seal
+        // still gets its receipt.
+        if self.channel_meta(channel)?.closed {
+            tally.closed_refused += 1;
+            return Err(StageError::Refused(EngineError::Closed));
+        }
         let id = Uuid::now_v7();
         let id_str: Arc<str> = Arc::from(id.hyphenated().to_string());
         let ts = now;
-        let channel = &req.channel;
         let seq = if req.durable { Some(self.channel_meta(channel)?.head + 1) } else { None };
+        // Only a durable append can seal (there is no final seq otherwise).
+        let seal = req.seal && req.durable;
         let frame =
-            Bytes::from(encode_message_frame(channel, seq, &id_str, ts, &req.data, req.meta.as_ref()));
+            Bytes::from(encode_frame(req.kind, channel, seq, &id_str, ts, &req.data, req.meta.as_ref()));
         if let Some(seq) = seq {
             ws.put(
                 Space::Log,
@@ -504,6 +564,7 @@ impl Writer {
             // For a channel whose log was empty, `first` is already `seq`.
             meta.head = seq;
             meta.max_age = req.retention.max_age;
+            meta.closed = seal;
             let old_first = meta.first;
             let trimmed = trim_to_len(channel.as_str(), meta, req.retention.max_len, ws);
             ws.put(Space::Channels, channel.as_str().as_bytes().to_vec(), meta.encode());
@@ -547,7 +608,7 @@ impl Writer {
             ts,
             duplicate: false,
         };
-        let msg = Message { channel: channel.clone(), seq, id: id_str, ts, epoch, frame };
+        let msg = Message { channel: channel.clone(), seq, id: id_str, ts, epoch, frame, closes: seal };
         Ok((receipt, Some(Arc::new(msg))))
     }
 
@@ -576,6 +637,14 @@ fn collect(cmd: Command, batch: &mut Vec<Op>) -> bool {
         }
         Command::Ack { req, reply } => {
             batch.push(Op::Ack(req, reply));
+            false
+        }
+        Command::Presence(cmd) => {
+            batch.push(Op::Presence(cmd));
+            false
+        }
+        Command::Room { write, reply } => {
+            batch.push(Op::Room(write, reply));
             false
         }
         Command::Close => true,

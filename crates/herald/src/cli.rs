@@ -114,6 +114,7 @@ pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(Event::Message(m))) => {
                 let mut line = serde_json::json!({
+                    "type": m.kind.as_str(),
                     "channel": m.channel.as_str(),
                     "seq": m.seq,
                     "id": m.id,
@@ -138,6 +139,10 @@ pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
             }
             Some(Ok(Event::Gap { expected, got, .. })) => {
                 eprintln!("GAP: seqs {expected}..{got} missing");
+            }
+            Some(Ok(Event::Unsubscribed { reason, .. })) => {
+                eprintln!("unsubscribed by the server: {reason}");
+                break;
             }
         }
     }

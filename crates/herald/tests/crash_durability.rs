@@ -25,9 +25,14 @@ impl Drop for Proc {
 }
 
 fn spawn(dir: &std::path::Path) -> Proc {
+    spawn_with(dir, &[])
+}
+
+fn spawn_with(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_herald"))
         .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
+        .args(extra)
         .env("HERALD_API_KEYS", API_KEY)
         .env("HERALD_LOG", "warn")
         .stdout(Stdio::piped())
@@ -170,4 +175,47 @@ async fn confirmed_acks_survive_kill_9() {
         }
     }
     assert_eq!(seqs, vec![8, 9, 10]);
+}
+
+/// The node holding a room's host dies with kill -9: after a restart the
+/// host's stored lease expires, the room goes to grace, and closes when the
+/// stored grace deadline passes — nobody has to be connected for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_room_whose_node_died_still_closes_after_grace() {
+    use herald_client::{ConnectOptions, Connection};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("herald.toml");
+    std::fs::write(&config, "[presence]\nlease_ttl = \"1s\"\nsweep_interval = \"100ms\"\n").unwrap();
+    let data = dir.path().join("data");
+    let args = [std::ffi::OsStr::new("--config"), config.as_os_str()];
+    let proc = spawn_with(&data, &args);
+    let api = herald_client::HttpApi::new(&proc.url, API_KEY);
+    let body = bytes::Bytes::from(json!({ "host": "h", "grace_period": 2 }).to_string());
+    let r = api.request(reqwest::Method::PUT, "/api/v1/rooms/room:k", &[], Some(body)).await.unwrap();
+    assert_eq!(r.status, 201);
+    let mut host = Connection::connect(&ConnectOptions::dev_user(&proc.url, "h")).await.unwrap();
+    assert_eq!(host.subscribe("room:k", None).await.unwrap().kind, "ok");
+    let state = |api: herald_client::HttpApi| async move {
+        let r = api.get("/api/v1/rooms/room:k").await.unwrap();
+        r.json().unwrap()["state"].as_str().unwrap().to_owned()
+    };
+    common::assert_eventually("room is live", || {
+        let api = api.clone();
+        async move { state(api).await == "live" }
+    })
+    .await;
+    drop(proc); // SIGKILL: the host's lease stays behind, unrenewed
+    drop(host);
+
+    let proc = spawn_with(&data, &args);
+    let api = herald_client::HttpApi::new(&proc.url, API_KEY);
+    common::assert_eventually("room is closed", || {
+        let api = api.clone();
+        async move { state(api).await == "closed" }
+    })
+    .await;
+    let r = api.get("/api/v1/channels/room:k/messages?after=0").await.unwrap().json().unwrap();
+    let reasons: Vec<&str> =
+        r["messages"].as_array().unwrap().iter().filter_map(|m| m["data"]["reason"].as_str()).collect();
+    assert_eq!(reasons, ["created", "host_joined", "host_left", "grace_expired"]);
 }

@@ -43,8 +43,10 @@ async fn bad_frames_get_error_frames_with_stable_codes() {
     assert_eq!(f.code, Some(json!("forbidden")), "user: is API-publish only");
     let f = c.request(json!({ "type": "ack", "channel": "chat:d", "seq": 1 })).await.unwrap();
     assert_eq!(f.code, Some(json!("not_subscribed")));
+    let f = c.request(json!({ "type": "presence", "channel": "chat:d" })).await.unwrap();
+    assert_eq!(f.code, Some(json!("not_supported")), "chat has no presence");
     let f = c.request(json!({ "type": "presence", "channel": "room:r" })).await.unwrap();
-    assert_eq!(f.code, Some(json!("not_supported")));
+    assert_eq!(f.code, Some(json!("not_found")), "rooms must exist");
 }
 
 #[tokio::test]

@@ -61,6 +61,9 @@ struct Frame<'a> {
     /// Present on the subscribe reply of acked channels.
     #[serde(default)]
     cursor: Option<u64>,
+    /// Acked channels: messages this subscribe will deliver.
+    #[serde(default)]
+    unread: Option<u64>,
     #[serde(default)]
     redelivered: Option<bool>,
     #[serde(default)]
@@ -83,6 +86,7 @@ pub async fn subscribe(
     let since = resume.last_seq.map(|seq| Since { seq, epoch: resume.epoch.as_deref() });
     let frame =
         serde_json::to_string(&SubscribeFrame { kind: "subscribe", req: SUBSCRIBE_REQ, channel, since })?;
+    let sent_us = payload::now_micros();
     ws.send(Message::text(frame)).await.context("cannot send subscribe")?;
     loop {
         let msg = next_data(ws, deadline, "the subscribe reply").await?;
@@ -103,6 +107,8 @@ pub async fn subscribe(
                     epoch: f.epoch,
                     gap_reported,
                     acked: f.cursor.is_some(),
+                    unread: f.unread,
+                    sent_us,
                 });
             }
             ("error", _) => bail!(
@@ -192,8 +198,8 @@ impl Acker {
         self.due
     }
 
-    /// The ack frame if a full batch is waiting.
-    pub fn take_if_full(&mut self) -> Option<Message> {
+    /// The ack frame (and the seq it acks) if a full batch is waiting.
+    pub fn take_if_full(&mut self) -> Option<(u64, Message)> {
         if self.unacked >= ACK_EVERY {
             self.take()
         } else {
@@ -201,13 +207,14 @@ impl Acker {
         }
     }
 
-    /// The ack frame for everything handed out so far, if anything.
-    pub fn take(&mut self) -> Option<Message> {
+    /// The ack frame for everything handed out so far (and the seq it
+    /// acks), if anything.
+    pub fn take(&mut self) -> Option<(u64, Message)> {
         self.due = None;
         self.unacked = 0;
         let seq = self.highest.take()?;
         let frame = serde_json::to_string(&AckFrame { kind: "ack", channel: &self.channel, seq }).ok()?;
-        Some(Message::text(frame))
+        Some((seq, Message::text(frame)))
     }
 }
 
@@ -242,13 +249,16 @@ mod tests {
         a.delivered(4);
         assert!(a.due().is_some());
         assert!(a.take_if_full().is_none());
-        let frame = a.take().unwrap();
+        let (seq, frame) = a.take().unwrap();
+        assert_eq!(seq, 5);
         assert_eq!(frame.as_text(), Some(r#"{"type":"ack","channel":"user:1","seq":5}"#));
         assert!(a.due().is_none());
         for seq in 10..10 + u64::from(ACK_EVERY) {
             a.delivered(seq);
         }
-        assert!(a.take_if_full().unwrap().as_text().unwrap().contains(&format!("\"seq\":{}", 9 + ACK_EVERY)));
+        let (seq, frame) = a.take_if_full().unwrap();
+        assert_eq!(seq, 9 + u64::from(ACK_EVERY));
+        assert!(frame.as_text().unwrap().contains(&format!("\"seq\":{seq}")));
     }
 
     #[test]

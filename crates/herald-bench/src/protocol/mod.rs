@@ -75,6 +75,22 @@ pub struct Subscribed {
     /// Herald: an acked channel (the reply carries a `cursor`): the
     /// subscriber must ack what it received.
     pub acked: bool,
+    /// Herald, acked channels: how many messages this subscribe will
+    /// deliver (the offline inbox); they follow seq `head - unread`.
+    pub unread: Option<u64>,
+    /// Wall clock (µs) when the subscribe request went out.
+    pub sent_us: u64,
+}
+
+impl Subscribed {
+    /// The seq after which this subscription's deliveries start: on an
+    /// acked channel the inbox (`head - unread`), otherwise the head.
+    pub fn start_after(&self) -> Option<u64> {
+        match (self.head, self.unread) {
+            (Some(head), Some(unread)) => Some(head.saturating_sub(unread)),
+            (head, _) => head,
+        }
+    }
 }
 
 /// An event from the server, in arrival order.
@@ -86,6 +102,9 @@ pub enum Incoming {
     Delivery { stamp: Stamp, seq: Option<u64>, redelivered: bool },
     /// The server announced it is closing the connection (reason).
     Closing(String),
+    /// Herald acked channels: an ack for every seq up to `seq` was just
+    /// written to the socket.
+    Acked { seq: u64 },
 }
 
 /// One subscribed connection.
@@ -147,7 +166,8 @@ impl SubConn {
     /// The next event; `Ok(None)` when the connection ended. Control frames
     /// (WebSocket pings, Engine.IO and NATS pings) are answered here, and
     /// on Herald's acked channels every delivery handed out is acked
-    /// (cumulatively, in batches).
+    /// (cumulatively, in batches; each ack sent is reported as
+    /// [`Incoming::Acked`]).
     pub async fn next(&mut self) -> anyhow::Result<Option<Incoming>> {
         loop {
             if let Some(ev) = self.pending.pop_front() {
@@ -156,15 +176,17 @@ impl SubConn {
                 }
                 return Ok(Some(ev));
             }
-            if let Some(ack) = self.acker.as_mut().and_then(herald::Acker::take_if_full) {
+            if let Some((seq, ack)) = self.acker.as_mut().and_then(herald::Acker::take_if_full) {
                 self.ws.send(ack).await.context("WebSocket write failed")?;
+                return Ok(Some(Incoming::Acked { seq }));
             }
             let due = self.acker.as_ref().and_then(herald::Acker::due);
             let next = tokio::select! {
                 next = self.ws.next() => next,
                 () = sleep_until_opt(due) => {
-                    if let Some(ack) = self.acker.as_mut().and_then(herald::Acker::take) {
+                    if let Some((seq, ack)) = self.acker.as_mut().and_then(herald::Acker::take) {
                         self.ws.send(ack).await.context("WebSocket write failed")?;
+                        return Ok(Some(Incoming::Acked { seq }));
                     }
                     continue;
                 }
@@ -253,4 +275,20 @@ async fn sleep_until_opt(at: Option<Instant>) {
 pub(crate) fn clip(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(&bytes[..bytes.len().min(160)]);
     text.into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_start_after_the_inbox_on_acked_channels_else_after_the_head() {
+        let durable = Subscribed { head: Some(40), ..Default::default() };
+        assert_eq!(durable.start_after(), Some(40));
+        let inbox = Subscribed { head: Some(40), unread: Some(25), acked: true, ..Default::default() };
+        assert_eq!(inbox.start_after(), Some(15));
+        let caught_up = Subscribed { head: Some(40), unread: Some(0), acked: true, ..Default::default() };
+        assert_eq!(caught_up.start_after(), Some(40));
+        assert_eq!(Subscribed::default().start_after(), None);
+    }
 }

@@ -56,6 +56,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
                 interval: rate.interval(1),
                 deadline: started + args.timeout,
                 keep_acks: false,
+                idempotency_keys: false,
             },
         )
         .await;

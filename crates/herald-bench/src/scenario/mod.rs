@@ -1,6 +1,7 @@
 //! The scenarios, and what they share: the target endpoint, the run id,
 //! the publisher loop and the worker lifetime bound.
 
+mod acked;
 mod fanout;
 mod idle;
 mod p2p;
@@ -12,7 +13,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use tokio::time::Instant;
 
-use crate::args::{BenchArgs, Peer, Scenario};
+use crate::args::{BenchArgs, Peer, Rate, Scenario};
 use crate::hist::Histogram;
 use crate::payload;
 use crate::protocol::{Endpoint, WsAuth};
@@ -61,10 +62,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         Scenario::P2p => vec![p2p::run(&ctx).await?],
         Scenario::Publish => vec![publish::run(&ctx).await?],
         Scenario::Reconnect => vec![reconnect::run(&ctx).await?],
-        Scenario::Acked => bail!(
-            "the `acked` scenario (acks/s with every client acking, inbox drain time) is not built yet; \
-             `idle` and `p2p` already subscribe to acked `user:` channels and ack every delivery"
-        ),
+        Scenario::Acked => acked::run(&ctx).await?,
         Scenario::Worker => bail!("`worker` is internal: the bench starts it itself"),
     };
     let mut failed = 0;
@@ -140,6 +138,8 @@ pub struct PublishPlan<'a> {
     pub deadline: Instant,
     /// Keep the server's answers for verification.
     pub keep_acks: bool,
+    /// Send an `Idempotency-Key` (`{channel}/{n}`) with each publish.
+    pub idempotency_keys: bool,
 }
 
 /// Run a [`PublishPlan`]; stops at the first failure or at the deadline.
@@ -159,8 +159,9 @@ pub async fn publish_loop(publisher: &mut Publisher, plan: PublishPlan<'_>) -> P
                 break 'outer;
             }
             let body = payload::encode(n, plan.size);
+            let key = plan.idempotency_keys.then(|| idempotency_key(channel, n));
             let sent = Instant::now();
-            match publisher.publish(channel, body, None).await {
+            match publisher.publish(channel, body, key.as_deref()).await {
                 Ok(ack) => {
                     stats.latency.record(sent.elapsed().as_micros() as u64);
                     stats.published += 1;
@@ -177,6 +178,78 @@ pub async fn publish_loop(publisher: &mut Publisher, plan: PublishPlan<'_>) -> P
     }
     stats.elapsed = start.elapsed();
     stats
+}
+
+/// What [`publish_per_user`] did, over all its publishers.
+pub struct Publishing {
+    pub published: u64,
+    /// Request → acknowledgement time, µs.
+    pub latency: Histogram,
+    pub errors: Vec<String>,
+    pub elapsed: Duration,
+}
+
+/// Rounds `n0..n0 + rounds` to each of `channels` from `publishers`
+/// concurrent sequential publishers sharing `rate`. Channel `i` belongs to
+/// publisher `i % publishers`, so each channel has a single sequential
+/// publisher and its order is well defined.
+pub async fn publish_per_user(
+    ctx: &Ctx<'_>,
+    channels: &[String],
+    (n0, rounds): (u64, u64),
+    rate: Rate,
+    publishers: usize,
+    idempotency_keys: bool,
+    deadline: Instant,
+) -> anyhow::Result<Publishing> {
+    let publishers = publishers.clamp(1, channels.len().max(1));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(publishers);
+    for p in 0..publishers {
+        let mine: Vec<String> = channels.iter().skip(p).step_by(publishers).cloned().collect();
+        let factory = ctx.publishers.clone();
+        // Publishers may serve different numbers of channels: pace each by
+        // its share, so every channel gets the same rate.
+        let (size, interval) = (ctx.args.size, rate.interval_of(mine.len(), channels.len()));
+        tasks.push(tokio::spawn(async move {
+            let mut publisher = factory.connect().await?;
+            let plan = PublishPlan {
+                channels: &mine,
+                n0,
+                rounds,
+                size,
+                interval,
+                deadline,
+                keep_acks: false,
+                idempotency_keys,
+            };
+            anyhow::Ok(publish_loop(&mut publisher, plan).await)
+        }));
+    }
+    let mut out = Publishing {
+        published: 0,
+        latency: Histogram::default(),
+        errors: Vec::new(),
+        elapsed: Duration::ZERO,
+    };
+    for t in tasks {
+        match t.await.context("publisher task panicked")? {
+            Ok(stats) => {
+                out.published += stats.published;
+                out.latency.merge(&stats.latency);
+                out.errors.extend(stats.error);
+            }
+            Err(e) => out.errors.push(format!("publisher: {e:#}")),
+        }
+    }
+    out.elapsed = started.elapsed();
+    Ok(out)
+}
+
+/// The `Idempotency-Key` of message `n` to `channel` (channel names carry
+/// the run id, so keys are unique to the run).
+pub fn idempotency_key(channel: &str, n: u64) -> String {
+    format!("{channel}/{n}")
 }
 
 /// Deliveries per second over `[start_us, last_rx_us]`.

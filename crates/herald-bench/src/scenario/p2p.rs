@@ -9,12 +9,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::fleet::{Fleet, FleetPlan};
-use crate::hist::Histogram;
 use crate::proc_stats::CpuSnapshot;
 use crate::report::{round2, Report};
 use crate::worker::wire::{Layout, WorkerSpec};
 
-use super::{per_second, per_user, publish_loop, Ctx, PublishPlan};
+use super::{per_second, per_user, publish_per_user, Ctx, Publishing};
 
 pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let args = ctx.args;
@@ -45,43 +44,13 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     report.size = Some(args.size as u64);
     report.expected = rounds * n as u64;
 
+    let channels: Vec<String> = (0..n).map(|i| WorkerSpec::channel(&layout, &ctx.run_id, i)).collect();
     let w0 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
     let start_us = crate::payload::now_micros();
     let started = Instant::now();
     let deadline = started + args.timeout;
-    let mut tasks = Vec::with_capacity(publishers);
-    for p in 0..publishers {
-        let channels: Vec<String> =
-            (p..n).step_by(publishers).map(|i| WorkerSpec::channel(&layout, &ctx.run_id, i)).collect();
-        let factory = ctx.publishers.clone();
-        let (size, interval) = (args.size, rate.interval(publishers));
-        tasks.push(tokio::spawn(async move {
-            let mut publisher = factory.connect().await?;
-            let plan = PublishPlan {
-                channels: &channels,
-                n0: 0,
-                rounds,
-                size,
-                interval,
-                deadline,
-                keep_acks: false,
-            };
-            anyhow::Ok(publish_loop(&mut publisher, plan).await)
-        }));
-    }
-    let mut published = 0;
-    let mut publish_latency = Histogram::default();
-    let mut errors = Vec::new();
-    for t in tasks {
-        match t.await? {
-            Ok(stats) => {
-                published += stats.published;
-                publish_latency.merge(&stats.latency);
-                errors.extend(stats.error);
-            }
-            Err(e) => errors.push(format!("publisher: {e:#}")),
-        }
-    }
+    let Publishing { published, mut errors, .. } =
+        publish_per_user(ctx, &channels, (0, rounds), rate, publishers, false, deadline).await?;
     let publish_secs = started.elapsed().as_secs_f64();
     let tally = fleet.collect(rounds, args.timeout).await?;
     let w1 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;

@@ -62,8 +62,16 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let channels = vec![channel];
     let publishing = tokio::spawn(async move {
         let mut publisher = factory.connect().await?;
-        let plan =
-            PublishPlan { channels: &channels, n0: 0, rounds: m, size, interval, deadline, keep_acks: false };
+        let plan = PublishPlan {
+            channels: &channels,
+            n0: 0,
+            rounds: m,
+            size,
+            interval,
+            deadline,
+            keep_acks: false,
+            idempotency_keys: false,
+        };
         anyhow::Ok(publish_loop(&mut publisher, plan).await)
     });
 

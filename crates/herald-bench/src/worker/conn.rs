@@ -98,6 +98,7 @@ pub(super) async fn run(
                 Ok(Some(Incoming::Delivery { stamp, seq, redelivered })) => {
                     shared.on_delivery(i, stamp, seq, redelivered)
                 }
+                Ok(Some(Incoming::Acked { seq })) => shared.on_ack(i, seq),
                 Ok(Some(Incoming::Closing(reason))) => {
                     shared.with_period(|t| t.note_error(format!("connection {global}: server closing: {reason}")));
                 }
@@ -131,15 +132,24 @@ impl Slot {
                     .await;
             match opened {
                 Ok((conn, subscribed)) => {
-                    {
+                    let first = {
                         let mut sub = lock(&shared.subs[self.i]);
-                        // Nothing received yet: everything after the head at
-                        // this first subscribe is ours.
-                        if sub.resume.last_seq.is_none() {
-                            sub.resume.last_seq = subscribed.head;
+                        // Nothing received yet: everything after the start
+                        // of this first subscribe is ours (the head, or on
+                        // an acked channel the start of the offline inbox).
+                        let first = sub.resume.last_seq.is_none();
+                        if first {
+                            sub.resume.last_seq = subscribed.start_after();
+                            sub.subscribed(subscribed.sent_us);
                         }
                         if subscribed.epoch.is_some() {
                             sub.resume.epoch = subscribed.epoch;
+                        }
+                        first
+                    };
+                    if first {
+                        if let Some(unread) = subscribed.unread {
+                            shared.with_period(|t| t.unread_at_subscribe += unread);
                         }
                     }
                     if let Some(gap) = subscribed.gap_reported {

@@ -78,7 +78,7 @@ impl Shared {
         let outcome = {
             let mut sub = lock(&self.subs[i]);
             if redelivered {
-                sub.check_redelivery(stamp.n)
+                sub.check_redelivery(stamp.n, seq)
             } else {
                 sub.check(stamp.n, seq)
             }
@@ -86,6 +86,13 @@ impl Shared {
         let mut p = lock(&self.period);
         let Period { tally, hist } = &mut *p;
         tally.record(outcome, hist, now.saturating_sub(stamp.t), now);
+    }
+
+    /// Connection `i` sent an ack for every seq up to `seq`.
+    fn on_ack(&self, i: usize, seq: u64) {
+        let now = payload::now_micros();
+        lock(&self.subs[i]).on_ack(seq, now);
+        lock(&self.period).tally.record_ack(now);
     }
 
     fn with_period(&self, f: impl FnOnce(&mut Tally)) {
@@ -98,24 +105,37 @@ impl Shared {
         f(tally, hist);
     }
 
-    /// Wait until every subscription got every `n < target` (or the
-    /// deadline), then close the period.
-    async fn collect(&self, target: u64, timeout: Duration) -> Tally {
+    /// Wait until every subscription got every `n < target` (and, with
+    /// `wait_acks`, acked everything it got) or the deadline, then close
+    /// the period.
+    async fn collect(&self, target: u64, wait_acks: bool, timeout: Duration) -> Tally {
         let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline && self.subs.iter().any(|s| lock(s).next_n < target) {
+        let done = |s: &SubCheck| s.next_n >= target && (!wait_acks || s.acks_cover_deliveries());
+        while Instant::now() < deadline && self.subs.iter().any(|s| !done(&lock(s))) {
             tokio::time::sleep(POLL).await;
         }
         let Period { mut tally, hist } = std::mem::take(&mut *lock(&self.period));
+        let mut drain = Histogram::default();
         for s in &self.subs {
             let mut s = lock(s);
             if s.next_n < target {
                 tally.incomplete += 1;
+            }
+            if wait_acks {
+                if !s.acks_cover_deliveries() {
+                    tally.unacked += 1;
+                }
+                if let Some((start, span)) = s.take_drain_span() {
+                    drain.record(span);
+                    tally.first_subscribe_us = Some(tally.first_subscribe_us.map_or(start, |f| f.min(start)));
+                }
             }
             tally.lost += s.settle(target);
             tally.seq_errors += std::mem::take(&mut s.seq_errors);
         }
         tally.subscriptions = self.subs.len() as u64;
         tally.latency = hist.to_wire();
+        tally.drain = drain.to_wire();
         tally
     }
 
@@ -192,8 +212,8 @@ async fn run() -> anyhow::Result<()> {
         let cmd: Command =
             serde_json::from_str(&line).with_context(|| format!("worker: bad command {line}"))?;
         let event = match cmd {
-            Command::Collect { target_n, timeout_ms } => {
-                let tally = shared.collect(target_n, Duration::from_millis(timeout_ms)).await;
+            Command::Collect { target_n, wait_acks, timeout_ms } => {
+                let tally = shared.collect(target_n, wait_acks, Duration::from_millis(timeout_ms)).await;
                 Event::Collected { tally }
             }
             Command::Drop { window_ms, pause_ms, timeout_ms } => {

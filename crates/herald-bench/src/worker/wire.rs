@@ -57,9 +57,10 @@ impl WorkerSpec {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum Command {
-    /// Wait until every subscription received every `n < target_n` (or the
-    /// timeout), then report the period and start a new one.
-    Collect { target_n: u64, timeout_ms: u64 },
+    /// Wait until every subscription received every `n < target_n` (and,
+    /// with `wait_acks`, acked all it received) or the timeout, then report
+    /// the period and start a new one.
+    Collect { target_n: u64, wait_acks: bool, timeout_ms: u64 },
     /// Every connection drops its socket at a random moment within
     /// `window_ms`, waits up to `pause_ms`, reconnects and resumes; report
     /// when all are back (or the timeout).

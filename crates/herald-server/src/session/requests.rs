@@ -1,21 +1,35 @@
 //! Request handlers of a session: subscribe (durable and acked), ack,
 //! redelivery timers and publish. Split from `session.rs` for size; same type, same invariants.
 
-use herald_core::{AckError, Delivery, Epoch, NamespaceOptions, Position, Seq, StartAt, SubscriberId};
+use herald_core::{
+    AckError, Delivery, Epoch, Member, NamespaceOptions, Position, Renewed, RoomStatus, Seq, StartAt,
+    SubscriberId,
+};
 use herald_proto::{ChannelName, ErrorCode, OkFrame};
+use serde_json::value::RawValue;
 
 use super::{End, LogCursor, Session, Sub};
 use crate::acked::{AckOpts, AckState, Expiry};
 use crate::error::ApiError;
 use crate::publish::{fingerprint, scoped_key, validate_idempotency_key, Publish};
+use crate::rooms;
+
+/// The presence fields of a subscribe frame.
+pub(crate) struct PresenceArgs {
+    pub client_id: Option<String>,
+    pub info: Option<Box<RawValue>>,
+}
 
 impl Session {
+    /// Subscribe; the flag says the channel is a closed room with nothing
+    /// left to deliver (the caller ends the subscription after the reply).
     pub(super) async fn subscribe(
         &mut self,
         req: Option<u64>,
         channel: &ChannelName,
         since: Option<herald_proto::Since>,
-    ) -> Result<OkFrame, ApiError> {
+        presence: PresenceArgs,
+    ) -> Result<(OkFrame, bool), ApiError> {
         let state = self.state.clone();
         let ns = state.config.namespaces.resolve(channel)?;
         if !self.identity.may_subscribe(channel) {
@@ -30,6 +44,14 @@ impl Session {
                 format!("at most {} subscriptions per connection", state.config.limits.max_subscriptions),
             ));
         }
+        let room_closed = if ns.room {
+            match state.engine.room(channel).await? {
+                None => return Err(rooms::no_such_room()),
+                Some(room) => room.state == RoomStatus::Closed,
+            }
+        } else {
+            false
+        };
         // Register before reading the position: anything committed after
         // this point reaches the outbox, anything before is in the log.
         let first_local = state.hub.add(channel, self.handle.clone());
@@ -44,13 +66,110 @@ impl Session {
                     catching_up: true,
                     ack: None,
                 }),
+                presence: None,
             },
         );
-        let result = self.start_subscription(req, channel, since, ns, first_local).await;
-        if result.is_err() {
-            self.regs.remove(channel);
+        let mut result = self.start_subscription(req, channel, since, ns, first_local).await;
+        if let Ok(ok) = &mut result {
+            if ns.presence && !room_closed {
+                if let Err(e) = self.join_presence(channel, ok, presence).await {
+                    result = Err(e);
+                }
+            }
         }
-        result
+        match result {
+            Ok(ok) => {
+                let idle =
+                    self.regs.subs.get(channel).and_then(|s| s.log.as_ref()).is_some_and(|l| !l.catching_up);
+                Ok((ok, room_closed && idle))
+            }
+            Err(e) => {
+                self.regs.remove(channel);
+                Err(e)
+            }
+        }
+    }
+
+    /// Make this connection a member of `channel` (see `rooms::join`).
+    async fn join_presence(
+        &mut self,
+        channel: &ChannelName,
+        ok: &mut OkFrame,
+        args: PresenceArgs,
+    ) -> Result<(), ApiError> {
+        // The token's `info` claim wins over the frame's.
+        let info = match self.identity.info.as_deref().or(args.info.as_ref().map(|r| r.get())) {
+            Some(text) => Some(
+                serde_json::from_str(text)
+                    .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("invalid `info`: {e}")))?,
+            ),
+            None => None,
+        };
+        let member = Member {
+            client_id: args.client_id.unwrap_or_else(new_client_id),
+            user: self.identity.sub.to_string(),
+            device: self.identity.device.as_deref().map(str::to_owned),
+            info,
+        };
+        let hold = rooms::join(&self.state, channel, member).await?;
+        ok.client_id = Some(hold.member.client_id.clone());
+        if let Some(sub) = self.regs.subs.get_mut(channel) {
+            sub.presence = Some(Box::new(hold));
+        }
+        Ok(())
+    }
+
+    /// Renew every member lease of this connection. A lease taken over by a
+    /// newer join is dropped; one that is gone (it expired while this
+    /// connection could not renew, and its leave was announced) is joined
+    /// again as a new member.
+    pub(super) async fn renew_presence(&mut self) {
+        let state = self.state.clone();
+        let ttl = state.config.presence.lease_ttl;
+        let holds: Vec<(ChannelName, rooms::Hold)> = self
+            .regs
+            .subs
+            .iter()
+            .filter_map(|(c, s)| s.presence.as_ref().map(|h| (c.clone(), (**h).clone())))
+            .collect();
+        for (channel, hold) in holds {
+            let outcome = match state.engine.presence_renew(&channel, &hold.key, hold.token, ttl).await {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(channel = %channel, error = %e, "presence renew failed; retrying next tick");
+                    continue;
+                }
+            };
+            let replacement = match outcome {
+                Renewed::Until(_) => continue,
+                Renewed::Superseded => None,
+                Renewed::Gone => match rooms::join(&state, &channel, hold.member.clone()).await {
+                    Ok(h) => Some(Box::new(h)),
+                    Err(e) => {
+                        tracing::warn!(channel = %channel, error = %e, "presence rejoin failed");
+                        continue;
+                    }
+                },
+            };
+            if let Some(sub) = self.regs.subs.get_mut(&channel) {
+                sub.presence = replacement;
+            }
+        }
+    }
+
+    /// `{"type":"presence"}`: the channel's members and their count.
+    pub(super) async fn presence_list(&mut self, channel: &ChannelName) -> Result<OkFrame, ApiError> {
+        let state = self.state.clone();
+        let ns = state.config.namespaces.resolve(channel)?;
+        if !ns.presence {
+            return Err(ApiError::new(ErrorCode::NotSupported, "this namespace has no presence"));
+        }
+        if !self.identity.may_subscribe(channel) {
+            return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
+        }
+        let (count, members) =
+            rooms::list(&state, ns, channel, false, state.config.presence.max_members_listed).await?;
+        Ok(OkFrame { channel: Some(channel.to_string()), count: Some(count), members, ..Default::default() })
     }
 
     async fn start_subscription(
@@ -287,4 +406,10 @@ impl Session {
             ..Default::default()
         })
     }
+}
+
+/// A client id for a connection that did not name one: random, so it never
+/// reclaims another connection's membership.
+fn new_client_id() -> String {
+    format!("c-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
 }

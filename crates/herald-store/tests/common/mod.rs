@@ -21,14 +21,12 @@ pub fn channel(name: &str) -> ChannelName {
 }
 
 pub fn req(channel: &ChannelName, data: &str) -> AppendRequest {
-    AppendRequest {
-        channel: channel.clone(),
-        data: RawValue::from_string(data.to_owned()).expect("valid JSON"),
-        meta: None,
-        durable: true,
-        retention: Retention { max_len: 0, max_age: None },
-        dedup: None,
-    }
+    AppendRequest::message(
+        channel.clone(),
+        RawValue::from_string(data.to_owned()).expect("valid JSON"),
+        true,
+        Retention { max_len: 0, max_age: None },
+    )
 }
 
 pub fn dedup(key: &str, ttl: Duration) -> Dedup {

@@ -132,6 +132,25 @@ impl TestServer {
         Resp::from(req.send().await.expect("http request")).await
     }
 
+    /// Any API call with the first API key, a JSON body and extra headers.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> Resp {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("valid method");
+        let mut req = self.http.request(method, format!("{}{path}", self.url)).bearer_auth(API_KEY);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        Resp::from(req.send().await.expect("http request")).await
+    }
+
     pub async fn get(&self, path: &str) -> Resp {
         let req = self.http.get(format!("{}{path}", self.url)).bearer_auth(API_KEY);
         Resp::from(req.send().await.expect("http request")).await

@@ -1,0 +1,78 @@
+//! Presence: members of a channel as leases with fencing tokens.
+//!
+//! A member is a lease `{member, token, expires_at_ms}` stored by the engine
+//! under the member's [`key`](member_key) (user + client id). Invariants every
+//! engine keeps:
+//! - **fencing**: each [`Engine::presence_join`](crate::Engine::presence_join)
+//!   gives the lease a token greater than every token the channel handed out
+//!   before (monotonic per channel, so per member too). Renew and leave carry
+//!   the token they were given and have no effect unless it is the stored
+//!   one: a paused node that wakes up cannot extend, remove or resurrect a
+//!   lease that was taken over or swept meanwhile;
+//! - **no resurrection**: renew never creates a lease; only join does;
+//! - **exactly one leave**: a lease is removed by exactly one successful
+//!   leave or expiry sweep, so exactly one node announces the member's
+//!   `leave`;
+//! - **expiry**: a lease with `expires_at_ms <= now` is not listed or
+//!   counted, even before a sweep removes it.
+
+pub use herald_proto::Member;
+
+/// Orders writes to one member's lease; see the module docs.
+pub type FenceToken = u64;
+
+/// The storage key of a member within its channel: `{len(user)}:{user}`
+/// followed by the client id. Unique per (user, client id) and never shared
+/// across users, so a client cannot take over another user's member by
+/// naming its client id.
+pub fn member_key(member: &Member) -> String {
+    format!("{}:{}{}", member.user.len(), member.user, member.client_id)
+}
+
+/// A member's lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lease {
+    pub member: Member,
+    pub token: FenceToken,
+    /// Server time (ms since the Unix epoch) from which the lease counts as
+    /// gone.
+    pub expires_at_ms: u64,
+}
+
+impl Lease {
+    pub fn key(&self) -> String {
+        member_key(&self.member)
+    }
+}
+
+/// The result of a join.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Joined {
+    /// The member was not present: announce a `join`.
+    New(Lease),
+    /// A lease with this key existed (a client back within its lease, maybe
+    /// through another node): it now has a new token and expiry, and the
+    /// old holder's token is fenced off. Nothing to announce.
+    Reclaimed(Lease),
+}
+
+impl Joined {
+    pub fn lease(&self) -> &Lease {
+        match self {
+            Joined::New(l) | Joined::Reclaimed(l) => l,
+        }
+    }
+}
+
+/// The result of a renew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewed {
+    /// Extended until this time (ms since the Unix epoch).
+    Until(u64),
+    /// A later join holds the member (a newer token): this holder is no
+    /// longer the member and must not rejoin.
+    Superseded,
+    /// The lease is gone (expired and swept, or left): its `leave` was
+    /// announced. A holder still connected may join again (a new member).
+    Gone,
+}

@@ -1,0 +1,336 @@
+//! HTTP API of rooms and presence: `/api/v1/rooms/{room}` and
+//! `/api/v1/channels/{channel}/presence`.
+//!
+//! Changes take an optional `If-Match: "<version>"`. With it, a change
+//! applies only to that version (412 otherwise); without it, the change
+//! applies to whatever version is current (read, change, compare-and-set,
+//! retried on a race). Either way each success writes exactly one new
+//! version, and an illegal transition is 409. Both errors carry the room's
+//! current state in the problem's `current` field.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State as AxState};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use herald_core::{NamespaceOptions, Room, RoomReason, RoomStatus, RoomWritten, SubscriberId};
+use herald_proto::{ChannelName, ErrorCode, Member};
+use serde::{Deserialize, Serialize};
+
+use crate::error::ApiError;
+use crate::http::{api_auth, body_bytes, parse_channel, parse_json};
+use crate::rooms::{self, now_ms};
+use crate::State;
+
+type St = AxState<Arc<State>>;
+
+/// Longest grace period a room may ask for.
+const MAX_GRACE_SECS: u64 = 30 * 24 * 3600;
+/// Read-change-write attempts of a change without `If-Match`.
+const CHANGE_RETRIES: usize = 8;
+
+/// A room as the API shows it.
+#[derive(Serialize)]
+struct RoomView<'a> {
+    room: &'a str,
+    state: RoomStatus,
+    version: u64,
+    host: &'a str,
+    attributes: &'a serde_json::Map<String, serde_json::Value>,
+    /// Seconds.
+    grace_period: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grace_until_ms: Option<u64>,
+    created_at_ms: u64,
+    updated_at_ms: u64,
+    member_count: u64,
+    members: Vec<Member>,
+}
+
+fn view_json(channel: &ChannelName, room: &Room, members: (u64, Vec<Member>)) -> serde_json::Value {
+    serde_json::to_value(RoomView {
+        room: channel.as_str(),
+        state: room.state,
+        version: room.version,
+        host: &room.host,
+        attributes: &room.attributes,
+        grace_period: room.grace_period_ms / 1000,
+        grace_until_ms: room.grace_until_ms,
+        created_at_ms: room.created_at_ms,
+        updated_at_ms: room.updated_at_ms,
+        member_count: members.0,
+        members: members.1,
+    })
+    .expect("room views serialise")
+}
+
+/// The room without its members (for errors, where a listing is not worth
+/// another read).
+fn current(channel: &ChannelName, room: &Room) -> serde_json::Value {
+    let mut v = view_json(channel, room, (0, Vec::new()));
+    if let Some(o) = v.as_object_mut() {
+        o.remove("members");
+        o.remove("member_count");
+    }
+    v
+}
+
+async fn respond(state: &State, status: StatusCode, channel: &ChannelName, room: &Room) -> Response {
+    let members = if room.state == RoomStatus::Closed {
+        (0, Vec::new())
+    } else {
+        let limit = state.config.presence.max_members_listed;
+        match (state.engine.presence_count(channel).await, state.engine.presence(channel, limit).await) {
+            (Ok(n), Ok(leases)) => (n, leases.into_iter().map(|l| l.member).collect()),
+            (Err(e), _) | (_, Err(e)) => return ApiError::from(e).into_response(),
+        }
+    };
+    let body = serde_json::to_vec(&view_json(channel, room, members)).expect("room views serialise");
+    let mut resp = (status, body).into_response();
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(
+        header::ETAG,
+        HeaderValue::from_str(&format!("\"{}\"", room.version)).expect("digits are valid"),
+    );
+    resp
+}
+
+fn room_channel<'a>(state: &'a State, name: &str) -> Result<(ChannelName, &'a NamespaceOptions), ApiError> {
+    let (channel, ns) = parse_channel(state, name)?;
+    if !ns.room {
+        return Err(ApiError::new(
+            ErrorCode::NotSupported,
+            format!("namespace `{}` is not a room namespace (room = true)", channel.namespace()),
+        ));
+    }
+    Ok((channel, ns))
+}
+
+/// `If-Match: "7"` (also `W/"7"` and a bare `7`); `*` means any version.
+fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(v) = headers.get(header::IF_MATCH) else { return Ok(None) };
+    let bad =
+        || ApiError::new(ErrorCode::BadRequest, "If-Match must be a room version in quotes, like \"3\"");
+    let s = v.to_str().map_err(|_| bad())?.trim();
+    if s == "*" {
+        return Ok(None);
+    }
+    let s = s.strip_prefix("W/").unwrap_or(s);
+    let s = s.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(s);
+    s.parse().map(Some).map_err(|_| bad())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateBody {
+    host: String,
+    #[serde(default)]
+    attributes: serde_json::Map<String, serde_json::Value>,
+    /// Seconds; the namespace's `grace_period` when absent.
+    #[serde(default)]
+    grace_period: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchBody {
+    #[serde(default)]
+    state: Option<RoomStatus>,
+    #[serde(default)]
+    attributes: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+fn check_attributes(
+    state: &State,
+    attrs: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), ApiError> {
+    let len = serde_json::to_vec(attrs).map(|v| v.len()).unwrap_or(usize::MAX);
+    let max = state.config.limits.max_message_bytes / 2;
+    if len > max {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("`attributes` is larger than {max} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// `PUT /api/v1/rooms/{room}`: create; 201, or 409 if it exists.
+pub async fn create_room(
+    AxState(state): St,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    api_auth(&state, &headers)?;
+    let (channel, ns) = room_channel(&state, &name)?;
+    let body = body_bytes(body, state.config.limits.max_body_bytes)?;
+    let req: CreateBody = parse_json(&body)?;
+    if SubscriberId::new(req.host.as_str(), None).is_err() {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            "`host` must be a user id: 1..=255 bytes without control characters",
+        ));
+    }
+    check_attributes(&state, &req.attributes)?;
+    let grace_ms = match req.grace_period {
+        None => u64::try_from(ns.grace_period.as_millis()).unwrap_or(u64::MAX),
+        Some(s) if (1..=MAX_GRACE_SECS).contains(&s) => s * 1000,
+        Some(_) => {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("`grace_period` must be 1..={MAX_GRACE_SECS} seconds"),
+            ))
+        }
+    };
+    let room = Room::new(req.host, req.attributes, grace_ms, now_ms());
+    match rooms::write_room(&state, ns, &channel, None, room, RoomReason::Created).await? {
+        RoomWritten::Written { room, .. } => {
+            // The host may be present already (subscribed before creation is
+            // not possible, but another node may race): settle it now.
+            rooms::check_room(&state, &channel).await;
+            let room = state.engine.room(&channel).await?.unwrap_or(room);
+            Ok(respond(&state, StatusCode::CREATED, &channel, &room).await)
+        }
+        RoomWritten::Conflict { current: cur } => {
+            let err = ApiError::new(ErrorCode::Conflict, "the room exists already");
+            Err(match cur {
+                Some(r) => err.with_current(current(&channel, &r)),
+                None => err,
+            })
+        }
+    }
+}
+
+/// `GET /api/v1/rooms/{room}`.
+pub async fn get_room(
+    AxState(state): St,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    api_auth(&state, &headers)?;
+    let (channel, _) = room_channel(&state, &name)?;
+    let room = state.engine.room(&channel).await?.ok_or_else(rooms::no_such_room)?;
+    Ok(respond(&state, StatusCode::OK, &channel, &room).await)
+}
+
+/// `PATCH /api/v1/rooms/{room}`: `{"state"?, "attributes"?}`.
+pub async fn patch_room(
+    AxState(state): St,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    api_auth(&state, &headers)?;
+    let (channel, ns) = room_channel(&state, &name)?;
+    let expected = if_match(&headers)?;
+    let body = body_bytes(body, state.config.limits.max_body_bytes)?;
+    let req: PatchBody = parse_json(&body)?;
+    if req.state.is_none() && req.attributes.is_none() {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            "nothing to change: give `state` and/or `attributes`",
+        ));
+    }
+    if let Some(a) = &req.attributes {
+        check_attributes(&state, a)?;
+    }
+    change(&state, ns, &channel, expected, req.state, req.attributes).await
+}
+
+/// `DELETE /api/v1/rooms/{room}`: close it (final event, members
+/// unsubscribed, no more publishes).
+pub async fn delete_room(
+    AxState(state): St,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    api_auth(&state, &headers)?;
+    let (channel, ns) = room_channel(&state, &name)?;
+    let expected = if_match(&headers)?;
+    change(&state, ns, &channel, expected, Some(RoomStatus::Closed), None).await
+}
+
+async fn change(
+    state: &State,
+    ns: &NamespaceOptions,
+    channel: &ChannelName,
+    expected: Option<u64>,
+    to: Option<RoomStatus>,
+    attributes: Option<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Response, ApiError> {
+    for _ in 0..CHANGE_RETRIES {
+        let room = state.engine.room(channel).await?.ok_or_else(rooms::no_such_room)?;
+        if expected.is_some_and(|v| v != room.version) {
+            return Err(stale(channel, &room));
+        }
+        let next = room.change(to, attributes.clone(), now_ms()).map_err(|e| {
+            ApiError::new(ErrorCode::Conflict, e.to_string()).with_current(current(channel, &room))
+        })?;
+        match rooms::write_room(state, ns, channel, Some(room.version), next, RoomReason::Api).await? {
+            RoomWritten::Written { room, .. } => {
+                return Ok(respond(state, StatusCode::OK, channel, &room).await)
+            }
+            RoomWritten::Conflict { current: Some(cur) } if expected.is_some() => {
+                return Err(stale(channel, &cur))
+            }
+            RoomWritten::Conflict { current: None } => return Err(rooms::no_such_room()),
+            RoomWritten::Conflict { .. } => continue, // raced without If-Match: read again
+        }
+    }
+    Err(ApiError::new(ErrorCode::Conflict, "the room changed too often to apply this change; retry"))
+}
+
+fn stale(channel: &ChannelName, room: &Room) -> ApiError {
+    ApiError::new(
+        ErrorCode::PreconditionFailed,
+        format!("If-Match does not match the room's version {}", room.version),
+    )
+    .with_current(current(channel, room))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PresenceQuery {
+    /// `1`/`true`: only the count.
+    #[serde(default)]
+    count: Option<String>,
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// `GET /api/v1/channels/{channel}/presence[?count=1][&limit=N]`.
+pub async fn presence(
+    AxState(state): St,
+    Path(name): Path<String>,
+    Query(q): Query<PresenceQuery>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    api_auth(&state, &headers)?;
+    let (channel, ns) = parse_channel(&state, &name)?;
+    if !ns.presence {
+        return Err(ApiError::new(
+            ErrorCode::NotSupported,
+            "this namespace has no presence (presence = true)",
+        ));
+    }
+    let count_only = matches!(q.count.as_deref(), Some("1" | "true"));
+    let max = state.config.presence.max_members_listed;
+    let limit = q.limit.unwrap_or(max);
+    if limit == 0 || limit > max {
+        return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={max}")));
+    }
+    let (count, members) = rooms::list(&state, ns, &channel, count_only, limit).await?;
+    #[derive(Serialize)]
+    struct Body<'a> {
+        channel: &'a str,
+        count: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        members: Option<Vec<Member>>,
+    }
+    let body = serde_json::to_vec(&Body { channel: channel.as_str(), count, members }).expect("serialises");
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+}

@@ -1,0 +1,255 @@
+//! Presence announcements and the room lifecycle, on top of the engine.
+//!
+//! The engine holds the truth (leases with fencing tokens, room records
+//! changed by compare-and-set together with their log event); this module
+//! decides what to announce and which room transition is due, and runs the
+//! keeper that drives timers:
+//!
+//! - every `presence.sweep_interval` it removes expired leases (each is
+//!   returned to exactly one sweeper, on any node) and announces their
+//!   `leave`;
+//! - it then walks the rooms that are not closed and applies the transition
+//!   [`Room::due`] says (host present → `live`, host gone → `grace`, grace
+//!   over → `closed`).
+//!
+//! The keeper reads everything from the engine, so nothing is lost with a
+//! process: after a restart (or on another node) rooms whose host never came
+//! back still close on time, because the host's lease and the grace deadline
+//! are stored. Event-driven checks (a host joins or leaves) only make the
+//! same transitions sooner.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use herald_core::{
+    AppendRequest, EngineError, Joined, Lease, Member, NamespaceOptions, Room, RoomReason, RoomStatus,
+    RoomWrite, RoomWritten,
+};
+use herald_proto::{ChannelName, ErrorCode, FrameKind};
+use serde_json::value::RawValue;
+
+use crate::error::ApiError;
+use crate::State;
+
+/// Rooms read per keeper step.
+const ROOM_PAGE: usize = 256;
+/// Expired leases removed per sweep step.
+const EXPIRE_PAGE: usize = 1024;
+/// Compare-and-set retries of one automatic transition before the keeper
+/// leaves it to its next pass.
+const CAS_RETRIES: usize = 3;
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+pub fn no_such_room() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "no such room; create it with PUT /api/v1/rooms/{room}")
+}
+
+/// A connection's hold on its member lease of one channel.
+#[derive(Debug, Clone)]
+pub struct Hold {
+    pub member: Member,
+    pub key: String,
+    pub token: herald_core::FenceToken,
+}
+
+/// The member count and (unless `count_only`) up to `limit` members of a
+/// presence channel. A room channel must exist.
+pub async fn list(
+    state: &State,
+    ns: &NamespaceOptions,
+    channel: &ChannelName,
+    count_only: bool,
+    limit: usize,
+) -> Result<(u64, Option<Vec<Member>>), ApiError> {
+    if ns.room && state.engine.room(channel).await?.is_none() {
+        return Err(no_such_room());
+    }
+    let count = state.engine.presence_count(channel).await?;
+    if count_only {
+        return Ok((count, None));
+    }
+    let leases = state.engine.presence(channel, limit).await?;
+    Ok((count, Some(leases.into_iter().map(|l| l.member).collect())))
+}
+
+/// Join `member` to `channel`; announces `join` for a new member and lets a
+/// room see its host.
+pub async fn join(state: &Arc<State>, channel: &ChannelName, member: Member) -> Result<Hold, EngineError> {
+    let joined = state.engine.presence_join(channel, &member, state.config.presence.lease_ttl).await?;
+    let lease = joined.lease();
+    let hold = Hold { key: lease.key(), token: lease.token, member: lease.member.clone() };
+    if let Joined::New(_) = &joined {
+        state.metrics.presence_joins.inc();
+        announce(state, channel, FrameKind::Join, &hold.member).await;
+    }
+    if is_room(state, channel) {
+        check_room(state, channel).await;
+    }
+    Ok(hold)
+}
+
+/// End `hold` cleanly: removes the lease if it is still ours and announces
+/// the `leave`.
+pub async fn leave(state: &Arc<State>, channel: &ChannelName, hold: &Hold) {
+    match state.engine.presence_leave(channel, &hold.key, hold.token).await {
+        Ok(Some(lease)) => {
+            state.metrics.presence_leaves.inc();
+            announce(state, channel, FrameKind::Leave, &lease.member).await;
+            if is_room(state, channel) {
+                check_room(state, channel).await;
+            }
+        }
+        Ok(None) => {} // taken over or swept meanwhile: someone else announced it
+        Err(e) => {
+            // The lease expires by itself; its leave is announced then.
+            tracing::warn!(channel = %channel, error = %e, "presence leave failed; the lease will expire");
+        }
+    }
+}
+
+/// Push a `join` or `leave` to the channel's subscribers on every node. Live
+/// only: a subscriber that misses one re-lists presence.
+async fn announce(state: &State, channel: &ChannelName, kind: FrameKind, member: &Member) {
+    let body = serde_json::to_string(member).expect("members serialise");
+    let body = RawValue::from_string(body).expect("serde_json output is valid JSON");
+    let req = AppendRequest {
+        kind,
+        ..AppendRequest::message(
+            channel.clone(),
+            body,
+            false,
+            herald_core::Retention { max_len: 0, max_age: None },
+        )
+    };
+    match state.engine.append(req).await {
+        Ok(_) | Err(EngineError::Closed) => {}
+        Err(e) => tracing::warn!(channel = %channel, error = %e, "presence announcement failed"),
+    }
+}
+
+fn is_room(state: &State, channel: &ChannelName) -> bool {
+    state.config.namespaces.resolve(channel).is_ok_and(|ns| ns.room)
+}
+
+/// Write the next version of a room together with its event.
+pub async fn write_room(
+    state: &State,
+    ns: &NamespaceOptions,
+    channel: &ChannelName,
+    expected_version: Option<u64>,
+    room: Room,
+    reason: RoomReason,
+) -> Result<RoomWritten, EngineError> {
+    let body =
+        RawValue::from_string(room.event(reason).to_string()).expect("serde_json output is valid JSON");
+    let closes = room.state == RoomStatus::Closed;
+    let event = AppendRequest {
+        kind: FrameKind::Room,
+        seal: closes,
+        ..AppendRequest::message(channel.clone(), body, true, ns.retention())
+    };
+    let written = state.engine.room_write(RoomWrite { expected_version, room, event }).await?;
+    if let RoomWritten::Written { room, .. } = &written {
+        state.metrics.room_changes.inc();
+        tracing::info!(room = %channel, state = %room.state, version = room.version, ?reason, "room changed");
+    }
+    Ok(written)
+}
+
+/// Apply the transition due for `channel` now, if any. Errors are logged:
+/// the keeper tries again on its next pass.
+pub async fn check_room(state: &Arc<State>, channel: &ChannelName) {
+    if let Err(e) = try_check_room(state, channel).await {
+        tracing::warn!(room = %channel, error = %e, "room check failed; retrying on the next pass");
+    }
+}
+
+async fn try_check_room(state: &State, channel: &ChannelName) -> Result<(), EngineError> {
+    let Ok(ns) = state.config.namespaces.resolve(channel) else { return Ok(()) };
+    for _ in 0..CAS_RETRIES {
+        let Some(room) = state.engine.room(channel).await? else { return Ok(()) };
+        let host_present = state.engine.presence_has_user(channel, &room.host).await?;
+        let Some((to, reason)) = room.due(host_present, now_ms()) else { return Ok(()) };
+        let next = room.change(Some(to), None, now_ms()).expect("due transitions are legal");
+        match write_room(state, ns, channel, Some(room.version), next, reason).await? {
+            RoomWritten::Written { .. } => return Ok(()),
+            RoomWritten::Conflict { .. } => continue, // changed meanwhile: decide again
+        }
+    }
+    Ok(())
+}
+
+/// The keeper: sweeps expired leases and drives room timers until shutdown.
+/// Every node runs one; the engine makes their work disjoint (a lease is
+/// swept once, a room version is written once).
+pub async fn keeper(state: Arc<State>) {
+    let mut tick = tokio::time::interval(state.config.presence.sweep_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let has_presence = state.config.namespaces.0.values().any(|ns| ns.presence);
+    if !has_presence {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = state.shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        sweep_leases(&state).await;
+        sweep_rooms(&state).await;
+    }
+}
+
+async fn sweep_leases(state: &Arc<State>) {
+    // Bounded: a backlog larger than this waits for the next tick.
+    for _ in 0..16 {
+        let expired = match state.engine.presence_expire(EXPIRE_PAGE).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "presence sweep failed");
+                return;
+            }
+        };
+        let n = expired.len();
+        for (channel, lease) in expired {
+            expired_lease(state, &channel, &lease).await;
+        }
+        if n < EXPIRE_PAGE {
+            return;
+        }
+    }
+}
+
+async fn expired_lease(state: &Arc<State>, channel: &ChannelName, lease: &Lease) {
+    state.metrics.presence_expired.inc();
+    tracing::debug!(channel = %channel, "presence lease expired");
+    announce(state, channel, FrameKind::Leave, &lease.member).await;
+    if is_room(state, channel) {
+        check_room(state, channel).await;
+    }
+}
+
+async fn sweep_rooms(state: &Arc<State>) {
+    let mut after: Option<ChannelName> = None;
+    loop {
+        let page = match state.engine.rooms_active(after.as_ref(), ROOM_PAGE).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(error = %e, "room sweep failed");
+                return;
+            }
+        };
+        let n = page.len();
+        for (channel, _room) in page {
+            check_room(state, &channel).await;
+            after = Some(channel);
+        }
+        if n < ROOM_PAGE || state.shutdown.is_cancelled() {
+            return;
+        }
+        // Let sessions run between pages of a long sweep.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}

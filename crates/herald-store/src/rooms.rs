@@ -1,0 +1,81 @@
+//! Room writes on the writer thread: compare-and-set of the record plus the
+//! append of its event, in one commit.
+//!
+//! `rooms` holds each room's record (by channel); `rooms_active` indexes
+//! the rooms that are not closed (by channel, empty values). A room write
+//! stages, in this order and only if every step passes: the version check
+//! against the record as this batch leaves it, the event's append (an
+//! ordinary durable append, so it gets the next seq of the room's channel
+//! and is fanned out after the commit), the new record, and the index
+//! entry. A write to `closed` also seals the channel in the event's append,
+//! removes every lease of the channel and the index entry. A refused step
+//! stages nothing, so the record and the log never disagree: the log holds
+//! exactly one event per version, in version order.
+
+use std::sync::Arc;
+
+use herald_core::{Message, Room, RoomStatus, RoomWrite, RoomWritten};
+use herald_proto::ChannelName;
+
+use crate::codec::{self, IdemRecord};
+use crate::storage::{Space, StorageError, WriteSet};
+use crate::writer::{StageError, Tally, Writer};
+
+impl Writer {
+    /// The room record of `channel` as this batch leaves it.
+    fn room_at(&self, channel: &ChannelName, ws: &WriteSet) -> Result<Option<Room>, StorageError> {
+        let key = channel.as_str().as_bytes();
+        let v = match ws.staged(Space::Rooms, key) {
+            Some(staged) => staged.map(<[u8]>::to_vec),
+            None => self.shared.storage.get(Space::Rooms, key)?,
+        };
+        Ok(v.map(|v| codec::decode_room(&v)).transpose()?)
+    }
+
+    /// Stage one room write. `Ok` carries the caller's result (`Conflict`
+    /// stages nothing) and the event to fan out.
+    pub(crate) fn stage_room(
+        &mut self,
+        write: RoomWrite,
+        ws: &mut WriteSet,
+        pending_idem: &mut std::collections::HashMap<Arc<str>, IdemRecord>,
+        tally: &mut Tally,
+    ) -> Result<(RoomWritten, Option<Arc<Message>>), StageError> {
+        let RoomWrite { expected_version, room, mut event } = write;
+        let channel = event.channel.clone();
+        let current = self.room_at(&channel, ws)?;
+        let current_version = current.as_ref().map(|r| r.version);
+        if current_version != expected_version {
+            tally.room_conflicts += 1;
+            return Ok((RoomWritten::Conflict { current }, None));
+        }
+        let closing = room.state == RoomStatus::Closed;
+        // The contract's shape of a room event, kept here whatever the
+        // caller set: durable (one event per version in the log), sealing
+        // exactly when closing, and no dedup (the version check already
+        // makes a retried write a conflict, and a dedup hit would skip the
+        // append while the record changes).
+        event.durable = true;
+        event.seal = closing;
+        event.dedup = None;
+        let (receipt, msg) = self.stage(event, ws, pending_idem, tally)?;
+        let key = channel.as_str().as_bytes().to_vec();
+        ws.put(Space::Rooms, key.clone(), codec::encode_room(&room));
+        if closing {
+            ws.delete(Space::RoomsActive, key);
+            // No `leave` is announced for these: the final event says it.
+            for (lease_key, exp) in self.channel_leases(&channel, ws)? {
+                self.delete_lease(&lease_key, exp, ws);
+            }
+        } else {
+            ws.put(Space::RoomsActive, key, Vec::new());
+        }
+        tally.room_writes += 1;
+        Ok((RoomWritten::Written { room, receipt }, msg))
+    }
+}
+
+/// Whether a stored room belongs in `rooms_active`.
+pub(crate) fn is_active(room: &Room) -> bool {
+    room.state != RoomStatus::Closed
+}
