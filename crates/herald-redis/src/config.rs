@@ -25,6 +25,10 @@ pub const DEFAULT_FANOUT_QUEUE: usize = 16_384;
 pub const DEFAULT_FILL_CONCURRENCY: usize = 16;
 /// Messages one gap-fill read asks for.
 pub const FILL_PAGE: usize = 256;
+/// The start of every key (and pub/sub channel) name.
+pub const DEFAULT_KEY_PREFIX: &str = "herald";
+/// Channels one `presence_expire` call takes from the sweep index at most.
+pub const SWEEP_CHANNELS: usize = 64;
 
 /// How to reach Redis and how patient to be with it.
 #[derive(Debug, Clone)]
@@ -37,8 +41,12 @@ pub struct RedisConfig {
     pub connections: usize,
     pub head_check_interval: Duration,
     pub lease_ttl: Duration,
-    /// Names the node's lease (`herald:node:{id}`); default: a random id.
+    /// Names the node's lease (`<key_prefix>:node:{id}`); default: a random id.
     pub node_id: Option<String>,
+    /// Every key and pub/sub channel name starts with `<key_prefix>:`.
+    /// Nodes that share channels must share it; deployments (or tests) on
+    /// one Redis that must not see each other use different ones.
+    pub key_prefix: String,
     pub fanout_queue: usize,
     pub fill_concurrency: usize,
 }
@@ -54,6 +62,7 @@ impl RedisConfig {
             head_check_interval: DEFAULT_HEAD_CHECK_INTERVAL,
             lease_ttl: DEFAULT_LEASE_TTL,
             node_id: None,
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             fanout_queue: DEFAULT_FANOUT_QUEUE,
             fill_concurrency: DEFAULT_FILL_CONCURRENCY,
         }
@@ -87,6 +96,11 @@ impl RedisConfig {
             if id.is_empty() || id.len() > 128 || id.chars().any(|c| c.is_control() || c == '{' || c == '}') {
                 return bad("redis node_id must be 1..=128 characters without braces or control characters");
             }
+        }
+        let p = &self.key_prefix;
+        if p.is_empty() || p.len() > 64 || p.chars().any(|c| c.is_control() || c.is_whitespace() || c == '{' || c == '}')
+        {
+            return bad("redis key_prefix must be 1..=64 characters without braces, spaces or control characters");
         }
         Ok(())
     }

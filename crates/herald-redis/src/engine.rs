@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_core::{
-    AckError, AppendRequest, CursorState, Engine, EngineError, FanoutSink, Health, Page, Position, Receipt,
-    Seq, SubscriberId, UserCursor,
+    AckError, AppendRequest, CursorState, Engine, EngineError, FanoutSink, FenceToken, Health, Joined, Lease,
+    Member, Page, Position, Receipt, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId, UserCursor,
 };
 use herald_proto::ChannelName;
 use redis::ProtocolVersion;
@@ -15,7 +15,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::conn::{open_conn, Redis};
 use crate::fanout::{self, Fanout};
-use crate::lease::{self, Lease};
+use crate::keys::Keys;
+use crate::lease::{self, NodeLease};
 use crate::ops::Inner;
 use crate::{RedisConfig, RedisError, RedisStats};
 
@@ -25,7 +26,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// The Redis engine. See the crate docs.
 pub struct RedisEngine {
     inner: Arc<Inner>,
-    lease: Arc<Lease>,
+    lease: Arc<NodeLease>,
     node_id: String,
 }
 
@@ -40,11 +41,14 @@ impl RedisEngine {
         let overflow = Arc::new(AtomicBool::new(false));
         let sender = fanout::push_sender(push_tx, overflow.clone());
         let pubsub = open_conn(&config, ProtocolVersion::RESP3, Some(Arc::new(sender))).await?;
-        let fanout = Fanout::new(pubsub, &config, overflow);
-        let inner = Arc::new(Inner::new(redis, fanout));
+        let keys = Keys::new(&config.key_prefix);
+        let fanout = Fanout::new(pubsub, keys.clone(), &config, overflow);
+        // A sweeper's claim outlives its two round trips per channel.
+        let sweep_claim_ms = crate::ops::ms(config.command_timeout * 3);
+        let inner = Arc::new(Inner::new(redis, fanout, keys.clone(), sweep_claim_ms));
         let node_id =
             config.node_id.clone().unwrap_or_else(|| format!("herald-{}", uuid::Uuid::new_v4().simple()));
-        let lease = Arc::new(Lease::new(&node_id, config.lease_ttl));
+        let lease = Arc::new(NodeLease::new(&keys, &node_id, config.lease_ttl));
         let fan = &inner.fanout;
         fan.tasks.spawn(fanout::run_dispatcher(inner.clone(), push_rx));
         fan.tasks.spawn(fanout::run_checker(inner.clone()));
@@ -53,6 +57,7 @@ impl RedisEngine {
             urls = config.urls.len(),
             cluster = config.is_cluster(),
             node_id = %node_id,
+            key_prefix = %config.key_prefix,
             connections = config.connections,
             command_timeout = ?config.command_timeout,
             "redis engine open"
@@ -65,14 +70,16 @@ impl RedisEngine {
         self.inner.counters.snapshot()
     }
 
-    /// This node's id (its lease is `herald:node:{id}`).
+    /// This node's id (its lease is `<key_prefix>:node:{id}`).
     pub fn node_id(&self) -> &str {
         &self.node_id
     }
 
     /// Changes every time the node's lease was found lost and registered
-    /// again (the value counts them). State that lives as long as the node
-    /// does (presence) must be asserted again then.
+    /// again (the value counts them), for state tied to the node's
+    /// liveness. Presence needs nothing from it: every connection renews
+    /// its leases every third of their TTL and joins again when a renew
+    /// finds its lease gone (see docs/redis.md, "Node liveness").
     pub fn lease_reregistrations(&self) -> watch::Receiver<u64> {
         self.lease.events.subscribe()
     }
@@ -146,6 +153,72 @@ impl Engine for RedisEngine {
     /// Grouped by subscriber key, then by channel (the index is sorted).
     async fn user_cursors(&self, user: &str, limit: usize) -> Result<Vec<UserCursor>, EngineError> {
         self.inner.user_cursors(user, limit).await
+    }
+
+    /// Three round trips: the sweep index is lowered before and after the
+    /// join script (see `presence.rs`).
+    async fn presence_join(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        ttl: Duration,
+    ) -> Result<Joined, EngineError> {
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        self.inner.presence_join(channel, member, ttl).await
+    }
+
+    async fn presence_renew(
+        &self,
+        channel: &ChannelName,
+        key: &str,
+        token: FenceToken,
+        ttl: Duration,
+    ) -> Result<Renewed, EngineError> {
+        self.inner.presence_renew(channel, key, token, ttl).await
+    }
+
+    async fn presence_leave(
+        &self,
+        channel: &ChannelName,
+        key: &str,
+        token: FenceToken,
+    ) -> Result<Option<Lease>, EngineError> {
+        self.inner.presence_leave(channel, key, token).await
+    }
+
+    async fn presence(&self, channel: &ChannelName, limit: usize) -> Result<Vec<Lease>, EngineError> {
+        self.inner.presence(channel, limit).await
+    }
+
+    async fn presence_count(&self, channel: &ChannelName) -> Result<u64, EngineError> {
+        self.inner.presence_count(channel).await
+    }
+
+    async fn presence_has_user(&self, channel: &ChannelName, user: &str) -> Result<bool, EngineError> {
+        self.inner.presence_has_user(channel, user).await
+    }
+
+    async fn presence_expire(&self, limit: usize) -> Result<Vec<(ChannelName, Lease)>, EngineError> {
+        self.inner.presence_expire(limit).await
+    }
+
+    async fn room(&self, channel: &ChannelName) -> Result<Option<Room>, EngineError> {
+        self.inner.room(channel).await
+    }
+
+    async fn room_write(&self, write: RoomWrite) -> Result<RoomWritten, EngineError> {
+        self.inner.room_write(write).await
+    }
+
+    /// Rooms in channel-name (byte) order, each checked against its record.
+    async fn rooms_active(
+        &self,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> Result<Vec<(ChannelName, Room)>, EngineError> {
+        self.inner.rooms_active(after, limit).await
     }
 
     fn health(&self) -> Health {

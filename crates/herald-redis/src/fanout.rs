@@ -49,9 +49,10 @@ use uuid::Uuid;
 
 use crate::config::FILL_PAGE;
 use crate::conn::Conn;
+use crate::keys::Keys;
 use crate::ops::Inner;
 use crate::stats::{add, bump};
-use crate::{keys, scripts, val};
+use crate::{scripts, val};
 
 /// Locks serializing (un)subscribe calls per channel (striped).
 const STRIPES: usize = 64;
@@ -63,6 +64,7 @@ pub(crate) struct Fanout {
     stripes: Vec<tokio::sync::Mutex<()>>,
     hasher: RandomState,
     pubsub: Conn,
+    keys: Keys,
     permits: Semaphore,
     concurrency: usize,
     interval: Duration,
@@ -102,13 +104,15 @@ struct FeedState {
     suspect: bool,
 }
 
-/// What the pub/sub payload carries: `v1 <channel> <seq|-> <ts> <id>
-/// <epoch|->\n<frame>`.
+/// What the pub/sub payload carries: `v2 <channel> <seq|-> <ts> <id>
+/// <epoch|-> <closes 0|1>\n<frame>`.
 struct Payload {
     seq: Option<Seq>,
     ts: u64,
     id: Arc<str>,
     epoch: String,
+    /// The channel's sealing message.
+    closes: bool,
     frame: Bytes,
 }
 
@@ -116,10 +120,15 @@ fn parse_payload(p: Vec<u8>) -> Option<Payload> {
     let nl = p.iter().position(|&b| b == b'\n')?;
     let header = std::str::from_utf8(&p[..nl]).ok()?;
     let mut f = header.split(' ');
-    let (Some("v1"), Some(_ch), Some(seq), Some(ts), Some(id), Some(epoch), None) =
-        (f.next(), f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
+    let (Some("v2"), Some(_ch), Some(seq), Some(ts), Some(id), Some(epoch), Some(closes), None) =
+        (f.next(), f.next(), f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
     else {
         return None;
+    };
+    let closes = match closes {
+        "1" => true,
+        "0" => false,
+        _ => return None,
     };
     let seq = match val::opt(seq) {
         Some(s) => Some(s.parse().ok()?),
@@ -127,17 +136,18 @@ fn parse_payload(p: Vec<u8>) -> Option<Payload> {
     };
     let (ts, id, epoch) = (ts.parse().ok()?, Arc::from(id), val::opt(epoch).unwrap_or("").to_owned());
     let frame = Bytes::from(p).slice(nl + 1..);
-    Some(Payload { seq, ts, id, epoch, frame })
+    Some(Payload { seq, ts, id, epoch, closes, frame })
 }
 
 impl Fanout {
-    pub fn new(pubsub: Conn, config: &crate::RedisConfig, overflow: Arc<AtomicBool>) -> Self {
+    pub fn new(pubsub: Conn, keys: Keys, config: &crate::RedisConfig, overflow: Arc<AtomicBool>) -> Self {
         Self {
             feeds: Mutex::new(HashMap::new()),
             subscribed: Mutex::new(HashSet::new()),
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             hasher: RandomState::new(),
             pubsub,
+            keys,
             permits: Semaphore::new(config.fill_concurrency),
             concurrency: config.fill_concurrency,
             interval: config.head_check_interval,
@@ -171,7 +181,7 @@ impl Fanout {
         if want == have {
             return Ok(());
         }
-        let name = keys::fan(ch);
+        let name = self.keys.fan(ch);
         let mut conn = self.pubsub.clone();
         let op = async {
             match (&mut conn, want) {
@@ -305,7 +315,7 @@ pub(crate) async fn run_dispatcher(inner: Arc<Inner>, mut rx: mpsc::Receiver<Pus
                 else {
                     continue;
                 };
-                let Some(ch) = keys::channel_of_fan(&name) else { continue };
+                let Some(ch) = fan.keys.channel_of_fan(&name) else { continue };
                 match parse_payload(payload) {
                     Some(p) => on_message(&inner, &ch, p),
                     None => tracing::warn!(channel = %ch, "malformed fan-out payload ignored"),
@@ -320,7 +330,7 @@ pub(crate) async fn run_dispatcher(inner: Arc<Inner>, mut rx: mpsc::Receiver<Pus
                 // Also the confirmation of an automatic resubscribe after a
                 // reconnect: whatever was published meanwhile is in the log.
                 if let Some(ch) = push.data.into_iter().next().and_then(|v| match v {
-                    Value::BulkString(n) => keys::channel_of_fan(&n),
+                    Value::BulkString(n) => fan.keys.channel_of_fan(&n),
                     _ => None,
                 }) {
                     if let Some(feed) = fan.feed(&ch) {
@@ -360,6 +370,7 @@ fn on_message(inner: &Arc<Inner>, ch: &ChannelName, p: Payload) {
             ts: p.ts,
             epoch: Epoch::new(p.epoch),
             frame: p.frame,
+            closes: false,
         };
         bump(&inner.counters.fanout_delivered);
         deliver(inner, Arc::new(msg));
@@ -384,7 +395,15 @@ fn on_message(inner: &Arc<Inner>, ch: &ChannelName, p: Payload) {
     if seq == st.last + 1 {
         st.last = seq;
         st.last_id = Some(p.id.clone());
-        let msg = Message { channel: ch.clone(), seq: Some(seq), id: p.id, ts: p.ts, epoch, frame: p.frame };
+        let msg = Message {
+            channel: ch.clone(),
+            seq: Some(seq),
+            id: p.id,
+            ts: p.ts,
+            epoch,
+            frame: p.frame,
+            closes: p.closes,
+        };
         bump(&inner.counters.fanout_delivered);
         deliver(inner, Arc::new(msg));
         return;
@@ -484,7 +503,7 @@ async fn run_worker(inner: &Arc<Inner>, feed: &Arc<Feed>) {
             bump(&inner.counters.data_loss_detected);
             let new = Uuid::now_v7().hyphenated().to_string();
             let mut inv = scripts::BUMP_EPOCH.prepare_invoke();
-            inv.key(keys::meta(ch)).arg(epoch.as_str()).arg(&new);
+            inv.key(inner.keys.meta(ch)).arg(epoch.as_str()).arg(&new);
             let r: Result<(i64, String), _> = inner
                 .redis
                 .call_unchecked("bump epoch", |mut c| async move { inv.invoke_async(&mut c).await })
@@ -603,7 +622,7 @@ pub(crate) async fn run_checker(inner: Arc<Inner>) {
 async fn check(inner: &Arc<Inner>, feed: &Arc<Feed>, last: Seq) {
     let ch = &feed.channel;
     let mut inv = scripts::CHECK.prepare_invoke();
-    inv.key(keys::meta(ch)).key(keys::log(ch)).arg(last);
+    inv.key(inner.keys.meta(ch)).key(inner.keys.log(ch)).arg(last);
     let r: Result<(String, u64, String), _> =
         inner.redis.call_unchecked("check", |mut c| async move { inv.invoke_async(&mut c).await }).await;
     let Ok((epoch, head, id)) = r else { return };

@@ -1,11 +1,11 @@
-//! The `message` frame as a template: the append script knows the seq and
-//! the timestamp only when it runs, so the node encodes the frame once with
-//! placeholders and the script joins `head ++ seq ++ middle ++ ts ++ tail`.
-//! The result is byte for byte `herald_proto::encode_message_frame` (a unit
-//! test checks it), so read and fan-out hand out the embedded engine's
-//! frames.
+//! A frame (`message`, `room`, `join`, `leave`) as a template: the append
+//! script knows the seq and the timestamp only when it runs, so the node
+//! encodes the frame once with placeholders and the script joins
+//! `head ++ seq ++ middle ++ ts ++ tail`. The result is byte for byte
+//! `herald_proto::encode_frame` (a unit test checks it), so read and
+//! fan-out hand out the embedded engine's frames.
 
-use herald_proto::{encode_message_frame, ChannelName, Meta};
+use herald_proto::{encode_frame, ChannelName, FrameKind, Meta};
 use serde_json::value::RawValue;
 
 /// The three constant parts of a frame around its seq and ts.
@@ -18,11 +18,19 @@ pub(crate) struct FrameTemplate {
 
 impl FrameTemplate {
     /// `durable`: the frame has a seq (volatile frames have none).
-    pub fn new(channel: &ChannelName, durable: bool, id: &str, data: &RawValue, meta: Option<&Meta>) -> Self {
+    pub fn new(
+        kind: FrameKind,
+        channel: &ChannelName,
+        durable: bool,
+        id: &str,
+        data: &RawValue,
+        meta: Option<&Meta>,
+    ) -> Self {
         // serde_json writes fields in declaration order: type, channel, seq,
-        // id, ts, data, meta. Channel names and ids never contain `"`, so
-        // the first `,"seq":0,` and `,"ts":0,` are the placeholders.
-        let frame = encode_message_frame(channel, durable.then_some(0), id, 0, data, meta);
+        // id, ts, then the body and meta. Channel names and ids never
+        // contain `"`, so the first `,"seq":0,` and `,"ts":0,` are the
+        // placeholders.
+        let frame = encode_frame(kind, channel, durable.then_some(0), id, 0, data, meta);
         let ts_at = find(&frame, b",\"ts\":0,").expect("frames have a ts") + b",\"ts\":".len();
         let tail = frame[ts_at + 1..].to_vec();
         let (head, middle) = if durable {
@@ -68,13 +76,15 @@ mod tests {
             let data = RawValue::from_string(data.to_owned()).unwrap();
             for meta in [None, Some(&meta)] {
                 for (seq, ts) in [(1u64, 0u64), (0, 1), (42, 1_700_000_000_123), (u64::MAX, u64::MAX)] {
-                    let t = FrameTemplate::new(&ch, true, id, &data, meta);
-                    assert_eq!(
-                        t.render(Some(seq), ts),
-                        encode_message_frame(&ch, Some(seq), id, ts, &data, meta)
-                    );
-                    let v = FrameTemplate::new(&ch, false, id, &data, meta);
-                    assert_eq!(v.render(None, ts), encode_message_frame(&ch, None, id, ts, &data, meta));
+                    for kind in [FrameKind::Message, FrameKind::Room, FrameKind::Join, FrameKind::Leave] {
+                        let t = FrameTemplate::new(kind, &ch, true, id, &data, meta);
+                        assert_eq!(
+                            t.render(Some(seq), ts),
+                            encode_frame(kind, &ch, Some(seq), id, ts, &data, meta)
+                        );
+                        let v = FrameTemplate::new(kind, &ch, false, id, &data, meta);
+                        assert_eq!(v.render(None, ts), encode_frame(kind, &ch, None, id, ts, &data, meta));
+                    }
                 }
             }
         }

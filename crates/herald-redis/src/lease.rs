@@ -1,20 +1,22 @@
-//! The node's lease: `herald:node:{id}` with a TTL, refreshed by a
+//! The node's lease: `<prefix>:node:{id}` with a TTL, refreshed by a
 //! keep-alive loop. A lease found gone (expired while Redis was away, or
 //! lost with Redis's data) or held by another token (two processes with one
 //! node id) is registered again, logged and counted, and the re-registration
-//! is published on a `watch` channel so state tied to the node's liveness
-//! (presence, later) can be asserted again.
+//! is published on a `watch` channel for state tied to the node's liveness.
+//! Presence does not need it: member leases are renewed per connection, and
+//! a renew that finds its lease gone joins again (docs/redis.md).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::keys::Keys;
 use crate::ops::Inner;
+use crate::scripts;
 use crate::stats::bump;
-use crate::{keys, scripts};
 
-pub(crate) struct Lease {
+pub(crate) struct NodeLease {
     pub key: String,
     pub token: String,
     pub ttl: Duration,
@@ -22,10 +24,10 @@ pub(crate) struct Lease {
     pub events: watch::Sender<u64>,
 }
 
-impl Lease {
-    pub fn new(node_id: &str, ttl: Duration) -> Self {
+impl NodeLease {
+    pub fn new(keys: &Keys, node_id: &str, ttl: Duration) -> Self {
         Self {
-            key: keys::node(node_id),
+            key: keys.node(node_id),
             token: format!("{node_id}/{}", uuid::Uuid::new_v4().simple()),
             ttl,
             events: watch::Sender::new(0),
@@ -36,7 +38,7 @@ impl Lease {
 /// Refresh the lease every third of its TTL until cancelled.
 pub(crate) async fn keep_alive(
     inner: Arc<Inner>,
-    lease: Arc<Lease>,
+    lease: Arc<NodeLease>,
     cancel: tokio_util::sync::CancellationToken,
 ) {
     let ttl_ms = u64::try_from(lease.ttl.as_millis()).unwrap_or(u64::MAX);
@@ -81,7 +83,7 @@ pub(crate) async fn keep_alive(
 }
 
 /// Remove the lease if it is still ours (clean shutdown).
-pub(crate) async fn release(inner: &Inner, lease: &Lease) {
+pub(crate) async fn release(inner: &Inner, lease: &NodeLease) {
     let (key, token) = (lease.key.clone(), lease.token.clone());
     let r: Result<i64, _> = inner
         .redis

@@ -77,13 +77,15 @@ mod frame;
 mod keys;
 mod lease;
 mod ops;
+mod presence;
+mod rooms;
 mod scripts;
 mod stats;
 mod val;
 
 pub use config::{
     RedisConfig, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_FANOUT_QUEUE,
-    DEFAULT_FILL_CONCURRENCY, DEFAULT_HEAD_CHECK_INTERVAL, DEFAULT_LEASE_TTL,
+    DEFAULT_FILL_CONCURRENCY, DEFAULT_HEAD_CHECK_INTERVAL, DEFAULT_KEY_PREFIX, DEFAULT_LEASE_TTL,
 };
 pub use engine::RedisEngine;
 pub use error::RedisError;

@@ -1,6 +1,6 @@
 //! The engine's Redis operations: append, read, acks and cursors, each one
 //! script or command on the keys of one channel (see `keys.rs` and
-//! `scripts.rs`).
+//! `scripts.rs`). Presence is in `presence.rs`, rooms in `rooms.rs`.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,9 +17,10 @@ use uuid::Uuid;
 use crate::conn::Redis;
 use crate::fanout::Fanout;
 use crate::frame::FrameTemplate;
+use crate::keys::{self, Keys};
+use crate::scripts;
 use crate::stats::{bump, Counters};
 use crate::val::{self, array, opt, string, u64_of};
-use crate::{keys, scripts};
 
 /// Most entries of the "user index entry is written" cache; past it the
 /// cache starts over (it only saves a round trip per first ack).
@@ -30,6 +31,9 @@ const MAX_READ: usize = 10_000;
 /// Everything the engine's handle and its background tasks share.
 pub(crate) struct Inner {
     pub redis: Redis,
+    pub keys: Keys,
+    /// How long a presence sweeper's claim on a channel lasts.
+    pub sweep_claim_ms: u64,
     pub counters: Counters,
     pub sink: OnceLock<Arc<dyn FanoutSink>>,
     pub closing: AtomicBool,
@@ -44,18 +48,20 @@ pub(crate) struct RawPage {
     pub messages: Vec<Arc<Message>>,
 }
 
-fn new_epoch() -> String {
+pub(crate) fn new_epoch() -> String {
     Uuid::now_v7().hyphenated().to_string()
 }
 
-fn ms(d: std::time::Duration) -> u64 {
+pub(crate) fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 impl Inner {
-    pub fn new(redis: Redis, fanout: Fanout) -> Self {
+    pub fn new(redis: Redis, fanout: Fanout, keys: Keys, sweep_claim_ms: u64) -> Self {
         Self {
             redis,
+            keys,
+            sweep_claim_ms,
             counters: Counters::default(),
             sink: OnceLock::new(),
             closing: AtomicBool::new(false),
@@ -64,7 +70,7 @@ impl Inner {
         }
     }
 
-    fn publish_cmd(&self) -> &'static str {
+    pub fn publish_cmd(&self) -> &'static str {
         if self.redis.cluster {
             "SPUBLISH"
         } else {
@@ -72,7 +78,7 @@ impl Inner {
         }
     }
 
-    fn failed<T>(&self, r: Result<T, EngineError>) -> Result<T, EngineError> {
+    pub fn failed<T>(&self, r: Result<T, EngineError>) -> Result<T, EngineError> {
         if r.is_err() {
             bump(&self.counters.unavailable);
         }
@@ -101,12 +107,12 @@ impl Inner {
     async fn append_inner(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
         let ch = &req.channel;
         let id = Uuid::now_v7().hyphenated().to_string();
-        let tpl = FrameTemplate::new(ch, req.durable, &id, &req.data, req.meta.as_ref());
+        let tpl = FrameTemplate::new(req.kind, ch, req.durable, &id, &req.data, req.meta.as_ref());
         if let Some(d) = &req.dedup {
             // A dedup key belongs to the channel that used it first: the
             // receipt lives in that channel's slot, so reuse on another
             // channel is caught here (a different request, hence a mismatch).
-            let (claim, owner, ttl) = (keys::claim(&d.key), ch.as_str().to_owned(), ms(d.ttl));
+            let (claim, owner, ttl) = (self.keys.claim(&d.key), ch.as_str().to_owned(), ms(d.ttl));
             let prev: Option<String> = self
                 .redis
                 .call("claim", |mut c| async move {
@@ -127,10 +133,10 @@ impl Inner {
             }
         }
         let mut inv = scripts::APPEND.prepare_invoke();
-        inv.key(keys::meta(ch)).key(keys::log(ch));
+        inv.key(self.keys.meta(ch)).key(self.keys.log(ch));
         let (fingerprint, ttl) = match &req.dedup {
             Some(d) => {
-                inv.key(keys::receipt(ch, &d.key));
+                inv.key(self.keys.receipt(ch, &d.key));
                 (hex(&d.fingerprint), ms(d.ttl))
             }
             None => (String::new(), 1),
@@ -146,8 +152,9 @@ impl Inner {
             .arg(tpl.tail)
             .arg(&id)
             .arg(ch.as_str())
-            .arg(keys::fan(ch))
-            .arg(self.publish_cmd());
+            .arg(self.keys.fan(ch))
+            .arg(self.publish_cmd())
+            .arg(if req.durable && req.seal { "1" } else { "0" });
         let reply: Value =
             self.redis.call("append", |mut c| async move { inv.invoke_async(&mut c).await }).await?;
         let parsed = (|| {
@@ -156,6 +163,7 @@ impl Inner {
             let mut next = |what| r.next().ok_or_else(|| val::bad(what)).and_then(|v| string(v, what));
             Ok::<_, redis::RedisError>(match kind.as_str() {
                 "mismatch" => None,
+                "closed" => return Ok(Err(EngineError::Closed)),
                 "ok" => {
                     let (seq, ts, epoch, lost) =
                         (next("seq")?, next("ts")?, next("epoch")?, next("lost")? == "1");
@@ -167,8 +175,10 @@ impl Inner {
                 }
                 _ => return Err(val::bad("append kind")),
             })
+            .map(Ok)
         })();
         let parsed = parsed.map_err(|e| EngineError::Unavailable(format!("redis append: {e}")))?;
+        let parsed = parsed.inspect_err(|_| bump(&self.counters.closed_refused))?;
         let Some((seq, id, ts, epoch, duplicate, lost)) = parsed else {
             bump(&self.counters.dedup_mismatches);
             return Err(EngineError::IdempotencyMismatch);
@@ -202,7 +212,7 @@ impl Inner {
     ) -> Result<RawPage, EngineError> {
         let limit = limit.min(MAX_READ);
         let mut inv = scripts::READ.prepare_invoke();
-        inv.key(keys::meta(ch)).key(keys::log(ch)).arg(new_epoch()).arg(after).arg(limit);
+        inv.key(self.keys.meta(ch)).key(self.keys.log(ch)).arg(new_epoch()).arg(after).arg(limit);
         let run = |mut c: crate::conn::Conn| async move { inv.invoke_async::<Value>(&mut c).await };
         let reply = if fail_fast {
             self.redis.call("read", run).await
@@ -218,10 +228,15 @@ impl Inner {
             let first = u64_of(next("first")?, "first")?;
             let lost = u64_of(next("lost")?, "lost")? == 1;
             let entries = array(next("entries")?, "entries")?;
-            let messages =
-                entries.into_iter().map(|e| val::message(e, ch, &epoch)).collect::<Result<Vec<_>, _>>()?;
+            let closed = u64_of(next("closed")?, "closed")? == 1;
+            // The sealing message is the head of a closed channel.
+            let closes_at = closed.then_some(head);
+            let messages = entries
+                .into_iter()
+                .map(|e| val::message(e, ch, &epoch, closes_at))
+                .collect::<Result<Vec<_>, _>>()?;
             Ok::<_, redis::RedisError>((
-                RawPage { position: Position { epoch, first, head }, messages },
+                RawPage { position: Position { epoch, first, head, closed }, messages },
                 lost,
             ))
         })();
@@ -243,7 +258,7 @@ impl Inner {
         // the script runs again.
         for _ in 0..2 {
             let mut inv = scripts::ACK.prepare_invoke();
-            inv.key(keys::meta(ch)).key(keys::cursors(ch)).arg(&sk).arg(seq).arg(if indexed {
+            inv.key(self.keys.meta(ch)).key(self.keys.cursors(ch)).arg(&sk).arg(seq).arg(if indexed {
                 "1"
             } else {
                 "0"
@@ -282,7 +297,7 @@ impl Inner {
                     // whose cursor write never happened is skipped).
                     let prefix =
                         SubscriberId::user_prefix(sub.user()).expect("a SubscriberId has a valid user");
-                    let (key, member) = (keys::user_index(&prefix), keys::user_index_member(&sk, ch));
+                    let (key, member) = (self.keys.user_index(&prefix), keys::user_index_member(&sk, ch));
                     let r = self
                         .redis
                         .call("index cursor", |mut c| async move {
@@ -302,7 +317,7 @@ impl Inner {
         ch: &ChannelName,
         sub: &SubscriberId,
     ) -> Result<Option<CursorState>, EngineError> {
-        let (key, field) = (keys::cursors(ch), sub.key());
+        let (key, field) = (self.keys.cursors(ch), sub.key());
         let v: Option<String> = self
             .redis
             .call("cursor", |mut c| async move {
@@ -319,7 +334,7 @@ impl Inner {
     ) -> Result<Vec<(SubscriberId, CursorState)>, EngineError> {
         let mut out = Vec::new();
         let mut cursor = 0u64;
-        let key = keys::cursors(ch);
+        let key = self.keys.cursors(ch);
         while out.len() < limit {
             let (k, count) = (key.clone(), limit.clamp(10, 1000));
             let (next, items): (u64, Vec<(String, String)>) = self
@@ -345,7 +360,7 @@ impl Inner {
 
     pub async fn user_cursors(&self, user: &str, limit: usize) -> Result<Vec<UserCursor>, EngineError> {
         let Some(prefix) = SubscriberId::user_prefix(user) else { return Ok(Vec::new()) };
-        let key = keys::user_index(&prefix);
+        let key = self.keys.user_index(&prefix);
         let mut out = Vec::new();
         let mut from: Vec<u8> = b"-".to_vec();
         while out.len() < limit {

@@ -39,6 +39,14 @@ pub struct RedisStats {
     pub epoch_changes: u64,
     /// Times the node's lease was found lost and registered again.
     pub lease_reregistrations: u64,
+    /// Appends, joins and room writes refused because the channel is sealed.
+    pub closed_refused: u64,
+    /// Expired leases removed by this node's sweeps.
+    pub presence_expired: u64,
+    /// Room records written (with their event) through this node.
+    pub room_writes: u64,
+    /// Room writes refused by the version check.
+    pub room_conflicts: u64,
 }
 
 #[derive(Default)]
@@ -57,6 +65,10 @@ pub(crate) struct Counters {
     pub data_loss_detected: AtomicU64,
     pub epoch_changes: AtomicU64,
     pub lease_reregistrations: AtomicU64,
+    pub closed_refused: AtomicU64,
+    pub presence_expired: AtomicU64,
+    pub room_writes: AtomicU64,
+    pub room_conflicts: AtomicU64,
 }
 
 pub(crate) fn bump(c: &AtomicU64) {
@@ -87,6 +99,10 @@ impl Counters {
             data_loss_detected: get(&self.data_loss_detected),
             epoch_changes: get(&self.epoch_changes),
             lease_reregistrations: get(&self.lease_reregistrations),
+            closed_refused: get(&self.closed_refused),
+            presence_expired: get(&self.presence_expired),
+            room_writes: get(&self.room_writes),
+            room_conflicts: get(&self.room_conflicts),
         }
     }
 }

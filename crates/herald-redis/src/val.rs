@@ -56,8 +56,14 @@ pub(crate) fn opt(s: &str) -> Option<&str> {
     (s != "-").then_some(s)
 }
 
-/// One XRANGE entry: `[id, [t, ts, i, id, f, frame]]`.
-pub(crate) fn message(v: Value, channel: &ChannelName, epoch: &Epoch) -> RedisResult<Arc<Message>> {
+/// One XRANGE entry: `[id, [t, ts, i, id, f, frame]]`. `closes_at`: the
+/// seq of the channel's sealing message, if it is sealed.
+pub(crate) fn message(
+    v: Value,
+    channel: &ChannelName,
+    epoch: &Epoch,
+    closes_at: Option<Seq>,
+) -> RedisResult<Arc<Message>> {
     let mut e = array(v, "stream entry")?.into_iter();
     let (Some(id), Some(fields), None) = (e.next(), e.next(), e.next()) else {
         return Err(bad("stream entry"));
@@ -83,5 +89,6 @@ pub(crate) fn message(v: Value, channel: &ChannelName, epoch: &Epoch) -> RedisRe
         ts,
         epoch: epoch.clone(),
         frame: Bytes::from(frame),
+        closes: closes_at == Some(seq),
     }))
 }

@@ -1,5 +1,6 @@
 //! The engine conformance suite (herald-core) against the Redis engine on a
-//! single instance, one test per scenario, each on its own `redis-server`.
+//! single instance, one test per scenario, each on its own `redis-server`
+//! (and its own key prefix, as on the shared cluster).
 
 mod support;
 
@@ -16,7 +17,7 @@ macro_rules! conformance_tests {
             async fn $name() {
                 support::init_tracing();
                 let redis = RedisServer::start();
-                let engine: Arc<dyn Engine> = support::engine(&redis.url()).await;
+                let engine: Arc<dyn Engine> = support::fixture_engine(&redis.url()).await;
                 let fx = Fixture::new(engine);
                 conformance::$name(&fx).await;
                 fx.engine.close().await;
@@ -50,4 +51,14 @@ conformance_tests![
     cursors_lists_each_subscriber,
     user_cursors_lists_the_users_channels_only,
     concurrent_acks_end_at_the_max,
+    presence_join_lists_counts_and_finds_users,
+    presence_rejoin_reclaims_with_a_greater_token,
+    presence_stale_tokens_have_no_effect,
+    presence_renew_never_resurrects_a_swept_lease,
+    presence_expire_returns_each_expired_lease_once,
+    presence_tokens_stay_monotonic_without_leases,
+    room_create_conflicts_with_an_existing_room,
+    room_cas_admits_one_writer_per_version,
+    room_versions_are_logged_in_order_with_messages,
+    closing_a_room_seals_its_channel,
 ];

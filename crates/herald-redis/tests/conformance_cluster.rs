@@ -1,6 +1,8 @@
 //! The engine conformance suite against the Redis engine on a 3-master
 //! Redis Cluster: every scenario (`run_all` walks `scenarios()`), each on a
-//! fresh engine, all on one cluster (scenarios use unique channel names).
+//! fresh engine, all on one cluster (scenarios use unique channel names,
+//! and each engine its own key prefix, so its presence sweep index is its
+//! own).
 
 mod support;
 
@@ -17,7 +19,7 @@ async fn every_scenario_passes_on_a_cluster() {
     let url = cluster.url();
     conformance::run_all(|| {
         let url = url.clone();
-        async move { support::engine(&url).await as Arc<dyn Engine> }
+        async move { support::fixture_engine(&url).await as Arc<dyn Engine> }
     })
     .await;
 }

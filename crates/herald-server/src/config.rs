@@ -209,9 +209,13 @@ pub struct RedisSettings {
     /// Life of the node's lease key in Redis.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
-    /// The node's id (its lease is `herald:node:{id}`); default: random.
+    /// The node's id (its lease is `<key_prefix>:node:{id}`); default: random.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
+    /// Every Redis key and pub/sub channel starts with `<key_prefix>:`.
+    /// Nodes serving the same channels share it; separate deployments on
+    /// one Redis use different ones.
+    pub key_prefix: String,
 }
 
 impl Default for RedisSettings {
@@ -222,6 +226,7 @@ impl Default for RedisSettings {
             head_check_interval: Duration::from_secs(1),
             lease_ttl: Duration::from_secs(10),
             node_id: None,
+            key_prefix: "herald".into(),
         }
     }
 }

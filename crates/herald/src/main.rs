@@ -154,6 +154,7 @@ async fn open_engine(config: &herald_server::Config) -> anyhow::Result<Arc<dyn h
             redis.head_check_interval = r.head_check_interval;
             redis.lease_ttl = r.lease_ttl;
             redis.node_id = r.node_id.clone();
+            redis.key_prefix = r.key_prefix.clone();
             Arc::new(herald_redis::RedisEngine::open(redis).await?)
         }
     })

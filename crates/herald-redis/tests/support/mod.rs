@@ -272,6 +272,18 @@ pub async fn engine(url: &str) -> Arc<RedisEngine> {
     Arc::new(RedisEngine::open(engine_config(url)).await.expect("open redis engine"))
 }
 
+/// An engine under a key prefix of its own (`herald-f<n>`), for a
+/// conformance fixture: `presence_expire` sweeps every channel of the
+/// prefix, so the expiry scenarios need an index no other fixture on the
+/// same Redis sweeps.
+pub async fn fixture_engine(url: &str) -> Arc<RedisEngine> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut config = engine_config(url);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    config.key_prefix = format!("herald-f{}-{n}", std::process::id());
+    Arc::new(RedisEngine::open(config).await.expect("open redis engine"))
+}
+
 /// Poll `f` until it returns `Some`, at most `WAIT`.
 pub async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
 where
