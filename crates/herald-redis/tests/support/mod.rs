@@ -17,7 +17,8 @@ use herald_proto::MessageView;
 use herald_redis::{RedisConfig, RedisEngine};
 use herald_server::{Config, Server};
 use serde_json::Value;
-use tokio::sync::oneshot;
+use tokio::net::TcpStream as TokioTcpStream;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 /// Upper bound for any single wait in a test.
@@ -388,6 +389,28 @@ impl Node {
         (status, body)
     }
 
+    /// Any API request; `(status, body)`.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+        let mut req =
+            self.http.request(method, format!("{}{path}", self.url)).bearer_auth(API_KEY).timeout(WAIT);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.expect("http request");
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
     pub async fn get(&self, path: &str) -> (u16, Value) {
         let r = self.http.get(format!("{}{path}", self.url)).bearer_auth(API_KEY).timeout(WAIT).send().await;
         let r = r.expect("http request");
@@ -443,4 +466,168 @@ pub async fn next_message(conn: &mut Connection) -> MessageView {
 /// The JSON `data` of a message frame.
 pub fn data(v: &MessageView) -> Value {
     serde_json::from_str(v.data.as_ref().expect("data").get()).expect("data is JSON")
+}
+
+/// Server settings for presence tests: leases of `ttl` (renewed every
+/// third of it), swept every 100 ms.
+pub fn presence_config(ttl: Duration) -> impl FnOnce(&mut Config) + Send + 'static {
+    move |c: &mut Config| {
+        c.presence.lease_ttl = ttl;
+        c.presence.sweep_interval = Duration::from_millis(100);
+    }
+}
+
+/// A Herald node in a runtime of its own, so it can die the way a process
+/// does: [`crash`](CrashableNode::crash) drops every task of it at once
+/// (sessions, keeper, the engine's connections and lease), and no cleanup
+/// reaches Redis. Its clients see their sockets close.
+pub struct CrashableNode {
+    pub node: Option<Node>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl CrashableNode {
+    pub async fn start_with(
+        engine_config: RedisConfig,
+        tweak: impl FnOnce(&mut Config) + Send + 'static,
+    ) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("node runtime");
+        let node = rt.spawn(Node::start_with(engine_config, tweak)).await.expect("node starts");
+        CrashableNode { node: Some(node), rt: Some(rt) }
+    }
+
+    pub fn node(&self) -> &Node {
+        self.node.as_ref().expect("not crashed")
+    }
+
+    /// Stop the node's runtime without running anything more on it.
+    pub fn crash(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+        self.node = None;
+    }
+}
+
+impl Drop for CrashableNode {
+    fn drop(&mut self) {
+        // A runtime cannot be dropped (it blocks) inside the test's runtime.
+        self.crash();
+    }
+}
+
+/// A TCP proxy in front of a Redis, that can cut a node off from it: while
+/// cut, its connections are closed and new ones are closed at once.
+pub struct RedisProxy {
+    pub port: u16,
+    cut_tx: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl RedisProxy {
+    pub async fn start(target_port: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("addr").port();
+        let (cut_tx, _) = watch::channel(false);
+        let cut = cut_tx.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { continue };
+                if *cut.borrow() {
+                    continue; // dropped: closed at once
+                }
+                let mut cut_rx = cut.subscribe();
+                conns.spawn(async move {
+                    let Ok(mut outbound) = TokioTcpStream::connect(("127.0.0.1", target_port)).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        () = until_cut(&mut cut_rx) => {}
+                    }
+                });
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        RedisProxy { port, cut_tx, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn cut(&self) {
+        self.cut_tx.send_replace(true);
+    }
+
+    pub fn restore(&self) {
+        self.cut_tx.send_replace(false);
+    }
+}
+
+async fn until_cut(rx: &mut watch::Receiver<bool>) {
+    // The sender lives as long as the proxy: an error means it is gone.
+    let _ = rx.wait_for(|cut| *cut).await;
+}
+
+impl Drop for RedisProxy {
+    fn drop(&mut self) {
+        // Dropping the accept task drops its JoinSet: every connection ends.
+        self.task.abort();
+    }
+}
+
+/// Subscribe to a presence channel as member `client_id`; the `ok` reply.
+pub async fn join(conn: &mut Connection, channel: &str, client_id: &str) -> MessageView {
+    let ok = conn
+        .request(serde_json::json!({ "type": "subscribe", "channel": channel, "client_id": client_id }))
+        .await
+        .expect("subscribe");
+    assert_eq!(ok.kind, "ok", "{ok:?}");
+    ok
+}
+
+/// The next frame of any type but `pong`.
+pub async fn next_frame(conn: &mut Connection) -> MessageView {
+    loop {
+        match next_event(conn).await {
+            Some(ServerEvent::Frame(v)) if v.kind == "pong" => continue,
+            Some(ServerEvent::Frame(v)) => return v,
+            other => panic!("expected a frame, got {other:?}"),
+        }
+    }
+}
+
+/// The next `join` or `leave`, skipping other frames: `(kind, user, client id)`.
+pub async fn next_presence(conn: &mut Connection) -> (String, String, String) {
+    loop {
+        let f = next_frame(conn).await;
+        if f.kind == "join" || f.kind == "leave" {
+            let m = f.member.expect("presence frames carry the member");
+            return (f.kind, m.user, m.client_id);
+        }
+    }
+}
+
+/// The data of the next `room` event, skipping other frames.
+pub async fn next_room_event(conn: &mut Connection) -> Value {
+    loop {
+        let f = next_frame(conn).await;
+        if f.kind == "room" {
+            return data(&f);
+        }
+    }
+}
+
+/// `PUT /api/v1/rooms/{room}` with `host` and `grace_period` (seconds).
+pub async fn create_room(node: &Node, room: &str, host: &str, grace_secs: u64) -> Value {
+    let body = serde_json::json!({ "host": host, "grace_period": grace_secs });
+    let (status, body) = node.call("PUT", &format!("/api/v1/rooms/{room}"), Some(body), &[]).await;
+    assert_eq!(status, 201, "{body}");
+    body
 }
