@@ -98,9 +98,13 @@ impl RedisConfig {
             }
         }
         let p = &self.key_prefix;
-        if p.is_empty() || p.len() > 64 || p.chars().any(|c| c.is_control() || c.is_whitespace() || c == '{' || c == '}')
+        if p.is_empty()
+            || p.len() > 64
+            || p.chars().any(|c| c.is_control() || c.is_whitespace() || c == '{' || c == '}')
         {
-            return bad("redis key_prefix must be 1..=64 characters without braces, spaces or control characters");
+            return bad(
+                "redis key_prefix must be 1..=64 characters without braces, spaces or control characters",
+            );
         }
         Ok(())
     }

@@ -11,7 +11,7 @@
 //!
 //! # How an append flows
 //!
-//! The node builds the `message` frame once, with placeholders for the seq
+//! The node builds the frame once, with placeholders for the seq
 //! and the timestamp (`frame.rs`), and a UUIDv7 id. With a dedup key it
 //! first claims the key for the channel (`SET herald:idem:{key} channel NX
 //! GET`): a key first used on another channel is a mismatch, as in the
@@ -51,6 +51,18 @@
 //! to the user's index (another slot, so written before the cursor;
 //! `user_cursors` skips entries without a cursor).
 //!
+//! # Presence and rooms
+//!
+//! A member's lease lives in its channel's slot, changed by one script per
+//! operation with fencing tokens and expiries in Redis's time (`TIME`), so
+//! leases expire on time whichever node wrote them. A global sweep index
+//! lets any node's `presence_expire` find expired leases; it may be early,
+//! never late, and the channel script decides what is removed, so each
+//! lease is removed and returned once (`presence.rs`). A room write is one
+//! script: version compare-and-set, the event appended like any append,
+//! and on close the seal (every later append is refused after the dedup
+//! check) and the removal of the channel's leases (`rooms.rs`).
+//!
 //! # Failure
 //!
 //! Every call is bounded by the command timeout. A timeout or a connection
@@ -66,7 +78,7 @@
 //! # Key layout
 //!
 //! See `keys.rs` (and `docs/redis.md`): every key of channel `c` has the
-//! hash tag `{c}`.
+//! hash tag `{c}`, and every key starts with the configured prefix.
 
 mod config;
 mod conn;

@@ -161,7 +161,7 @@ impl Inner {
             let mut r = array(reply, "append reply")?.into_iter();
             let kind = string(r.next().ok_or_else(|| val::bad("append kind"))?, "append kind")?;
             let mut next = |what| r.next().ok_or_else(|| val::bad(what)).and_then(|v| string(v, what));
-            Ok::<_, redis::RedisError>(match kind.as_str() {
+            Ok::<Result<_, EngineError>, redis::RedisError>(Ok(match kind.as_str() {
                 "mismatch" => None,
                 "closed" => return Ok(Err(EngineError::Closed)),
                 "ok" => {
@@ -174,8 +174,7 @@ impl Inner {
                     Some((seq, id, ts, epoch, true, false))
                 }
                 _ => return Err(val::bad("append kind")),
-            })
-            .map(Ok)
+            }))
         })();
         let parsed = parsed.map_err(|e| EngineError::Unavailable(format!("redis append: {e}")))?;
         let parsed = parsed.inspect_err(|_| bump(&self.counters.closed_refused))?;

@@ -63,7 +63,11 @@ fn parse_lease(rec: &str) -> Result<Lease, EngineError> {
         return Err(bad());
     };
     let member: Member = serde_json::from_str(member).map_err(|_| bad())?;
-    Ok(Lease { member, token: token.parse().map_err(|_| bad())?, expires_at_ms: exp.parse().map_err(|_| bad())? })
+    Ok(Lease {
+        member,
+        token: token.parse().map_err(|_| bad())?,
+        expires_at_ms: exp.parse().map_err(|_| bad())?,
+    })
 }
 
 fn parse_leases(v: Value) -> Result<Vec<Lease>, EngineError> {
@@ -107,17 +111,28 @@ impl Inner {
     }
 
     /// Lower the channel's sweep-index score (see the module docs).
-    async fn index_lower(&self, ch: &ChannelName, score: Option<u64>, ttl: Duration) -> Result<(), EngineError> {
+    async fn index_lower(
+        &self,
+        ch: &ChannelName,
+        score: Option<u64>,
+        ttl: Duration,
+    ) -> Result<(), EngineError> {
         let args = [ch.to_string(), score.map(|s| s.to_string()).unwrap_or_default(), ms(ttl).to_string()];
         self.run("presence index", &scripts::INDEX_LOWER, &[self.keys.presence_due()], &args).await.map(drop)
     }
 
-    pub async fn presence_join(&self, ch: &ChannelName, member: &Member, ttl: Duration) -> Result<Joined, EngineError> {
+    pub async fn presence_join(
+        &self,
+        ch: &ChannelName,
+        member: &Member,
+        ttl: Duration,
+    ) -> Result<Joined, EngineError> {
         // Indexed before the lease exists: a node dying after the script
         // still leaves the channel where a sweep finds it.
         self.index_lower(ch, None, ttl).await?;
         let k = &self.keys;
-        let keys = [k.meta(ch), k.presence(ch), k.presence_exp(ch), k.presence_keys(ch), k.presence_token(ch)];
+        let keys =
+            [k.meta(ch), k.presence(ch), k.presence_exp(ch), k.presence_keys(ch), k.presence_token(ch)];
         let json = serde_json::to_string(member).expect("members serialise");
         let args = [member_key(member), json, ms(ttl).to_string()];
         let reply = self.run("presence join", &scripts::PRESENCE_JOIN, &keys, &args).await?;
@@ -191,7 +206,8 @@ impl Inner {
     }
 
     pub async fn presence_count(&self, ch: &ChannelName) -> Result<u64, EngineError> {
-        let reply = self.run("presence count", &scripts::PRESENCE_COUNT, &[self.keys.presence_exp(ch)], &[]).await?;
+        let reply =
+            self.run("presence count", &scripts::PRESENCE_COUNT, &[self.keys.presence_exp(ch)], &[]).await?;
         u64_of(reply, "count").map_err(malformed)
     }
 
@@ -215,10 +231,13 @@ impl Inner {
         let due_key = self.keys.presence_due();
         let n = limit.min(SWEEP_CHANNELS);
         let args = [n.to_string(), self.sweep_claim_ms.to_string()];
-        let reply = self.run("presence claim", &scripts::INDEX_CLAIM, std::slice::from_ref(&due_key), &args).await?;
+        let reply =
+            self.run("presence claim", &scripts::INDEX_CLAIM, std::slice::from_ref(&due_key), &args).await?;
         let mut r = array(reply, "claim").map_err(malformed)?.into_iter();
-        let claim = string(r.next().ok_or_else(|| malformed(val::bad("claim")))?, "claim").map_err(malformed)?;
-        let names = array(r.next().ok_or_else(|| malformed(val::bad("claimed")))?, "claimed").map_err(malformed)?;
+        let claim =
+            string(r.next().ok_or_else(|| malformed(val::bad("claim")))?, "claim").map_err(malformed)?;
+        let names =
+            array(r.next().ok_or_else(|| malformed(val::bad("claimed")))?, "claimed").map_err(malformed)?;
         if claim.is_empty() || names.is_empty() {
             return Ok(Vec::new());
         }
@@ -231,7 +250,9 @@ impl Inner {
                     // Not ours (or corrupt): drop it from the index.
                     tracing::warn!(entry = %name, "presence index entry is not a channel name; removed");
                     let args = [name, claim.clone(), String::new()];
-                    let _ = self.run("presence settle", &scripts::INDEX_SETTLE, std::slice::from_ref(&due_key), &args).await;
+                    let _ = self
+                        .run("presence settle", &scripts::INDEX_SETTLE, std::slice::from_ref(&due_key), &args)
+                        .await;
                 }
             }
         }
@@ -261,28 +282,32 @@ impl Inner {
     }
 
     /// Sweep one claimed channel and settle its claim.
-    async fn sweep_channel(&self, ch: &ChannelName, limit: usize, claim: &str) -> Result<Vec<Lease>, EngineError> {
+    async fn sweep_channel(
+        &self,
+        ch: &ChannelName,
+        limit: usize,
+        claim: &str,
+    ) -> Result<Vec<Lease>, EngineError> {
         let keys = [self.keys.presence(ch), self.keys.presence_exp(ch), self.keys.presence_keys(ch)];
         let swept = self.run("presence sweep", &scripts::PRESENCE_SWEEP, &keys, &[limit.to_string()]).await;
         let due_key = [self.keys.presence_due()];
         let (next, leases) = match swept {
             Ok(reply) => {
                 let mut r = array(reply, "sweep").map_err(malformed)?.into_iter();
-                let next = string(r.next().ok_or_else(|| malformed(val::bad("next")))?, "next").map_err(malformed)?;
+                let next = string(r.next().ok_or_else(|| malformed(val::bad("next")))?, "next")
+                    .map_err(malformed)?;
                 let recs = array(r.next().ok_or_else(|| malformed(val::bad("swept")))?, "swept");
                 // Removed already: a record that does not parse is logged
                 // and skipped, the others still reach the caller.
-                let leases = recs
-                    .map_err(malformed)?
-                    .into_iter()
-                    .filter_map(|rec| match string(rec, "lease").map_err(malformed).and_then(|s| parse_lease(&s)) {
-                        Ok(l) => Some(l),
+                let mut leases = Vec::new();
+                for rec in recs.map_err(malformed)? {
+                    match string(rec, "lease").map_err(malformed).and_then(|s| parse_lease(&s)) {
+                        Ok(l) => leases.push(l),
                         Err(e) => {
-                            tracing::warn!(channel = %ch, error = %e, "swept a malformed lease; no leave announced");
-                            None
+                            tracing::warn!(channel = %ch, error = %e, "swept a malformed lease; no leave announced")
                         }
-                    })
-                    .collect();
+                    }
+                }
                 (next, Ok(leases))
             }
             // Give the channel back at once (score 0: due), for the next call.

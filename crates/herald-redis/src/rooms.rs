@@ -82,7 +82,10 @@ impl Inner {
             .arg(ch.as_str())
             .arg(k.fan(&ch))
             .arg(self.publish_cmd());
-        let reply = self.redis.call("room write", |mut c| async move { inv.invoke_async::<Value>(&mut c).await }).await;
+        let reply = self
+            .redis
+            .call("room write", |mut c| async move { inv.invoke_async::<Value>(&mut c).await })
+            .await;
         let reply = self.failed(reply)?;
         let mut r = array(reply, "room write reply").map_err(|_| malformed("reply"))?.into_iter();
         let mut next = |what: &'static str| {
@@ -100,7 +103,8 @@ impl Inner {
                 Err(EngineError::Closed)
             }
             "ok" => {
-                let (seq, ts, epoch, lost) = (next("seq")?, next("ts")?, next("epoch")?, next("lost")? == "1");
+                let (seq, ts, epoch, lost) =
+                    (next("seq")?, next("ts")?, next("epoch")?, next("lost")? == "1");
                 let seq = opt(&seq).map(|s| s.parse().map_err(|_| malformed("seq"))).transpose()?;
                 let ts = ts.parse().map_err(|_| malformed("ts"))?;
                 let epoch = Epoch::new(opt(&epoch).unwrap_or(""));
@@ -169,14 +173,11 @@ impl Inner {
             let rooms = futures_util::future::join_all(channels.iter().map(|ch| self.room(ch))).await;
             for (ch, room) in channels.into_iter().zip(rooms) {
                 match room? {
-                    Some(room) if room.state != RoomStatus::Closed => {
-                        if out.len() < limit {
-                            out.push((ch, room));
-                        }
-                    }
                     // Closed for good: the entry is a leftover of a late add.
-                    Some(_) => self.index_room(&ch, true).await,
-                    None => {}
+                    Some(room) if room.state == RoomStatus::Closed => self.index_room(&ch, true).await,
+                    Some(room) if out.len() < limit => out.push((ch, room)),
+                    // Missing: an entry of a create that never happened.
+                    _ => {}
                 }
             }
             if done {

@@ -38,7 +38,8 @@ async fn join_and_leave_are_pushed_across_nodes() {
     let (status, body) = b.get("/api/v1/channels/room:lobby/presence").await;
     assert_eq!((status, body["count"].as_u64()), (200, Some(2)), "{body}");
     let (_, body) = a.get("/api/v1/channels/room:lobby/presence").await;
-    let mut users: Vec<&str> = body["members"].as_array().unwrap().iter().map(|m| m["user"].as_str().unwrap()).collect();
+    let mut users: Vec<&str> =
+        body["members"].as_array().unwrap().iter().map(|m| m["user"].as_str().unwrap()).collect();
     users.sort();
     assert_eq!(users, ["alice", "watcher"], "both nodes list the same members");
 

@@ -36,7 +36,10 @@ async fn a_room_whose_hosts_node_crashed_closes_after_grace() {
     let grace = next_room_event(&mut watcher).await;
     assert_eq!((grace["state"].as_str(), grace["reason"].as_str()), (Some("grace"), Some("host_left")));
     let closed = next_room_event(&mut watcher).await;
-    assert_eq!((closed["state"].as_str(), closed["reason"].as_str()), (Some("closed"), Some("grace_expired")));
+    assert_eq!(
+        (closed["state"].as_str(), closed["reason"].as_str()),
+        (Some("closed"), Some("grace_expired"))
+    );
     let took = crashed.elapsed();
     assert!(took >= Duration::from_secs(1), "not before the grace period ({took:?})");
     assert!(took <= ttl + ttl / 3 + Duration::from_secs(1) + Duration::from_secs(2), "{took:?}");
