@@ -143,6 +143,10 @@ pub struct BenchArgs {
     /// Server address. For `--peer nats`: the WebSocket listener
     #[arg(long, env = "HERALD_URL", default_value = "http://127.0.0.1:8700")]
     pub target: String,
+    /// Publish through this server instead of `--target` (HTTP peers): a
+    /// second Herald node on the same Redis measures cross-node delivery
+    #[arg(long)]
+    pub publish_target: Option<String>,
     /// Server under test
     #[arg(long, value_enum, default_value_t = Peer::Herald)]
     pub peer: Peer,

@@ -41,7 +41,7 @@ pub enum Publisher {
 
 impl PublisherFactory {
     pub fn new(args: &BenchArgs) -> anyhow::Result<Self> {
-        let base = args.target.trim_end_matches('/').to_owned();
+        let base = args.publish_target.as_deref().unwrap_or(&args.target).trim_end_matches('/').to_owned();
         Ok(match args.peer {
             Peer::Herald => PublisherFactory::Herald(match &args.api_key {
                 Some(key) => HttpApi::new(&base, key.clone()),

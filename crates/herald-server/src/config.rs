@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8700";
 /// Default data directory of the embedded engine.
 pub const DEFAULT_DATA_DIR: &str = "./herald-data";
+/// Default Redis of the Redis engine.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -22,6 +24,13 @@ pub struct Config {
     pub listen: SocketAddr,
     /// Data directory of the embedded engine.
     pub data_dir: PathBuf,
+    /// Where messages live: `embedded` (in `data_dir`, one node) or `redis`
+    /// (in Redis at `redis_url`, shared by every node).
+    pub engine: EngineKind,
+    /// The Redis engine's Redis: one URL, or a comma-separated list of
+    /// Redis Cluster seed nodes.
+    pub redis_url: String,
+    pub redis: RedisSettings,
     /// Allow token-less WebSocket connections with `?user=NAME`. Insecure.
     pub dev: bool,
     /// API keys for `/api/v1` (`Authorization: Bearer <key>`). Each key is its
@@ -42,6 +51,9 @@ impl Default for Config {
         Self {
             listen: DEFAULT_LISTEN.parse().expect("valid default address"),
             data_dir: PathBuf::from(DEFAULT_DATA_DIR),
+            engine: EngineKind::Embedded,
+            redis_url: DEFAULT_REDIS_URL.to_owned(),
+            redis: RedisSettings::default(),
             dev: false,
             api_keys: Vec::new(),
             jwt: JwtConfig::default(),
@@ -176,6 +188,51 @@ impl Default for StorageConfig {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    Embedded,
+    Redis,
+}
+
+/// Redis engine settings (used with `engine = "redis"`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisSettings {
+    /// Longest a Redis command may take; past it the call fails (503).
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// Command connections per Redis node (multiplexed), plus one for pub/sub.
+    pub connections: usize,
+    /// How often watched channels that were quiet are checked against
+    /// their head (catches a lost pub/sub message).
+    #[serde(with = "humantime_serde")]
+    pub head_check_interval: Duration,
+    /// Life of the node's lease key in Redis.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// The node's id (its lease is `<key_prefix>:node:{id}`); default: random.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// Every Redis key and pub/sub channel starts with `<key_prefix>:`.
+    /// Nodes serving the same channels share it; separate deployments on
+    /// one Redis use different ones.
+    pub key_prefix: String,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            command_timeout: Duration::from_secs(2),
+            connections: 2,
+            head_check_interval: Duration::from_secs(1),
+            lease_ttl: Duration::from_secs(10),
+            node_id: None,
+            key_prefix: "herald".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FsyncSetting {
     Always,
     Never,
@@ -211,6 +268,21 @@ impl Config {
             return Err(
                 "limits.idle_timeout must be longer than limits.ping_interval (and both non-zero)".into()
             );
+        }
+        if self.engine == EngineKind::Redis {
+            let r = &self.redis;
+            if self.redis_url.split(',').all(|u| u.trim().is_empty()) {
+                return Err("redis_url must name at least one Redis".into());
+            }
+            if r.command_timeout.is_zero() || r.head_check_interval.is_zero() {
+                return Err("redis.command_timeout and redis.head_check_interval must be positive".into());
+            }
+            if r.connections == 0 || r.connections > 64 {
+                return Err("redis.connections must be 1..=64".into());
+            }
+            if r.lease_ttl < Duration::from_secs(1) {
+                return Err("redis.lease_ttl must be at least 1s".into());
+            }
         }
         let p = &self.presence;
         if p.lease_ttl < Duration::from_millis(300) || p.sweep_interval.is_zero() || p.max_members_listed == 0
@@ -262,5 +334,20 @@ mod tests {
         assert!(c.validate().unwrap_err().contains("idle_timeout"));
         let c = Config { api_keys: vec!["short".into()], ..Default::default() };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn redis_engine_settings_parse_and_validate() {
+        let c: Config = toml::from_str(
+            "engine = \"redis\"\nredis_url = \"redis://a:1,redis://b:2\"\n[redis]\ncommand_timeout = \"500ms\"\nconnections = 4\n",
+        )
+        .unwrap();
+        assert_eq!(c.engine, EngineKind::Redis);
+        assert_eq!(c.redis.command_timeout, Duration::from_millis(500));
+        assert_eq!(c.redis.connections, 4);
+        c.validate().unwrap();
+        assert!(toml::from_str::<Config>("engine = \"memcached\"").is_err());
+        let c = Config { engine: EngineKind::Redis, redis_url: " , ".into(), ..Default::default() };
+        assert!(c.validate().unwrap_err().contains("redis_url"));
     }
 }

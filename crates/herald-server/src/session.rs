@@ -7,7 +7,9 @@
 //! pages from the log; live messages for it are dropped because the log read
 //! that follows them includes them) or *live* (a live message with
 //! `seq == next` goes out; `seq < next` is a duplicate; `seq > next` is a gap,
-//! and the subscription goes back to catching up from `next`). The hub
+//! and the subscription goes back to catching up from `next`; so does a
+//! message of another epoch, whatever its seq: the log was reset, and the
+//! catch-up read tells the client to resync). The hub
 //! registration happens before the first position read, so nothing committed
 //! after it can be missed.
 //!
@@ -361,13 +363,18 @@ impl Session {
         // A logged message for a volatile subscription cannot happen
         // (delivery is per namespace); drop it rather than break the order.
         let Some(cursor) = sub.log.as_mut() else { return false };
-        if cursor.catching_up || seq < cursor.next {
+        if cursor.catching_up {
             return false;
         }
-        if seq > cursor.next || msg.epoch != cursor.epoch {
-            // A gap (or a reset log): read from the log what we have not seen.
+        // The epoch first: a reset log numbers its seqs again, so a message
+        // of another epoch may carry a seq this subscription already passed.
+        if msg.epoch != cursor.epoch || seq > cursor.next {
+            // A reset log or a gap: read from the log what we have not seen.
             cursor.catching_up = true;
             self.catchup.push_back(msg.channel.clone());
+            return false;
+        }
+        if seq < cursor.next {
             return false;
         }
         if let Some(ack) = cursor.ack.as_mut() {

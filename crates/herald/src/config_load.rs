@@ -18,6 +18,14 @@ pub struct ServeFlags {
     /// Data directory of the embedded engine [default: ./herald-data]
     #[arg(long, env = "HERALD_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+    /// `embedded` (default: the log in --data-dir, one node) or `redis`
+    /// (the log in Redis, shared by several nodes)
+    #[arg(long, env = "HERALD_ENGINE")]
+    pub engine: Option<String>,
+    /// Redis of the Redis engine; a comma-separated list is a Redis Cluster
+    /// [default: redis://127.0.0.1:6379]
+    #[arg(long, env = "HERALD_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
     /// Configuration file (TOML); `herald config` prints every key
     #[arg(long, env = "HERALD_CONFIG")]
     pub config: Option<PathBuf>,
@@ -51,6 +59,16 @@ pub fn load(flags: &ServeFlags) -> Result<Config, String> {
     }
     if let Some(dir) = &flags.data_dir {
         config.data_dir = dir.clone();
+    }
+    if let Some(engine) = &flags.engine {
+        config.engine = match engine.as_str() {
+            "embedded" => herald_server::config::EngineKind::Embedded,
+            "redis" => herald_server::config::EngineKind::Redis,
+            other => return Err(format!("--engine / HERALD_ENGINE: `{other}` is not `embedded` or `redis`")),
+        };
+    }
+    if let Some(url) = &flags.redis_url {
+        config.redis_url = url.clone();
     }
     if flags.dev {
         config.dev = true;
@@ -96,8 +114,9 @@ fn read_file(path: &Path) -> Result<Config, String> {
 pub fn default_toml() -> String {
     let mut out = String::from(
         "# Herald configuration: every key with its default.\n\
-         # Environment overrides: HERALD_LISTEN, HERALD_DATA_DIR, HERALD_API_KEYS (comma-separated),\n\
-         # HERALD_JWT_SECRET, HERALD_DEV, HERALD_MAX_CONNECTIONS, HERALD_FSYNC, HERALD_CONFIG.\n\n",
+         # Environment overrides: HERALD_LISTEN, HERALD_DATA_DIR, HERALD_ENGINE, HERALD_REDIS_URL,\n\
+         # HERALD_API_KEYS (comma-separated), HERALD_JWT_SECRET, HERALD_DEV, HERALD_MAX_CONNECTIONS,\n\
+         # HERALD_FSYNC, HERALD_CONFIG.\n\n",
     );
     out.push_str(&toml::to_string_pretty(&Config::default()).expect("default config serialises"));
     out

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use config_load::ServeFlags;
-use herald_server::config::FsyncSetting;
+use herald_server::config::{EngineKind, FsyncSetting};
 use herald_server::Server;
 use herald_store::{EmbeddedEngine, FsyncMode, StoreConfig};
 
@@ -25,7 +25,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the server (embedded engine in --data-dir)
+    /// Run the server (embedded engine in --data-dir, or --engine redis)
     Serve(ServeFlags),
     /// Publish one message over the HTTP API
     Publish(cli::PublishArgs),
@@ -96,18 +96,13 @@ fn init_tracing() {
 }
 
 async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
-    let mut store = StoreConfig::new(&config.data_dir);
-    store.fsync = match config.storage.fsync {
-        FsyncSetting::Always => FsyncMode::Always,
-        FsyncSetting::Never => FsyncMode::Never,
-    };
-    store.max_batch = config.storage.max_batch;
-    let engine = EmbeddedEngine::open(store)
-        .map_err(|e| anyhow::anyhow!("cannot open the data dir {}: {e}", config.data_dir.display()))?;
-    let engine: Arc<dyn herald_core::Engine> = Arc::new(engine);
+    let engine = open_engine(&config).await?;
     let dev = config.dev;
     let no_keys = config.api_keys.is_empty();
-    let data_dir = config.data_dir.clone();
+    let storage = match config.engine {
+        EngineKind::Embedded => format!("embedded in {}", config.data_dir.display()),
+        EngineKind::Redis => "redis".to_owned(),
+    };
     let server = Server::bind(config, engine).await.map_err(|e| anyhow::anyhow!("cannot listen: {e}"))?;
     let addr = server.local_addr();
     if dev {
@@ -118,7 +113,7 @@ async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
     }
     tracing::info!(
         listen = %addr,
-        data_dir = %data_dir.display(),
+        storage = %storage,
         max_connections = server.state().max_connections,
         "herald is serving"
     );
@@ -134,6 +129,35 @@ async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
     }
     server.run(shutdown_signal()).await?;
     Ok(())
+}
+
+async fn open_engine(config: &herald_server::Config) -> anyhow::Result<Arc<dyn herald_core::Engine>> {
+    Ok(match config.engine {
+        EngineKind::Embedded => {
+            let mut store = StoreConfig::new(&config.data_dir);
+            store.fsync = match config.storage.fsync {
+                FsyncSetting::Always => FsyncMode::Always,
+                FsyncSetting::Never => FsyncMode::Never,
+            };
+            store.max_batch = config.storage.max_batch;
+            let engine = EmbeddedEngine::open(store).map_err(|e| {
+                anyhow::anyhow!("cannot open the data dir {}: {e}", config.data_dir.display())
+            })?;
+            Arc::new(engine)
+        }
+        EngineKind::Redis => {
+            let r = &config.redis;
+            let mut redis = herald_redis::RedisConfig::new(&config.redis_url);
+            redis.command_timeout = r.command_timeout;
+            redis.connect_timeout = r.command_timeout;
+            redis.connections = r.connections;
+            redis.head_check_interval = r.head_check_interval;
+            redis.lease_ttl = r.lease_ttl;
+            redis.node_id = r.node_id.clone();
+            redis.key_prefix = r.key_prefix.clone();
+            Arc::new(herald_redis::RedisEngine::open(redis).await?)
+        }
+    })
 }
 
 async fn shutdown_signal() {

@@ -1,0 +1,111 @@
+//! Settings of the Redis engine, with every default in one place.
+
+use std::time::Duration;
+
+use crate::RedisError;
+
+/// Longest a Redis command may take before the engine call fails with
+/// `EngineError::Unavailable` (a SIGSTOPped Redis must not hang publishes).
+pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(2);
+/// Command connections per Redis node (each multiplexed: many requests in
+/// flight on one socket). The pub/sub connection comes on top.
+pub const DEFAULT_CONNECTIONS: usize = 2;
+/// How often the fan-out checks the head of each watched channel that had
+/// no message since the last check, to catch a silently lost pub/sub
+/// message.
+pub const DEFAULT_HEAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+/// Life of the node's lease key; it is refreshed every third of it.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+/// Pub/sub messages buffered between the connection and the fan-out task.
+/// When it is full, messages are dropped and every watched channel is
+/// checked against its head (the log has them), so the bound costs reads,
+/// never messages.
+pub const DEFAULT_FANOUT_QUEUE: usize = 16_384;
+/// Gap fills and head checks running at once.
+pub const DEFAULT_FILL_CONCURRENCY: usize = 16;
+/// Messages one gap-fill read asks for.
+pub const FILL_PAGE: usize = 256;
+/// The start of every key (and pub/sub channel) name.
+pub const DEFAULT_KEY_PREFIX: &str = "herald";
+/// Channels one `presence_expire` call takes from the sweep index at most.
+pub const SWEEP_CHANNELS: usize = 64;
+
+/// How to reach Redis and how patient to be with it.
+#[derive(Debug, Clone)]
+pub struct RedisConfig {
+    /// One URL: a single instance. Several: seed nodes of a Redis Cluster.
+    pub urls: Vec<String>,
+    pub command_timeout: Duration,
+    /// Also the connect timeout of each attempt.
+    pub connect_timeout: Duration,
+    pub connections: usize,
+    pub head_check_interval: Duration,
+    pub lease_ttl: Duration,
+    /// Names the node's lease (`<key_prefix>:node:{id}`); default: a random id.
+    pub node_id: Option<String>,
+    /// Every key and pub/sub channel name starts with `<key_prefix>:`.
+    /// Nodes that share channels must share it; deployments (or tests) on
+    /// one Redis that must not see each other use different ones.
+    pub key_prefix: String,
+    pub fanout_queue: usize,
+    pub fill_concurrency: usize,
+}
+
+impl RedisConfig {
+    /// `url` may be a comma-separated list (a Redis Cluster).
+    pub fn new(url: &str) -> Self {
+        Self {
+            urls: url.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_owned).collect(),
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connect_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connections: DEFAULT_CONNECTIONS,
+            head_check_interval: DEFAULT_HEAD_CHECK_INTERVAL,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            node_id: None,
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            fanout_queue: DEFAULT_FANOUT_QUEUE,
+            fill_concurrency: DEFAULT_FILL_CONCURRENCY,
+        }
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        self.urls.len() > 1
+    }
+
+    pub fn validate(&self) -> Result<(), RedisError> {
+        let bad = |m: &str| Err(RedisError::Config(m.to_owned()));
+        if self.urls.is_empty() {
+            return bad("redis_url is empty");
+        }
+        if self.command_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return bad("redis command and connect timeouts must be positive");
+        }
+        if self.connections == 0 || self.connections > 64 {
+            return bad("redis connections must be 1..=64");
+        }
+        if self.head_check_interval < Duration::from_millis(10) {
+            return bad("redis head_check_interval must be at least 10ms");
+        }
+        if self.lease_ttl < Duration::from_millis(300) {
+            return bad("redis lease_ttl must be at least 300ms");
+        }
+        if self.fanout_queue < 16 || self.fill_concurrency == 0 {
+            return bad("redis fanout_queue must be at least 16 and fill_concurrency at least 1");
+        }
+        if let Some(id) = &self.node_id {
+            if id.is_empty() || id.len() > 128 || id.chars().any(|c| c.is_control() || c == '{' || c == '}') {
+                return bad("redis node_id must be 1..=128 characters without braces or control characters");
+            }
+        }
+        let p = &self.key_prefix;
+        if p.is_empty()
+            || p.len() > 64
+            || p.chars().any(|c| c.is_control() || c.is_whitespace() || c == '{' || c == '}')
+        {
+            return bad(
+                "redis key_prefix must be 1..=64 characters without braces, spaces or control characters",
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,258 @@
+//! [`RedisEngine`]: the handle the server holds.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use herald_core::{
+    AckError, AppendRequest, CursorState, Engine, EngineError, FanoutSink, FenceToken, Health, Joined, Lease,
+    Member, Page, Position, Receipt, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId, UserCursor,
+};
+use herald_proto::ChannelName;
+use redis::ProtocolVersion;
+use tokio::sync::{mpsc, watch};
+
+use crate::conn::{open_conn, Redis};
+use crate::fanout::{self, Fanout};
+use crate::keys::Keys;
+use crate::lease::{self, NodeLease};
+use crate::ops::Inner;
+use crate::{RedisConfig, RedisError, RedisStats};
+
+/// How long `close` waits for the background tasks.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// The Redis engine. See the crate docs.
+pub struct RedisEngine {
+    inner: Arc<Inner>,
+    lease: Arc<NodeLease>,
+    node_id: String,
+}
+
+impl RedisEngine {
+    /// Connect (every pooled connection and the pub/sub connection), then
+    /// start the fan-out, the periodic checks and the lease. Fails if Redis
+    /// cannot be reached now; later outages are survived.
+    pub async fn open(config: RedisConfig) -> Result<Self, RedisError> {
+        config.validate()?;
+        let redis = Redis::connect(&config).await?;
+        let (push_tx, push_rx) = mpsc::channel(config.fanout_queue);
+        let overflow = Arc::new(AtomicBool::new(false));
+        let sender = fanout::push_sender(push_tx, overflow.clone());
+        let pubsub = open_conn(&config, ProtocolVersion::RESP3, Some(Arc::new(sender))).await?;
+        let keys = Keys::new(&config.key_prefix);
+        let fanout = Fanout::new(pubsub, keys.clone(), &config, overflow);
+        // A sweeper's claim outlives its two round trips per channel.
+        let sweep_claim_ms = crate::ops::ms(config.command_timeout * 3);
+        let inner = Arc::new(Inner::new(redis, fanout, keys.clone(), sweep_claim_ms));
+        let node_id =
+            config.node_id.clone().unwrap_or_else(|| format!("herald-{}", uuid::Uuid::new_v4().simple()));
+        let lease = Arc::new(NodeLease::new(&keys, &node_id, config.lease_ttl));
+        let fan = &inner.fanout;
+        fan.tasks.spawn(fanout::run_dispatcher(inner.clone(), push_rx));
+        fan.tasks.spawn(fanout::run_checker(inner.clone()));
+        fan.tasks.spawn(lease::keep_alive(inner.clone(), lease.clone(), fan.cancel.clone()));
+        tracing::info!(
+            urls = config.urls.len(),
+            cluster = config.is_cluster(),
+            node_id = %node_id,
+            key_prefix = %config.key_prefix,
+            connections = config.connections,
+            command_timeout = ?config.command_timeout,
+            "redis engine open"
+        );
+        Ok(Self { inner, lease, node_id })
+    }
+
+    /// The engine's counters, for metrics.
+    pub fn stats(&self) -> RedisStats {
+        self.inner.counters.snapshot()
+    }
+
+    /// This node's id (its lease is `<key_prefix>:node:{id}`).
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// Changes every time the node's lease was found lost and registered
+    /// again (the value counts them), for state tied to the node's
+    /// liveness. Presence needs nothing from it: every connection renews
+    /// its leases every third of their TTL and joins again when a renew
+    /// finds its lease gone (see docs/redis.md, "Node liveness").
+    pub fn lease_reregistrations(&self) -> watch::Receiver<u64> {
+        self.lease.events.subscribe()
+    }
+
+    /// Channels this node watches (subscribed on pub/sub).
+    pub fn watched_channels(&self) -> usize {
+        self.inner.fanout.watched()
+    }
+}
+
+#[async_trait]
+impl Engine for RedisEngine {
+    fn set_sink(&self, sink: Arc<dyn FanoutSink>) {
+        if self.inner.sink.set(sink).is_err() {
+            tracing::warn!("fan-out sink installed twice; the first stays");
+        }
+    }
+
+    async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
+        self.inner.append(req).await
+    }
+
+    async fn position(&self, channel: &ChannelName) -> Result<Position, EngineError> {
+        Ok(self.inner.read_raw(channel, 0, 0, true).await?.position)
+    }
+
+    async fn read(&self, channel: &ChannelName, after: Seq, limit: usize) -> Result<Page, EngineError> {
+        let page = self.inner.read_raw(channel, after, limit, true).await?;
+        Ok(Page { position: page.position, messages: page.messages })
+    }
+
+    /// `SUBSCRIBE` (`SSUBSCRIBE` on a cluster) and the first position read;
+    /// see `fanout.rs`.
+    async fn watch(&self, channel: &ChannelName) -> Result<(), EngineError> {
+        fanout::watch(&self.inner, channel).await
+    }
+
+    async fn unwatch(&self, channel: &ChannelName) {
+        fanout::unwatch(&self.inner, channel).await
+    }
+
+    /// One script (compare-and-raise, refusing seqs beyond the head); the
+    /// first ack of a subscriber on a channel writes its user-index entry
+    /// first. Durability is Redis's `appendfsync` (see docs/guarantees.md).
+    async fn ack(
+        &self,
+        channel: &ChannelName,
+        subscriber: &SubscriberId,
+        seq: Seq,
+    ) -> Result<CursorState, AckError> {
+        self.inner.ack(channel, subscriber, seq).await
+    }
+
+    async fn cursor(
+        &self,
+        channel: &ChannelName,
+        subscriber: &SubscriberId,
+    ) -> Result<Option<CursorState>, EngineError> {
+        self.inner.cursor(channel, subscriber).await
+    }
+
+    /// In `HSCAN` order.
+    async fn cursors(
+        &self,
+        channel: &ChannelName,
+        limit: usize,
+    ) -> Result<Vec<(SubscriberId, CursorState)>, EngineError> {
+        self.inner.cursors(channel, limit).await
+    }
+
+    /// Grouped by subscriber key, then by channel (the index is sorted).
+    async fn user_cursors(&self, user: &str, limit: usize) -> Result<Vec<UserCursor>, EngineError> {
+        self.inner.user_cursors(user, limit).await
+    }
+
+    /// Three round trips: the sweep index is lowered before and after the
+    /// join script (see `presence.rs`).
+    async fn presence_join(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        ttl: Duration,
+    ) -> Result<Joined, EngineError> {
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        self.inner.presence_join(channel, member, ttl).await
+    }
+
+    async fn presence_renew(
+        &self,
+        channel: &ChannelName,
+        key: &str,
+        token: FenceToken,
+        ttl: Duration,
+    ) -> Result<Renewed, EngineError> {
+        self.inner.presence_renew(channel, key, token, ttl).await
+    }
+
+    async fn presence_leave(
+        &self,
+        channel: &ChannelName,
+        key: &str,
+        token: FenceToken,
+    ) -> Result<Option<Lease>, EngineError> {
+        self.inner.presence_leave(channel, key, token).await
+    }
+
+    async fn presence(&self, channel: &ChannelName, limit: usize) -> Result<Vec<Lease>, EngineError> {
+        self.inner.presence(channel, limit).await
+    }
+
+    async fn presence_count(&self, channel: &ChannelName) -> Result<u64, EngineError> {
+        self.inner.presence_count(channel).await
+    }
+
+    async fn presence_has_user(&self, channel: &ChannelName, user: &str) -> Result<bool, EngineError> {
+        self.inner.presence_has_user(channel, user).await
+    }
+
+    async fn presence_expire(&self, limit: usize) -> Result<Vec<(ChannelName, Lease)>, EngineError> {
+        self.inner.presence_expire(limit).await
+    }
+
+    async fn room(&self, channel: &ChannelName) -> Result<Option<Room>, EngineError> {
+        self.inner.room(channel).await
+    }
+
+    async fn room_write(&self, write: RoomWrite) -> Result<RoomWritten, EngineError> {
+        self.inner.room_write(write).await
+    }
+
+    /// Rooms in channel-name (byte) order, each checked against its record.
+    async fn rooms_active(
+        &self,
+        after: Option<&ChannelName>,
+        limit: usize,
+    ) -> Result<Vec<(ChannelName, Room)>, EngineError> {
+        self.inner.rooms_active(after, limit).await
+    }
+
+    fn health(&self) -> Health {
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Health::Unavailable("redis engine is closed".into());
+        }
+        match self.inner.redis.health.down_reason() {
+            Some(reason) => Health::Unavailable(reason),
+            None => Health::Ready,
+        }
+    }
+
+    /// Refuse new appends and acks, stop the background tasks and remove
+    /// the lease. Idempotent. Nothing is buffered in the node: every `Ok`
+    /// append is in Redis already.
+    async fn close(&self) {
+        if self.inner.closing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let fan = &self.inner.fanout;
+        fan.cancel.cancel();
+        fan.tasks.close();
+        if tokio::time::timeout(CLOSE_WAIT, fan.tasks.wait()).await.is_err() {
+            tracing::warn!("redis engine tasks did not stop in time");
+        }
+        lease::release(&self.inner, &self.lease).await;
+        tracing::info!(node_id = %self.node_id, "redis engine closed");
+    }
+}
+
+impl Drop for RedisEngine {
+    fn drop(&mut self) {
+        // The background tasks hold the shared state; without a `close`
+        // they would keep it (and the connections) alive.
+        self.inner.fanout.cancel.cancel();
+    }
+}

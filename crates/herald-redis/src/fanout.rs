@@ -1,0 +1,646 @@
+//! Fan-out between nodes: (sharded) pub/sub, made gap-free with the log.
+//!
+//! The append script publishes each message on `herald:{c}:fan` as it
+//! commits it, so pub/sub order is seq order. A node subscribes only to the
+//! channels it watches (`watch` / `unwatch`, reference-counted: the server
+//! may call `unwatch` for a subscriber that left after `watch` for one that
+//! came). Pub/sub loses messages when a connection drops or a buffer
+//! overflows; the log does not, so:
+//!
+//! - each watched channel has a [`FeedState`]: the epoch and the last seq
+//!   handed to the sink (`last`). A message with `seq == last + 1` in that
+//!   epoch goes to the sink; `seq <= last` is a duplicate; a higher seq is
+//!   a gap: a worker reads the log from `last` and hands out what is
+//!   missing, in order, before anything later;
+//! - after a disconnection the client library reconnects and resubscribes;
+//!   each resubscribe confirmation, and a periodic check of every channel
+//!   that was quiet for a `head_check_interval`, compares the channel's
+//!   head with `last` and starts a worker when they differ, so a message
+//!   lost silently is delivered within about one interval;
+//! - the worker also checks that the message at `last` is still the one
+//!   delivered, and that the head did not go below it: if Redis lost data
+//!   (a restart without persistence, a failover that lost a tail), it
+//!   starts a new epoch (compare-and-set, one node wins) and hands the
+//!   sink the head message of the new epoch; sessions holding the old
+//!   epoch then resync instead of skipping silently.
+//!
+//! Invariants: per channel, the sink gets seqs in increasing order without
+//! gap within an epoch (a range removed by retention is skipped, and
+//! sessions see the jump and report the truncation); every delivery and
+//! every change of `last` happens under the feed's lock; at most one
+//! worker per channel; every queue is bounded (the push queue drops when
+//! full and then checks every channel).
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use herald_core::{EngineError, Epoch, Message, Seq};
+use herald_proto::ChannelName;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use uuid::Uuid;
+
+use crate::config::FILL_PAGE;
+use crate::conn::Conn;
+use crate::keys::Keys;
+use crate::ops::Inner;
+use crate::stats::{add, bump};
+use crate::{scripts, val};
+
+/// Locks serializing (un)subscribe calls per channel (striped).
+const STRIPES: usize = 64;
+
+pub(crate) struct Fanout {
+    feeds: Mutex<HashMap<ChannelName, Watched>>,
+    /// Channels subscribed on the pub/sub connection.
+    subscribed: Mutex<HashSet<ChannelName>>,
+    stripes: Vec<tokio::sync::Mutex<()>>,
+    hasher: RandomState,
+    pubsub: Conn,
+    keys: Keys,
+    permits: Semaphore,
+    concurrency: usize,
+    interval: Duration,
+    timeout: Duration,
+    /// Set by the push sender when the queue was full.
+    overflow: Arc<AtomicBool>,
+    pub cancel: CancellationToken,
+    pub tasks: TaskTracker,
+}
+
+struct Watched {
+    watchers: usize,
+    feed: Arc<Feed>,
+}
+
+struct Feed {
+    channel: ChannelName,
+    state: Mutex<FeedState>,
+}
+
+struct FeedState {
+    /// `None` until the first read of the channel's position.
+    epoch: Option<Epoch>,
+    /// The last seq handed to the sink (or skipped as settled) in `epoch`.
+    last: Seq,
+    /// The id of the message at `last`, when known.
+    last_id: Option<Arc<str>>,
+    /// Highest seq seen on pub/sub in `epoch`, not handed out yet.
+    max_seen: Seq,
+    /// A worker runs for this feed.
+    busy: bool,
+    /// The worker must make one more round (something changed meanwhile).
+    again: bool,
+    /// When the channel last showed it is in sync (a message, a check).
+    active_at: Instant,
+    /// Check at the next tick even if recently active (after a disconnect).
+    suspect: bool,
+}
+
+/// What the pub/sub payload carries: `v2 <channel> <seq|-> <ts> <id>
+/// <epoch|-> <closes 0|1>\n<frame>`.
+struct Payload {
+    seq: Option<Seq>,
+    ts: u64,
+    id: Arc<str>,
+    epoch: String,
+    /// The channel's sealing message.
+    closes: bool,
+    frame: Bytes,
+}
+
+fn parse_payload(p: Vec<u8>) -> Option<Payload> {
+    let nl = p.iter().position(|&b| b == b'\n')?;
+    let header = std::str::from_utf8(&p[..nl]).ok()?;
+    let mut f = header.split(' ');
+    let (Some("v2"), Some(_ch), Some(seq), Some(ts), Some(id), Some(epoch), Some(closes), None) =
+        (f.next(), f.next(), f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
+    else {
+        return None;
+    };
+    let closes = match closes {
+        "1" => true,
+        "0" => false,
+        _ => return None,
+    };
+    let seq = match val::opt(seq) {
+        Some(s) => Some(s.parse().ok()?),
+        None => None,
+    };
+    let (ts, id, epoch) = (ts.parse().ok()?, Arc::from(id), val::opt(epoch).unwrap_or("").to_owned());
+    let frame = Bytes::from(p).slice(nl + 1..);
+    Some(Payload { seq, ts, id, epoch, closes, frame })
+}
+
+impl Fanout {
+    pub fn new(pubsub: Conn, keys: Keys, config: &crate::RedisConfig, overflow: Arc<AtomicBool>) -> Self {
+        Self {
+            feeds: Mutex::new(HashMap::new()),
+            subscribed: Mutex::new(HashSet::new()),
+            stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+            hasher: RandomState::new(),
+            pubsub,
+            keys,
+            permits: Semaphore::new(config.fill_concurrency),
+            concurrency: config.fill_concurrency,
+            interval: config.head_check_interval,
+            timeout: config.command_timeout,
+            overflow,
+            cancel: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    fn feed(&self, ch: &ChannelName) -> Option<Arc<Feed>> {
+        self.feeds.lock().unwrap_or_else(|e| e.into_inner()).get(ch).map(|w| w.feed.clone())
+    }
+
+    fn all_feeds(&self) -> Vec<Arc<Feed>> {
+        self.feeds.lock().unwrap_or_else(|e| e.into_inner()).values().map(|w| w.feed.clone()).collect()
+    }
+
+    pub fn watched(&self) -> usize {
+        self.feeds.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Subscribe or unsubscribe `ch` so the connection matches the watched
+    /// set. Serialized per channel: an unsubscribe never overtakes the
+    /// subscribe of a later watch.
+    async fn reconcile(&self, ch: &ChannelName) -> Result<(), EngineError> {
+        let stripe = (self.hasher.hash_one(ch.as_str()) as usize) % STRIPES;
+        let _serial = self.stripes[stripe].lock().await;
+        let want = self.feeds.lock().unwrap_or_else(|e| e.into_inner()).contains_key(ch);
+        let have = self.subscribed.lock().unwrap_or_else(|e| e.into_inner()).contains(ch);
+        if want == have {
+            return Ok(());
+        }
+        let name = self.keys.fan(ch);
+        let mut conn = self.pubsub.clone();
+        let op = async {
+            match (&mut conn, want) {
+                (Conn::Single(c), true) => c.subscribe(&name).await,
+                (Conn::Single(c), false) => c.unsubscribe(&name).await,
+                (Conn::Cluster(c), true) => c.ssubscribe(&name).await,
+                (Conn::Cluster(c), false) => c.sunsubscribe(&name).await,
+            }
+        };
+        let result = match tokio::time::timeout(self.timeout, op).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(EngineError::Unavailable(format!("redis subscribe: {e}"))),
+            Err(_) => {
+                Err(EngineError::Unavailable(format!("redis subscribe: no answer within {:?}", self.timeout)))
+            }
+        };
+        let mut subscribed = self.subscribed.lock().unwrap_or_else(|e| e.into_inner());
+        match (want, &result) {
+            (true, Ok(())) => {
+                subscribed.insert(ch.clone());
+            }
+            // A failed unsubscribe may leave messages coming: they are
+            // ignored (no feed), and a resubscribe after a reconnect
+            // follows the library's own list.
+            (false, _) => {
+                subscribed.remove(ch);
+            }
+            (true, Err(_)) => {}
+        }
+        result
+    }
+}
+
+/// `Engine::watch`.
+pub(crate) async fn watch(inner: &Arc<Inner>, ch: &ChannelName) -> Result<(), EngineError> {
+    let fan = &inner.fanout;
+    let feed = {
+        let mut feeds = fan.feeds.lock().unwrap_or_else(|e| e.into_inner());
+        let w = feeds.entry(ch.clone()).or_insert_with(|| Watched {
+            watchers: 0,
+            feed: Arc::new(Feed {
+                channel: ch.clone(),
+                state: Mutex::new(FeedState {
+                    epoch: None,
+                    last: 0,
+                    last_id: None,
+                    max_seen: 0,
+                    busy: false,
+                    again: false,
+                    active_at: Instant::now(),
+                    suspect: false,
+                }),
+            }),
+        });
+        w.watchers += 1;
+        w.feed.clone()
+    };
+    // Subscribed before the position read: whatever commits after the read
+    // comes over pub/sub.
+    fan.reconcile(ch).await?;
+    if feed.state.lock().unwrap_or_else(|e| e.into_inner()).epoch.is_none() {
+        let page = inner.read_raw(ch, 0, 0, true).await?;
+        let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.epoch.is_none() {
+            st.epoch = Some(page.position.epoch);
+            // Start one before the head: the worker hands the head message
+            // to the sink once. A session that read the position before
+            // this watch took effect (a second local subscriber racing the
+            // first one's watch) sees it as a gap and catches up from the
+            // log instead of waiting for the channel's next message.
+            st.last = page.position.head.saturating_sub(1);
+            if page.position.head > 0 {
+                start_worker(inner, &feed, &mut st);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `Engine::unwatch`.
+pub(crate) async fn unwatch(inner: &Arc<Inner>, ch: &ChannelName) {
+    let fan = &inner.fanout;
+    {
+        let mut feeds = fan.feeds.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(w) = feeds.get_mut(ch) else { return };
+        w.watchers -= 1;
+        if w.watchers > 0 {
+            return;
+        }
+        feeds.remove(ch);
+    }
+    if let Err(e) = fan.reconcile(ch).await {
+        tracing::debug!(channel = %ch, error = %e, "unsubscribe failed");
+    }
+}
+
+/// The push sender given to the pub/sub connection: never blocks; when the
+/// queue is full the message is dropped and `overflow` set (every channel
+/// is then checked against the log).
+pub(crate) fn push_sender(
+    tx: mpsc::Sender<PushInfo>,
+    overflow: Arc<AtomicBool>,
+) -> impl Fn(PushInfo) -> Result<(), ()> + Send + Sync + 'static {
+    move |info| {
+        if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(info) {
+            overflow.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+}
+
+/// The fan-out task: takes pushes in order and routes them.
+pub(crate) async fn run_dispatcher(inner: Arc<Inner>, mut rx: mpsc::Receiver<PushInfo>) {
+    let fan = &inner.fanout;
+    loop {
+        let push = tokio::select! {
+            biased;
+            () = fan.cancel.cancelled() => return,
+            p = rx.recv() => match p { Some(p) => p, None => return },
+        };
+        if fan.overflow.swap(false, Ordering::AcqRel) {
+            bump(&inner.counters.fanout_queue_full);
+            tracing::warn!("fan-out queue full: pub/sub messages dropped; checking every channel");
+            mark_all_suspect(&inner);
+        }
+        match push.kind {
+            PushKind::Message | PushKind::SMessage => {
+                let mut data = push.data.into_iter();
+                let (Some(Value::BulkString(name)), Some(Value::BulkString(payload))) =
+                    (data.next(), data.next())
+                else {
+                    continue;
+                };
+                let Some(ch) = fan.keys.channel_of_fan(&name) else { continue };
+                match parse_payload(payload) {
+                    Some(p) => on_message(&inner, &ch, p),
+                    None => tracing::warn!(channel = %ch, "malformed fan-out payload ignored"),
+                }
+            }
+            PushKind::Disconnection => {
+                bump(&inner.counters.pubsub_disconnects);
+                tracing::info!("pub/sub connection lost; resubscribing, then checking every watched channel");
+                mark_all_suspect(&inner);
+            }
+            PushKind::Subscribe | PushKind::SSubscribe => {
+                // Also the confirmation of an automatic resubscribe after a
+                // reconnect: whatever was published meanwhile is in the log.
+                if let Some(ch) = push.data.into_iter().next().and_then(|v| match v {
+                    Value::BulkString(n) => fan.keys.channel_of_fan(&n),
+                    _ => None,
+                }) {
+                    if let Some(feed) = fan.feed(&ch) {
+                        let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+                        if st.epoch.is_some() {
+                            st.again = true;
+                            start_worker(&inner, &feed, &mut st);
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn mark_all_suspect(inner: &Arc<Inner>) {
+    for feed in inner.fanout.all_feeds() {
+        feed.state.lock().unwrap_or_else(|e| e.into_inner()).suspect = true;
+    }
+}
+
+fn deliver(inner: &Inner, msg: Arc<Message>) {
+    if let Some(sink) = inner.sink.get() {
+        sink.deliver(msg);
+    }
+}
+
+fn on_message(inner: &Arc<Inner>, ch: &ChannelName, p: Payload) {
+    let Some(feed) = inner.fanout.feed(ch) else { return };
+    let Some(seq) = p.seq else {
+        // Volatile: live only, no order to keep.
+        let msg = Message {
+            channel: ch.clone(),
+            seq: None,
+            id: p.id,
+            ts: p.ts,
+            epoch: Epoch::new(p.epoch),
+            frame: p.frame,
+            closes: false,
+        };
+        bump(&inner.counters.fanout_delivered);
+        deliver(inner, Arc::new(msg));
+        return;
+    };
+    let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+    st.active_at = Instant::now();
+    let Some(epoch) = st.epoch.clone() else {
+        // Not initialized: the first position read and the worker cover it.
+        return;
+    };
+    if epoch.as_str() != p.epoch {
+        // Another epoch: only a read of the channel tells which is current
+        // (pub/sub may still carry messages of the one before).
+        st.again = true;
+        start_worker(inner, &feed, &mut st);
+        return;
+    }
+    if seq <= st.last {
+        return;
+    }
+    if seq == st.last + 1 {
+        st.last = seq;
+        st.last_id = Some(p.id.clone());
+        let msg = Message {
+            channel: ch.clone(),
+            seq: Some(seq),
+            id: p.id,
+            ts: p.ts,
+            epoch,
+            frame: p.frame,
+            closes: p.closes,
+        };
+        bump(&inner.counters.fanout_delivered);
+        deliver(inner, Arc::new(msg));
+        return;
+    }
+    st.max_seen = st.max_seen.max(seq);
+    if !st.busy {
+        bump(&inner.counters.fanout_gaps);
+    }
+    start_worker(inner, &feed, &mut st);
+}
+
+/// Start the feed's worker unless one runs (which then makes another round
+/// if `again` or `max_seen` ask for it).
+fn start_worker(inner: &Arc<Inner>, feed: &Arc<Feed>, st: &mut FeedState) {
+    if st.busy {
+        return;
+    }
+    st.busy = true;
+    let (inner2, feed) = (inner.clone(), feed.clone());
+    inner.fanout.tasks.spawn(async move {
+        let cancel = inner2.fanout.cancel.clone();
+        tokio::select! {
+            () = cancel.cancelled() => {}
+            () = run_worker(&inner2, &feed) => {}
+        }
+    });
+}
+
+/// Bring the feed up to the log: initialize it, fill gaps, follow an epoch
+/// change, notice lost data. Ends with `busy = false` on every path.
+async fn run_worker(inner: &Arc<Inner>, feed: &Arc<Feed>) {
+    struct NotBusy<'a>(&'a Feed);
+    impl Drop for NotBusy<'_> {
+        fn drop(&mut self) {
+            self.0.state.lock().unwrap_or_else(|e| e.into_inner()).busy = false;
+        }
+    }
+    let _permit = match inner.fanout.permits.acquire().await {
+        Ok(p) => p,
+        Err(_) => {
+            drop(NotBusy(feed));
+            return;
+        }
+    };
+    let _guard = NotBusy(feed);
+    let ch = &feed.channel;
+    // Bounded: each round either delivers, changes the epoch, or ends.
+    for _round in 0..10_000 {
+        let (epoch, last, last_id) = {
+            let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.again = false;
+            (st.epoch.clone(), st.last, st.last_id.clone())
+        };
+        // Read from one before `last` to see that the message at `last` is
+        // still the one handed out.
+        let after = last.saturating_sub(1);
+        let page = match inner.read_raw(ch, after, FILL_PAGE, false).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::debug!(channel = %ch, error = %e, "fan-out read failed; the next check retries");
+                return;
+            }
+        };
+        let pos = &page.position;
+        let Some(epoch) = epoch else {
+            let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.epoch = Some(pos.epoch.clone());
+            st.last = pos.head.saturating_sub(1);
+            continue;
+        };
+        if pos.epoch != epoch {
+            bump(&inner.counters.epoch_changes);
+            if pos.head < last {
+                bump(&inner.counters.data_loss_detected);
+                tracing::warn!(channel = %ch, old_epoch = %epoch, new_epoch = %pos.epoch, delivered = last,
+                    head = pos.head, "redis lost data of a watched channel; clients resync to the new epoch");
+            } else {
+                tracing::info!(channel = %ch, old_epoch = %epoch, new_epoch = %pos.epoch, "channel epoch changed");
+            }
+            let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.epoch = Some(pos.epoch.clone());
+            // Hand out the head message of the new epoch: it makes every
+            // session on the old epoch resync.
+            st.last = pos.head.saturating_sub(1);
+            st.last_id = None;
+            st.max_seen = 0;
+            continue;
+        }
+        let at_last = page.messages.iter().find(|m| m.seq == Some(last));
+        let rewritten = match (at_last, &last_id) {
+            (Some(m), Some(id)) => m.id != *id,
+            _ => false,
+        };
+        if pos.head < last || rewritten {
+            // The log lost what was already handed out, under the same
+            // epoch: start a new one so nobody trusts the old seqs.
+            bump(&inner.counters.data_loss_detected);
+            let new = Uuid::now_v7().hyphenated().to_string();
+            let mut inv = scripts::BUMP_EPOCH.prepare_invoke();
+            inv.key(inner.keys.meta(ch)).arg(epoch.as_str()).arg(&new);
+            let r: Result<(i64, String), _> = inner
+                .redis
+                .call_unchecked("bump epoch", |mut c| async move { inv.invoke_async(&mut c).await })
+                .await;
+            let current = match r {
+                Ok((won, current)) => {
+                    if won == 1 {
+                        tracing::warn!(channel = %ch, old_epoch = %epoch, new_epoch = %current, delivered = last,
+                            head = pos.head, "redis lost data of a watched channel; started a new epoch (clients resync)");
+                    }
+                    current
+                }
+                Err(e) => {
+                    tracing::warn!(channel = %ch, error = %e, "could not start a new epoch; retrying at the next check");
+                    return;
+                }
+            };
+            if !current.is_empty() {
+                // Follow the epoch that now stands (ours or another node's)
+                // and hand out its head message.
+                bump(&inner.counters.epoch_changes);
+                let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+                st.epoch = Some(Epoch::new(current));
+                st.last = pos.head.saturating_sub(1);
+                st.last_id = None;
+                st.max_seen = 0;
+            }
+            continue;
+        }
+        let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.epoch.as_ref() != Some(&epoch) {
+            continue;
+        }
+        let mut filled = 0;
+        for m in &page.messages {
+            let Some(seq) = m.seq else { continue };
+            if seq <= st.last {
+                continue;
+            }
+            // `seq > last + 1` only when retention removed the range in
+            // between: sessions see the jump and report the truncation.
+            st.last = seq;
+            st.last_id = Some(m.id.clone());
+            filled += 1;
+            deliver(inner, m.clone());
+        }
+        add(&inner.counters.fanout_filled, filled);
+        st.active_at = Instant::now();
+        st.suspect = false;
+        let complete = page.messages.len() < FILL_PAGE;
+        if complete && st.max_seen <= st.last && !st.again {
+            st.max_seen = 0;
+            return;
+        }
+    }
+    tracing::warn!(channel = %ch, "fan-out worker stopped after its round limit; the next check resumes");
+}
+
+/// The periodic loop: keep the pub/sub connection alive, retry what
+/// failed, and check every channel quiet for an interval.
+pub(crate) async fn run_checker(inner: Arc<Inner>) {
+    let fan = &inner.fanout;
+    let mut tick = tokio::time::interval(fan.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            () = fan.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        // A PING makes a pub/sub connection whose reconnect round gave up
+        // start another (it is allowed in subscribed mode under RESP3).
+        let mut conn = fan.pubsub.clone();
+        let _ = tokio::time::timeout(fan.timeout, redis::cmd("PING").query_async::<Value>(&mut conn)).await;
+        inner.redis.probe().await;
+        if inner.redis.health.down_reason().is_some() {
+            // Checks would only wait for their timeouts; they run (all of
+            // them) once Redis answers again.
+            mark_all_suspect(&inner);
+            continue;
+        }
+        let now = Instant::now();
+        let feeds = fan.all_feeds();
+        let checks = feeds.into_iter().map(|feed| {
+            let inner = inner.clone();
+            async move {
+                let subscribed =
+                    fan.subscribed.lock().unwrap_or_else(|e| e.into_inner()).contains(&feed.channel);
+                if !subscribed && fan.reconcile(&feed.channel).await.is_err() {
+                    return;
+                }
+                let last = {
+                    let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+                    if st.busy {
+                        return;
+                    }
+                    if st.epoch.is_none() {
+                        start_worker(&inner, &feed, &mut st);
+                        return;
+                    }
+                    if !st.suspect && now.duration_since(st.active_at) < fan.interval {
+                        return;
+                    }
+                    st.last
+                };
+                check(&inner, &feed, last).await;
+            }
+        });
+        let checks = futures_util::stream::iter(checks);
+        futures_util::StreamExt::for_each_concurrent(checks, fan.concurrency, |f| f).await;
+    }
+}
+
+/// Compare the channel in Redis with the feed; start the worker if they
+/// differ.
+async fn check(inner: &Arc<Inner>, feed: &Arc<Feed>, last: Seq) {
+    let ch = &feed.channel;
+    let mut inv = scripts::CHECK.prepare_invoke();
+    inv.key(inner.keys.meta(ch)).key(inner.keys.log(ch)).arg(last);
+    let r: Result<(String, u64, String), _> =
+        inner.redis.call_unchecked("check", |mut c| async move { inv.invoke_async(&mut c).await }).await;
+    let Ok((epoch, head, id)) = r else { return };
+    let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+    let same_epoch = st.epoch.as_ref().is_some_and(|e| e.as_str() == epoch);
+    let same_id = id.is_empty() || st.last_id.as_deref().is_none_or(|l| *l == *id);
+    if st.last != last {
+        // Moved meanwhile: it is flowing.
+        return;
+    }
+    if same_epoch && head == last && same_id {
+        st.active_at = Instant::now();
+        st.suspect = false;
+        return;
+    }
+    if same_epoch && head > last {
+        bump(&inner.counters.fanout_gaps);
+    }
+    st.again = true;
+    start_worker(inner, feed, &mut st);
+}

@@ -1,0 +1,92 @@
+//! A frame (`message`, `room`, `join`, `leave`) as a template: the append
+//! script knows the seq and the timestamp only when it runs, so the node
+//! encodes the frame once with placeholders and the script joins
+//! `head ++ seq ++ middle ++ ts ++ tail`. The result is byte for byte
+//! `herald_proto::encode_frame` (a unit test checks it), so read and
+//! fan-out hand out the embedded engine's frames.
+
+use herald_proto::{encode_frame, ChannelName, FrameKind, Meta};
+use serde_json::value::RawValue;
+
+/// The three constant parts of a frame around its seq and ts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct FrameTemplate {
+    pub head: Vec<u8>,
+    pub middle: Vec<u8>,
+    pub tail: Vec<u8>,
+}
+
+impl FrameTemplate {
+    /// `durable`: the frame has a seq (volatile frames have none).
+    pub fn new(
+        kind: FrameKind,
+        channel: &ChannelName,
+        durable: bool,
+        id: &str,
+        data: &RawValue,
+        meta: Option<&Meta>,
+    ) -> Self {
+        // serde_json writes fields in declaration order: type, channel, seq,
+        // id, ts, then the body and meta. Channel names and ids never
+        // contain `"`, so the first `,"seq":0,` and `,"ts":0,` are the
+        // placeholders.
+        let frame = encode_frame(kind, channel, durable.then_some(0), id, 0, data, meta);
+        let ts_at = find(&frame, b",\"ts\":0,").expect("frames have a ts") + b",\"ts\":".len();
+        let tail = frame[ts_at + 1..].to_vec();
+        let (head, middle) = if durable {
+            let seq_at =
+                find(&frame, b",\"seq\":0,").expect("durable frames have a seq") + b",\"seq\":".len();
+            (frame[..seq_at].to_vec(), frame[seq_at + 1..ts_at].to_vec())
+        } else {
+            (frame[..ts_at].to_vec(), Vec::new())
+        };
+        Self { head, middle, tail }
+    }
+
+    /// What the script produces (for tests and volatile fallbacks).
+    #[cfg(test)]
+    pub fn render(&self, seq: Option<u64>, ts: u64) -> Vec<u8> {
+        let mut out = self.head.clone();
+        if let Some(seq) = seq {
+            out.extend_from_slice(seq.to_string().as_bytes());
+        }
+        out.extend_from_slice(&self.middle);
+        out.extend_from_slice(ts.to_string().as_bytes());
+        out.extend_from_slice(&self.tail);
+        out
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendered_template_is_the_encoded_frame() {
+        let ch = ChannelName::new("chat:x.y@z=1").unwrap();
+        let id = "0190b2a1-7c3e-7000-8000-000000000001";
+        let mut meta = Meta::new();
+        meta.insert("trace".into(), "\"seq\":0,\"ts\":0,".into());
+        let datas = [r#"{"seq":0,"ts":0}"#, r#"",\"ts\":0,""#, "0", r#"{"text":"hé","n":[1,2.5]}"#];
+        for data in datas {
+            let data = RawValue::from_string(data.to_owned()).unwrap();
+            for meta in [None, Some(&meta)] {
+                for (seq, ts) in [(1u64, 0u64), (0, 1), (42, 1_700_000_000_123), (u64::MAX, u64::MAX)] {
+                    for kind in [FrameKind::Message, FrameKind::Room, FrameKind::Join, FrameKind::Leave] {
+                        let t = FrameTemplate::new(kind, &ch, true, id, &data, meta);
+                        assert_eq!(
+                            t.render(Some(seq), ts),
+                            encode_frame(kind, &ch, Some(seq), id, ts, &data, meta)
+                        );
+                        let v = FrameTemplate::new(kind, &ch, false, id, &data, meta);
+                        assert_eq!(v.render(None, ts), encode_frame(kind, &ch, None, id, ts, &data, meta));
+                    }
+                }
+            }
+        }
+    }
+}

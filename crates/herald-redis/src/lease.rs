@@ -1,0 +1,103 @@
+//! The node's lease: `<prefix>:node:{id}` with a TTL, refreshed by a
+//! keep-alive loop. A lease found gone (expired while Redis was away, or
+//! lost with Redis's data) or held by another token (two processes with one
+//! node id) is registered again, logged and counted, and the re-registration
+//! is published on a `watch` channel for state tied to the node's liveness.
+//! Presence does not need it: member leases are renewed per connection, and
+//! a renew that finds its lease gone joins again (docs/redis.md).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::keys::Keys;
+use crate::ops::Inner;
+use crate::scripts;
+use crate::stats::bump;
+
+pub(crate) struct NodeLease {
+    pub key: String,
+    pub token: String,
+    pub ttl: Duration,
+    /// Count of re-registrations so far (0 until the first).
+    pub events: watch::Sender<u64>,
+}
+
+impl NodeLease {
+    pub fn new(keys: &Keys, node_id: &str, ttl: Duration) -> Self {
+        Self {
+            key: keys.node(node_id),
+            token: format!("{node_id}/{}", uuid::Uuid::new_v4().simple()),
+            ttl,
+            events: watch::Sender::new(0),
+        }
+    }
+}
+
+/// Refresh the lease every third of its TTL until cancelled.
+pub(crate) async fn keep_alive(
+    inner: Arc<Inner>,
+    lease: Arc<NodeLease>,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    let ttl_ms = u64::try_from(lease.ttl.as_millis()).unwrap_or(u64::MAX);
+    let mut registered = false;
+    loop {
+        let (key, token) = (lease.key.clone(), lease.token.clone());
+        let mut inv = scripts::LEASE.prepare_invoke();
+        inv.key(key).arg(token).arg(ttl_ms);
+        let r: Result<i64, _> =
+            inner.redis.call_unchecked("lease", |mut c| async move { inv.invoke_async(&mut c).await }).await;
+        let ok = r.is_ok();
+        match r {
+            Ok(0) => {}
+            Ok(code) if !registered => {
+                if code == 2 {
+                    tracing::warn!(lease = %lease.key, "node lease was held by another process (same node id?); taken over");
+                }
+                tracing::info!(lease = %lease.key, "node lease registered");
+            }
+            Ok(code) => {
+                bump(&inner.counters.lease_reregistrations);
+                lease.events.send_modify(|n| *n += 1);
+                if code == 2 {
+                    tracing::error!(lease = %lease.key, "node lease held by another process (same node id?); registered again");
+                } else {
+                    tracing::warn!(lease = %lease.key, "node lease was lost (expired or gone from redis); registered again");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "lease refresh failed; retrying"),
+        }
+        if ok {
+            registered = true;
+        }
+        // Retry sooner after a failure, so a lease that lapsed while Redis
+        // was away comes back soon after Redis does.
+        let wait = if ok { lease.ttl / 3 } else { (lease.ttl / 10).max(Duration::from_millis(50)) };
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// Remove the lease if it is still ours (clean shutdown).
+pub(crate) async fn release(inner: &Inner, lease: &NodeLease) {
+    let (key, token) = (lease.key.clone(), lease.token.clone());
+    let r: Result<i64, _> = inner
+        .redis
+        .call_unchecked("lease release", |mut c| async move {
+            redis::Script::new(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+            )
+            .key(key)
+            .arg(token)
+            .invoke_async(&mut c)
+            .await
+        })
+        .await;
+    if let Err(e) = r {
+        tracing::debug!(error = %e, "lease release failed (it expires by itself)");
+    }
+}
