@@ -192,34 +192,45 @@ pub async fn keeper(state: Arc<State>) {
     if !has_presence {
         return;
     }
+    // Logged once per outage, not on every tick.
+    let mut failing = false;
     loop {
         tokio::select! {
             _ = state.shutdown.cancelled() => return,
             _ = tick.tick() => {}
         }
-        sweep_leases(&state).await;
-        sweep_rooms(&state).await;
+        let result = match sweep_leases(&state).await {
+            Ok(()) => sweep_rooms(&state).await,
+            Err(e) => Err(e),
+        };
+        match result {
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "presence and room sweeps failing; retrying every sweep_interval");
+            }
+            Err(e) => tracing::debug!(error = %e, "presence and room sweeps still failing"),
+            Ok(()) if failing => {
+                failing = false;
+                tracing::info!("presence and room sweeps recovered");
+            }
+            Ok(()) => {}
+        }
     }
 }
 
-async fn sweep_leases(state: &Arc<State>) {
+async fn sweep_leases(state: &Arc<State>) -> Result<(), EngineError> {
     // Bounded: a backlog larger than this waits for the next tick.
     for _ in 0..16 {
-        let expired = match state.engine.presence_expire(EXPIRE_PAGE).await {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "presence sweep failed");
-                return;
-            }
-        };
+        let expired = state.engine.presence_expire(EXPIRE_PAGE).await?;
         let n = expired.len();
         for (channel, lease) in expired {
             expired_lease(state, &channel, &lease).await;
         }
         if n < EXPIRE_PAGE {
-            return;
+            break;
         }
     }
+    Ok(())
 }
 
 async fn expired_lease(state: &Arc<State>, channel: &ChannelName, lease: &Lease) {
@@ -231,23 +242,17 @@ async fn expired_lease(state: &Arc<State>, channel: &ChannelName, lease: &Lease)
     }
 }
 
-async fn sweep_rooms(state: &Arc<State>) {
+async fn sweep_rooms(state: &Arc<State>) -> Result<(), EngineError> {
     let mut after: Option<ChannelName> = None;
     loop {
-        let page = match state.engine.rooms_active(after.as_ref(), ROOM_PAGE).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = %e, "room sweep failed");
-                return;
-            }
-        };
+        let page = state.engine.rooms_active(after.as_ref(), ROOM_PAGE).await?;
         let n = page.len();
         for (channel, _room) in page {
             check_room(state, &channel).await;
             after = Some(channel);
         }
         if n < ROOM_PAGE || state.shutdown.is_cancelled() {
-            return;
+            return Ok(());
         }
         // Let sessions run between pages of a long sweep.
         tokio::time::sleep(Duration::from_millis(1)).await;
