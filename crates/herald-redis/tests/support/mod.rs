@@ -99,7 +99,7 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log);
-        let child = cmd.spawn().map_err(|e| format!("cannot run {REDIS_SERVER}: {e}"))?;
+        let child = cmd.spawn().map_err(|e| format!("cannot run {REDIS_SERVER} ({e}); install it (apt-get install redis-server) or run scripts/test"))?;
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
