@@ -360,6 +360,28 @@ pub enum AckError {
     Engine(#[from] EngineError),
 }
 
+/// One of an engine's own figures, exported by the server on `/metrics` as
+/// `herald_engine_{name}` (counters get `_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineMetric {
+    /// snake_case, without prefix or `_total`.
+    pub name: &'static str,
+    pub help: &'static str,
+    pub value: u64,
+    /// A gauge (a level, like a queue depth) rather than a counter.
+    pub gauge: bool,
+}
+
+impl EngineMetric {
+    pub const fn counter(name: &'static str, help: &'static str, value: u64) -> Self {
+        Self { name, help, value, gauge: false }
+    }
+
+    pub const fn gauge(name: &'static str, help: &'static str, value: u64) -> Self {
+        Self { name, help, value, gauge: true }
+    }
+}
+
 /// Engine readiness, for `/readyz`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Health {
@@ -565,6 +587,12 @@ pub trait Engine: Send + Sync + 'static {
     ) -> Result<Vec<(ChannelName, Room)>, EngineError>;
 
     fn health(&self) -> Health;
+
+    /// The engine's own counters and gauges, read on every `/metrics`
+    /// scrape (cheap: relaxed atomics).
+    fn metrics(&self) -> Vec<EngineMetric> {
+        Vec::new()
+    }
 
     /// Flush and stop. Appends after this fail with `ShuttingDown`.
     async fn close(&self);

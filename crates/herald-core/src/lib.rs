@@ -15,8 +15,8 @@ pub mod room;
 pub mod conformance;
 
 pub use engine::{
-    AckError, AppendRequest, CursorState, Dedup, Engine, EngineError, Epoch, FanoutSink, Health,
-    InvalidSubscriber, Message, Page, Position, Receipt, Retention, RoomWrite, RoomWritten, Seq,
+    AckError, AppendRequest, CursorState, Dedup, Engine, EngineError, EngineMetric, Epoch, FanoutSink,
+    Health, InvalidSubscriber, Message, Page, Position, Receipt, Retention, RoomWrite, RoomWritten, Seq,
     SubscriberId, UserCursor,
 };
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};

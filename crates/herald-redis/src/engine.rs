@@ -221,6 +221,49 @@ impl Engine for RedisEngine {
         self.inner.rooms_active(after, limit).await
     }
 
+    fn metrics(&self) -> Vec<herald_core::EngineMetric> {
+        use herald_core::EngineMetric as M;
+        let s = self.stats();
+        vec![
+            M::counter("appends", "Durable messages appended through this node", s.appends),
+            M::counter("unavailable", "Calls failed because Redis was down, slow or refusing", s.unavailable),
+            M::counter(
+                "fanout_delivered",
+                "Pub/sub messages handed to this node's subscribers",
+                s.fanout_delivered,
+            ),
+            M::counter("fanout_filled", "Messages read from the log to fill a pub/sub gap", s.fanout_filled),
+            M::counter("fanout_gaps", "Gap fills started (seq jump, head check, resubscribe)", s.fanout_gaps),
+            M::counter(
+                "pubsub_disconnects",
+                "Disconnections of the pub/sub connection",
+                s.pubsub_disconnects,
+            ),
+            M::counter(
+                "fanout_queue_full",
+                "Pub/sub messages dropped for a full queue (then filled)",
+                s.fanout_queue_full,
+            ),
+            M::counter(
+                "data_loss_detected",
+                "Redis data losses detected (a new epoch was started)",
+                s.data_loss_detected,
+            ),
+            M::counter(
+                "epoch_changes",
+                "Epoch changes of watched channels seen by this node",
+                s.epoch_changes,
+            ),
+            M::counter(
+                "lease_reregistrations",
+                "Times this node's lease was lost and registered again",
+                s.lease_reregistrations,
+            ),
+            M::counter("closed_refused", "Writes refused because the channel is closed", s.closed_refused),
+            M::counter("room_conflicts", "Room writes refused by the version check", s.room_conflicts),
+        ]
+    }
+
     fn health(&self) -> Health {
         if self.inner.closing.load(Ordering::Acquire) {
             return Health::Unavailable("redis engine is closed".into());

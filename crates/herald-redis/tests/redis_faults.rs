@@ -210,6 +210,11 @@ async fn redis_restarted_empty_starts_a_new_epoch_and_clients_resync() {
     assert_eq!((m.seq, data(&m)), (Some(1), json!("after")));
     let stats = a.engine.stats();
     assert!(stats.epoch_changes >= 1 && stats.data_loss_detected >= 1, "{stats:?}");
+    // Counted where operators look.
+    let m = reqwest::get(format!("{}/metrics", a.url)).await.unwrap().text().await.unwrap();
+    let loss =
+        m.lines().find(|l| l.starts_with("herald_engine_data_loss_detected_total ")).expect("exported");
+    assert_ne!(loss, "herald_engine_data_loss_detected_total 0", "{m}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

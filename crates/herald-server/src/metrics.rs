@@ -7,6 +7,38 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+/// Exports the engine's own figures (`Engine::metrics`) on every scrape as
+/// `herald_engine_*`.
+struct EngineCollector(std::sync::Arc<dyn herald_core::Engine>);
+
+impl std::fmt::Debug for EngineCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineCollector")
+    }
+}
+
+impl prometheus_client::collector::Collector for EngineCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        for m in self.0.metrics() {
+            let name = format!("engine_{}", m.name);
+            if m.gauge {
+                let g = ConstGauge::new(i64::try_from(m.value).unwrap_or(i64::MAX));
+                g.encode(encoder.encode_descriptor(&name, m.help, None, g.metric_type())?)?;
+            } else {
+                let c = ConstCounter::new(m.value);
+                c.encode(encoder.encode_descriptor(&name, m.help, None, c.metric_type())?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     /// Open WebSocket connections.
@@ -46,6 +78,15 @@ pub struct Metrics {
     pub presence_expired: Counter,
     /// Room state or attribute changes written (API and automatic).
     pub room_changes: Counter,
+}
+
+impl Metrics {
+    /// The server's metrics plus the engine's own (`herald_engine_*`).
+    pub fn with_engine(engine: std::sync::Arc<dyn herald_core::Engine>) -> Self {
+        let mut m = Self::default();
+        m.registry.register_collector(Box::new(EngineCollector(engine)));
+        m
+    }
 }
 
 impl Default for Metrics {

@@ -282,6 +282,33 @@ impl Engine for EmbeddedEngine {
         self.read_blocking(move |storage| read::rooms_active(storage, after.as_ref(), limit)).await
     }
 
+    fn metrics(&self) -> Vec<herald_core::EngineMetric> {
+        use herald_core::EngineMetric as M;
+        let s = self.stats();
+        vec![
+            M::counter("appends", "Durable messages appended to the embedded log", s.appends),
+            M::counter("group_commits", "Group commits carrying at least one request", s.batches),
+            M::counter("group_commit_requests", "Requests carried by group commits", s.batch_requests),
+            M::counter("fsyncs", "Journal fsyncs", s.fsyncs),
+            M::counter("trimmed", "Messages removed by max_len retention", s.trimmed),
+            M::counter("expired", "Messages removed by max_age retention", s.expired),
+            M::counter(
+                "receipts_expired",
+                "Idempotency receipts removed after their TTL",
+                s.receipts_expired,
+            ),
+            M::counter("closed_refused", "Writes refused because the channel is closed", s.closed_refused),
+            M::counter(
+                "presence_writes",
+                "Presence joins, renews and leaves that changed a lease",
+                s.presence_writes,
+            ),
+            M::counter("room_conflicts", "Room writes refused by the version check", s.room_conflicts),
+            M::counter("failed", "Requests failed by a storage error (fail-stop)", s.failed),
+            M::gauge("queue_depth", "Requests waiting for the writer", s.queue_depth),
+        ]
+    }
+
     fn health(&self) -> Health {
         if let Some(reason) = self.shared.failure() {
             Health::Failed(reason.to_owned())

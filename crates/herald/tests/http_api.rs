@@ -78,6 +78,10 @@ async fn operations_endpoints() {
         "herald_dedup_hits_total",
         "herald_slow_consumer_disconnects_total",
         "herald_publish_latency_seconds_bucket",
+        // The engine's own figures.
+        "herald_engine_appends_total 1",
+        "herald_engine_fsyncs_total",
+        "herald_engine_queue_depth 0",
     ] {
         assert!(m.contains(name), "missing {name} in:\n{m}");
     }
