@@ -44,6 +44,11 @@ pub struct ClientOptions {
     /// Capacity of the command queue to the background task, which also
     /// bounds publishes waiting for a connection. Default 64.
     pub command_capacity: usize,
+    /// This client's member id on presence channels, sent with every
+    /// subscribe and kept across reconnects, so a reconnect within the
+    /// server's lease keeps the membership (no leave/join pair). Default:
+    /// random per `ClientOptions`.
+    pub client_id: String,
 }
 
 impl ClientOptions {
@@ -57,6 +62,7 @@ impl ClientOptions {
             pong_timeout: Duration::from_secs(10),
             event_capacity: 256,
             command_capacity: 64,
+            client_id: format!("rc-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
         }
     }
 }

@@ -446,4 +446,7 @@ pub(crate) struct ChannelFrame<'a> {
     pub channel: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub since: Option<herald_proto::Since>,
+    /// Presence channels: the member id, the same across reconnects.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<&'a str>,
 }

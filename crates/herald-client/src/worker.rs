@@ -444,7 +444,8 @@ impl Worker {
         let req = self.alloc_req();
         let Some(sub) = self.subs.get_mut(channel) else { return Ok(()) };
         sub.confirmed = false;
-        let frame = ChannelFrame { kind: "subscribe", req, channel, since: sub.cursor.since() };
+        let client_id = Some(self.opts.client_id.as_str());
+        let frame = ChannelFrame { kind: "subscribe", req, channel, since: sub.cursor.since(), client_id };
         let text = serde_json::to_string(&frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.pending.insert(req, Pending::Subscribe { channel: sub.channel.clone(), id: sub.id });
         conn.send_text(text).await
@@ -452,7 +453,7 @@ impl Worker {
 
     async fn send_unsubscribe(&mut self, conn: &mut Connection, channel: &str) -> Result<(), ClientError> {
         let req = self.alloc_req();
-        let frame = ChannelFrame { kind: "unsubscribe", req, channel, since: None };
+        let frame = ChannelFrame { kind: "unsubscribe", req, channel, since: None, client_id: None };
         let text = serde_json::to_string(&frame).map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.pending.insert(req, Pending::Unsubscribe);
         conn.send_text(text).await

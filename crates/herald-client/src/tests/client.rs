@@ -30,6 +30,7 @@ async fn resumes_with_since_after_a_slow_consumer_close_and_drops_duplicates() {
             let s = c.recv_type("subscribe").await;
             assert_eq!(s["channel"], "chat:1");
             assert!(s.get("since").is_none(), "fresh subscribe has no since: {s}");
+            let client_id = s["client_id"].as_str().expect("a presence member id").to_owned();
             c.send(sub_ok(&s["req"], "chat:1", "E", 1, 2)).await;
             c.send(msg("chat:1", 3)).await;
             c.send(msg("chat:1", 4)).await;
@@ -38,6 +39,7 @@ async fn resumes_with_since_after_a_slow_consumer_close_and_drops_duplicates() {
             let mut c = server.accept().await;
             let s = c.recv_type("subscribe").await;
             assert_eq!(s["since"], json!({ "seq": 4, "epoch": "E" }), "resume from the last delivered seq");
+            assert_eq!(s["client_id"], client_id, "the same member id across reconnects");
             c.send(sub_ok(&s["req"], "chat:1", "E", 1, 5)).await;
             // A duplicate at the seam must not reach the caller.
             c.send(msg("chat:1", 4)).await;
