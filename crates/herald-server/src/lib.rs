@@ -79,7 +79,7 @@ impl Server {
     /// Bind the listener and wire the engine's fan-out into the hub.
     pub async fn bind(config: Config, engine: Arc<dyn Engine>) -> std::io::Result<Server> {
         let listener = TcpListener::bind(config.listen).await?;
-        let metrics = Arc::new(metrics::Metrics::with_engine(engine.clone()));
+        let metrics = Arc::new(metrics::Metrics::with_engine(&engine));
         let hub = Arc::new(hub::Hub::new(metrics.clone()));
         engine.set_sink(hub.clone());
         let jwt = auth::JwtVerifier::new(&config.jwt)

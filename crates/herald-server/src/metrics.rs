@@ -8,8 +8,10 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 /// Exports the engine's own figures (`Engine::metrics`) on every scrape as
-/// `herald_engine_*`.
-struct EngineCollector(std::sync::Arc<dyn herald_core::Engine>);
+/// `herald_engine_*`. Holds the engine weakly: the engine holds the hub as
+/// its sink and the hub holds these metrics, so a strong handle would be a
+/// cycle that keeps the engine (and its data-dir lock) alive forever.
+struct EngineCollector(std::sync::Weak<dyn herald_core::Engine>);
 
 impl std::fmt::Debug for EngineCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -25,7 +27,8 @@ impl prometheus_client::collector::Collector for EngineCollector {
         use prometheus_client::encoding::EncodeMetric;
         use prometheus_client::metrics::counter::ConstCounter;
         use prometheus_client::metrics::gauge::ConstGauge;
-        for m in self.0.metrics() {
+        let Some(engine) = self.0.upgrade() else { return Ok(()) };
+        for m in engine.metrics() {
             let name = format!("engine_{}", m.name);
             if m.gauge {
                 let g = ConstGauge::new(i64::try_from(m.value).unwrap_or(i64::MAX));
@@ -82,9 +85,9 @@ pub struct Metrics {
 
 impl Metrics {
     /// The server's metrics plus the engine's own (`herald_engine_*`).
-    pub fn with_engine(engine: std::sync::Arc<dyn herald_core::Engine>) -> Self {
+    pub fn with_engine(engine: &std::sync::Arc<dyn herald_core::Engine>) -> Self {
         let mut m = Self::default();
-        m.registry.register_collector(Box::new(EngineCollector(engine)));
+        m.registry.register_collector(Box::new(EngineCollector(std::sync::Arc::downgrade(engine))));
         m
     }
 }
