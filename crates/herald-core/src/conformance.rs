@@ -5,9 +5,9 @@
 //! contract. Channel names and dedup keys carry a per-fixture prefix, so the
 //! scenarios may share one backing store (one Redis) with other runs.
 //!
-//! An engine's tests either call [`run_all`] with a factory, or run the
-//! scenarios one test each (see `herald-store/tests/conformance.rs`) and
-//! check that none was forgotten with [`scenarios`].
+//! An engine's tests either call [`run_all`] with a factory, or generate
+//! one test per scenario from the one list, `with_conformance_scenarios!`
+//! (see `herald-store/tests/conformance.rs`), so none can be forgotten.
 //!
 //! Time-dependent scenarios (lease expiry) use short real TTLs
 //! ([`SHORT_TTL`]) and poll with a deadline; the engine's own clock decides.
@@ -670,6 +670,45 @@ pub async fn concurrent_acks_end_at_the_max(fx: &Fixture) {
     assert_eq!(listed.len() as u64, SUBSCRIBERS);
 }
 
+/// Calls `$callback![name, name, ...]` with the name of every scenario, in
+/// order: the one list of scenarios. An engine's tests generate one test per
+/// scenario from it (see `herald-store/tests/conformance.rs`), so a new
+/// scenario cannot be forgotten by any engine.
+#[macro_export]
+macro_rules! with_conformance_scenarios {
+    ($callback:ident) => {
+        $callback![
+            seqs_are_gap_free_per_channel,
+            concurrent_appends_get_each_seq_once,
+            duplicate_append_returns_original_receipt,
+            reused_key_with_other_request_is_mismatch,
+            concurrent_duplicates_append_once,
+            read_pages_by_after_and_limit,
+            max_len_trims_oldest,
+            fanout_delivers_each_append_once_in_seq_order,
+            volatile_appends_are_fanned_out_not_stored,
+            stored_frames_are_the_fanned_out_frames,
+            appends_after_close_are_refused,
+            ack_is_cumulative_and_monotonic,
+            cursor_is_absent_before_any_ack,
+            cursors_are_per_device,
+            cursors_lists_each_subscriber,
+            user_cursors_lists_the_users_channels_only,
+            concurrent_acks_end_at_the_max,
+            presence_join_lists_counts_and_finds_users,
+            presence_rejoin_reclaims_with_a_greater_token,
+            presence_stale_tokens_have_no_effect,
+            presence_renew_never_resurrects_a_swept_lease,
+            presence_expire_returns_each_expired_lease_once,
+            presence_tokens_stay_monotonic_without_leases,
+            room_create_conflicts_with_an_existing_room,
+            room_cas_admits_one_writer_per_version,
+            room_versions_are_logged_in_order_with_messages,
+            closing_a_room_seals_its_channel,
+        ];
+    };
+}
+
 /// One scenario, type-erased so [`run_all`] can hold them in a list.
 pub type Scenario = for<'a> fn(&'a Fixture) -> BoxFuture<'a, ()>;
 
@@ -687,35 +726,7 @@ macro_rules! scenario_list {
     };
 }
 
-scenario_list![
-    seqs_are_gap_free_per_channel,
-    concurrent_appends_get_each_seq_once,
-    duplicate_append_returns_original_receipt,
-    reused_key_with_other_request_is_mismatch,
-    concurrent_duplicates_append_once,
-    read_pages_by_after_and_limit,
-    max_len_trims_oldest,
-    fanout_delivers_each_append_once_in_seq_order,
-    volatile_appends_are_fanned_out_not_stored,
-    stored_frames_are_the_fanned_out_frames,
-    appends_after_close_are_refused,
-    ack_is_cumulative_and_monotonic,
-    cursor_is_absent_before_any_ack,
-    cursors_are_per_device,
-    cursors_lists_each_subscriber,
-    user_cursors_lists_the_users_channels_only,
-    concurrent_acks_end_at_the_max,
-    presence_join_lists_counts_and_finds_users,
-    presence_rejoin_reclaims_with_a_greater_token,
-    presence_stale_tokens_have_no_effect,
-    presence_renew_never_resurrects_a_swept_lease,
-    presence_expire_returns_each_expired_lease_once,
-    presence_tokens_stay_monotonic_without_leases,
-    room_create_conflicts_with_an_existing_room,
-    room_cas_admits_one_writer_per_version,
-    room_versions_are_logged_in_order_with_messages,
-    closing_a_room_seals_its_channel,
-];
+crate::with_conformance_scenarios!(scenario_list);
 
 /// Run every scenario, each on a fresh engine from `make`, closing it after.
 /// Panics (naming the scenario on stderr first) at the first violation.
