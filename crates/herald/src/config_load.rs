@@ -27,6 +27,7 @@ pub struct ServeFlags {
     #[arg(long, env = "HERALD_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
     /// Configuration file (TOML); `herald config` prints every key
+    /// [default: ./herald.toml if it exists]
     #[arg(long, env = "HERALD_CONFIG")]
     pub config: Option<PathBuf>,
     /// Accept token-less WebSocket connections (`?user=NAME`) and API calls
@@ -48,9 +49,21 @@ pub struct ServeFlags {
     pub fsync: Option<String>,
 }
 
+/// Read when no `--config` / `HERALD_CONFIG` is given and it exists.
+pub const DEFAULT_CONFIG_FILE: &str = "herald.toml";
+
+/// The configuration file to read: `--config` / `HERALD_CONFIG`, else
+/// `./herald.toml` if there is one.
+pub fn config_file(flags: &ServeFlags) -> Option<PathBuf> {
+    flags.config.clone().or_else(|| {
+        let p = PathBuf::from(DEFAULT_CONFIG_FILE);
+        p.is_file().then_some(p)
+    })
+}
+
 pub fn load(flags: &ServeFlags) -> Result<Config, String> {
-    let mut config = match &flags.config {
-        Some(path) => read_file(path)?,
+    let mut config = match config_file(flags) {
+        Some(path) => read_file(&path)?,
         None => Config::default(),
     };
     if let Some(listen) = &flags.listen {

@@ -53,6 +53,9 @@ fn main() -> ExitCode {
                 }
             };
             init_tracing();
+            if let Some(file) = config_load::config_file(&flags) {
+                tracing::info!(file = %file.display(), "configuration file read");
+            }
             run_async(serve(config))
         }
         Command::Publish(args) => run_async(cli::publish(args)),

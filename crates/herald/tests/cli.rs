@@ -109,4 +109,9 @@ fn invalid_config_is_one_line_and_exit_64() {
     assert!(err.contains("max_mesage_bytes"), "{err}");
     let out = Command::new(BIN).args(["serve", "--listen", "nope"]).output().unwrap();
     assert_eq!(out.status.code(), Some(64));
+    // Without --config, ./herald.toml is read if there is one.
+    let out = Command::new(BIN).arg("serve").current_dir(dir.path()).output().unwrap();
+    assert_eq!(out.status.code(), Some(64), "./herald.toml was read");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("herald.toml") && err.contains("max_mesage_bytes"), "{err}");
 }
