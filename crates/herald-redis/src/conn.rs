@@ -154,6 +154,33 @@ impl Redis {
         self.call_unchecked(what, f).await
     }
 
+    /// Up to `count` members of the sorted set `key` in lex order, from the
+    /// `ZRANGEBYLEX` bound `start` (`-`, `[member` or `(member`): one page of
+    /// a paged listing.
+    pub async fn lex_page<T>(
+        &self,
+        what: &'static str,
+        key: String,
+        start: Vec<u8>,
+        count: usize,
+    ) -> Result<Vec<T>, EngineError>
+    where
+        T: redis::FromRedisValue,
+    {
+        self.call(what, |mut c| async move {
+            redis::cmd("ZRANGEBYLEX")
+                .arg(key)
+                .arg(start)
+                .arg("+")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(count)
+                .query_async(&mut c)
+                .await
+        })
+        .await
+    }
+
     /// `call` without the fail-fast check (for the probe and the fan-out's
     /// own loops, which must notice the recovery).
     pub async fn call_unchecked<T, F, Fut>(&self, what: &'static str, f: F) -> Result<T, EngineError>

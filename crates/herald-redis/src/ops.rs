@@ -364,21 +364,8 @@ impl Inner {
         let mut from: Vec<u8> = b"-".to_vec();
         while out.len() < limit {
             let page = (limit - out.len()).clamp(16, 256);
-            let (k, start) = (key.clone(), from.clone());
-            let members: Vec<Vec<u8>> = self
-                .redis
-                .call("user cursors", |mut c| async move {
-                    redis::cmd("ZRANGEBYLEX")
-                        .arg(k)
-                        .arg(start)
-                        .arg("+")
-                        .arg("LIMIT")
-                        .arg(0)
-                        .arg(page)
-                        .query_async(&mut c)
-                        .await
-                })
-                .await?;
+            let members: Vec<Vec<u8>> =
+                self.redis.lex_page("user cursors", key.clone(), from.clone(), page).await?;
             let Some(last) = members.last() else { break };
             from = [b"(".as_slice(), last].concat();
             let done = members.len() < page;

@@ -151,21 +151,8 @@ impl Inner {
         let mut from = after.map_or_else(|| "-".to_owned(), |a| format!("({a}"));
         while out.len() < limit {
             let page = (limit - out.len()).clamp(16, 256);
-            let (k, start) = (key.clone(), from.clone());
-            let names: Vec<String> = self
-                .redis
-                .call("rooms active", |mut c| async move {
-                    redis::cmd("ZRANGEBYLEX")
-                        .arg(k)
-                        .arg(start)
-                        .arg("+")
-                        .arg("LIMIT")
-                        .arg(0)
-                        .arg(page)
-                        .query_async(&mut c)
-                        .await
-                })
-                .await?;
+            let names: Vec<String> =
+                self.redis.lex_page("rooms active", key.clone(), from.clone().into_bytes(), page).await?;
             let Some(last) = names.last() else { break };
             from = format!("({last}");
             let done = names.len() < page;
