@@ -81,10 +81,9 @@ async fn respond(state: &State, status: StatusCode, channel: &ChannelName, room:
     let members = if room.state == RoomStatus::Closed {
         (0, Vec::new())
     } else {
-        let limit = state.config.presence.max_members_listed;
-        match (state.engine.presence_count(channel).await, state.engine.presence(channel, limit).await) {
-            (Ok(n), Ok(leases)) => (n, leases.into_iter().map(|l| l.member).collect()),
-            (Err(e), _) | (_, Err(e)) => return ApiError::from(e).into_response(),
+        match rooms::members(state, channel, state.config.presence.max_members_listed).await {
+            Ok(m) => m,
+            Err(e) => return ApiError::from(e).into_response(),
         }
     };
     let body = serde_json::to_vec(&view_json(channel, room, members)).expect("room views serialise");

@@ -67,12 +67,26 @@ pub async fn list(
     if ns.room && state.engine.room(channel).await?.is_none() {
         return Err(no_such_room());
     }
-    let count = state.engine.presence_count(channel).await?;
     if count_only {
-        return Ok((count, None));
+        return Ok((state.engine.presence_count(channel).await?, None));
     }
+    let (count, members) = members(state, channel, limit).await?;
+    Ok((count, Some(members)))
+}
+
+/// The member count and up to `limit` members. A listing shorter than
+/// `limit` is the whole membership, so only a truncated one costs a count.
+pub async fn members(
+    state: &State,
+    channel: &ChannelName,
+    limit: usize,
+) -> Result<(u64, Vec<Member>), EngineError> {
     let leases = state.engine.presence(channel, limit).await?;
-    Ok((count, Some(leases.into_iter().map(|l| l.member).collect())))
+    let count = match leases.len() {
+        n if n < limit => n as u64,
+        _ => state.engine.presence_count(channel).await?,
+    };
+    Ok((count, leases.into_iter().map(|l| l.member).collect()))
 }
 
 /// Join `member` to `channel`; announces `join` for a new member and lets a
@@ -85,9 +99,7 @@ pub async fn join(state: &Arc<State>, channel: &ChannelName, member: Member) -> 
         state.metrics.presence_joins.inc();
         announce(state, channel, FrameKind::Join, &hold.member).await;
     }
-    if is_room(state, channel) {
-        check_room(state, channel).await;
-    }
+    member_changed(state, channel, &hold.member.user).await;
     Ok(hold)
 }
 
@@ -98,9 +110,7 @@ pub async fn leave(state: &Arc<State>, channel: &ChannelName, hold: &Hold) {
         Ok(Some(lease)) => {
             state.metrics.presence_leaves.inc();
             announce(state, channel, FrameKind::Leave, &lease.member).await;
-            if is_room(state, channel) {
-                check_room(state, channel).await;
-            }
+            member_changed(state, channel, &lease.member.user).await;
         }
         Ok(None) => {} // taken over or swept meanwhile: someone else announced it
         Err(e) => {
@@ -130,8 +140,18 @@ async fn announce(state: &State, channel: &ChannelName, kind: FrameKind, member:
     }
 }
 
-fn is_room(state: &State, channel: &ChannelName) -> bool {
-    state.config.namespaces.resolve(channel).is_ok_and(|ns| ns.room)
+/// A member of `user` joined or left `channel`. Only the host's presence
+/// moves a room, so only then is its state checked now (one room read for
+/// everyone else); the keeper's pass would make the same transition later.
+async fn member_changed(state: &State, channel: &ChannelName, user: &str) {
+    if !state.config.namespaces.resolve(channel).is_ok_and(|ns| ns.room) {
+        return;
+    }
+    match state.engine.room(channel).await {
+        Ok(Some(room)) if room.host == user => check_room(state, channel).await,
+        Ok(_) => {}
+        Err(e) => tracing::warn!(room = %channel, error = %e, "room read failed; the keeper retries"),
+    }
 }
 
 /// Write the next version of a room together with its event.
@@ -161,7 +181,7 @@ pub async fn write_room(
 
 /// Apply the transition due for `channel` now, if any. Errors are logged:
 /// the keeper tries again on its next pass.
-pub async fn check_room(state: &Arc<State>, channel: &ChannelName) {
+pub async fn check_room(state: &State, channel: &ChannelName) {
     if let Err(e) = try_check_room(state, channel).await {
         tracing::warn!(room = %channel, error = %e, "room check failed; retrying on the next pass");
     }
@@ -237,9 +257,7 @@ async fn expired_lease(state: &Arc<State>, channel: &ChannelName, lease: &Lease)
     state.metrics.presence_expired.inc();
     tracing::debug!(channel = %channel, "presence lease expired");
     announce(state, channel, FrameKind::Leave, &lease.member).await;
-    if is_room(state, channel) {
-        check_room(state, channel).await;
-    }
+    member_changed(state, channel, &lease.member.user).await;
 }
 
 async fn sweep_rooms(state: &Arc<State>) -> Result<(), EngineError> {
