@@ -43,6 +43,9 @@ pub struct Config {
     /// How long idempotency receipts are kept.
     #[serde(with = "humantime_serde")]
     pub idempotency_ttl: Duration,
+    /// The web console at `/console/`: `auto` (served with `dev = true`
+    /// only), `on` or `off`. Outside dev mode its page asks for the API key.
+    pub console: ConsoleSetting,
     pub namespaces: Namespaces,
 }
 
@@ -61,9 +64,20 @@ impl Default for Config {
             storage: StorageConfig::default(),
             presence: PresenceConfig::default(),
             idempotency_ttl: Duration::from_secs(24 * 3600),
+            console: ConsoleSetting::Auto,
             namespaces: Namespaces::default(),
         }
     }
+}
+
+/// Whether the web console is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConsoleSetting {
+    /// Served in dev mode only.
+    Auto,
+    On,
+    Off,
 }
 
 /// Token verification for WebSocket clients.
@@ -239,6 +253,15 @@ pub enum FsyncSetting {
 }
 
 impl Config {
+    /// Whether `/console/` is served.
+    pub fn console_enabled(&self) -> bool {
+        match self.console {
+            ConsoleSetting::Auto => self.dev,
+            ConsoleSetting::On => true,
+            ConsoleSetting::Off => false,
+        }
+    }
+
     /// Check the whole configuration; the error is one line for the operator.
     pub fn validate(&self) -> Result<(), String> {
         self.namespaces.validate()?;
@@ -347,6 +370,19 @@ mod tests {
         assert_eq!(c.redis.connections, 4);
         c.validate().unwrap();
         assert!(toml::from_str::<Config>("engine = \"memcached\"").is_err());
+    }
+
+    #[test]
+    fn console_is_served_in_dev_mode_unless_set() {
+        let mut c = Config::default();
+        assert!(!c.console_enabled(), "auto without dev: off");
+        c.dev = true;
+        assert!(c.console_enabled(), "auto with dev: on");
+        c.console = ConsoleSetting::Off;
+        assert!(!c.console_enabled());
+        let c: Config = toml::from_str("console = \"on\"").unwrap();
+        assert!(c.console_enabled() && !c.dev);
+        assert!(toml::from_str::<Config>("console = \"yes\"").is_err());
         let c = Config { engine: EngineKind::Redis, redis_url: " , ".into(), ..Default::default() };
         assert!(c.validate().unwrap_err().contains("redis_url"));
     }

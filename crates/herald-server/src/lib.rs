@@ -9,6 +9,7 @@
 mod acked;
 pub mod auth;
 pub mod config;
+mod console;
 mod error;
 mod http;
 mod http_rooms;
@@ -129,6 +130,7 @@ impl Server {
             .route("/healthz", get(http::healthz))
             .route("/readyz", get(http::readyz))
             .route("/metrics", get(http::metrics))
+            .merge(console::router())
             .fallback(http::not_found)
             .layer(DefaultBodyLimit::max(self.state.config.limits.max_body_bytes))
             .with_state(self.state.clone())

@@ -1,0 +1,234 @@
+/**
+ * {@link HeraldServer}: the HTTP API for backends (Node 20+, or anything
+ * with `fetch`): publish with retries under one idempotency key, history,
+ * delivery cursors, inboxes, presence and rooms.
+ *
+ * Retries: a publish is retried after a network error, a 5xx, a 429 or
+ * `409 idempotency_key_in_flight`, always under the same key, so however
+ * many attempts it takes it has exactly one effect (docs/guarantees.md).
+ * Reads are retried the same way. Room writes are not retried (their
+ * compare-and-set tells a retry from a conflict only with `ifMatch`).
+ */
+
+import { backoffDelay, type BackoffOptions } from './backoff.js';
+import { HeraldError } from './errors.js';
+import { randomId } from './ids.js';
+import type { Json, Member, Meta, RoomState } from './types.js';
+
+export interface HeraldServerOptions {
+  /** `http(s)://host:port` of a Herald node. */
+  url: string;
+  /** An API key (`Authorization: Bearer`); not needed against a `--dev` server. */
+  apiKey?: string;
+  /** Attempts after the first, for publishes and reads. Default 4. */
+  retries?: number;
+  /** Waits between attempts (full jitter); `Retry-After` is honoured. Default 200 ms doubling to 5 s. */
+  backoff?: BackoffOptions;
+  /** Per attempt, ms. Default 10,000. */
+  timeoutMs?: number;
+  /** A `fetch` implementation; default the global one. */
+  fetch?: typeof fetch;
+}
+
+export interface ApiPublishResult {
+  channel: string;
+  /** Absent on volatile channels. */
+  seq?: number;
+  id: string;
+  epoch: string;
+  /** The server answered from the idempotency receipt: an earlier attempt had stored it. */
+  replayed: boolean;
+  idempotencyKey: string;
+}
+
+export interface HistoryMessage {
+  /** `message`, or `room` for a room's state change. */
+  type: 'message' | 'room';
+  seq: number;
+  id: string;
+  ts: number;
+  data: Json;
+  meta?: Meta;
+}
+
+export interface History {
+  channel: string;
+  epoch: string;
+  first: number;
+  head: number;
+  messages: HistoryMessage[];
+}
+
+export interface ChannelCursors {
+  channel: string;
+  epoch: string;
+  first: number;
+  head: number;
+  cursors: { user: string; device: string | null; cursor: number; unread: number; acked_at: number }[];
+}
+
+export interface Inbox {
+  user: string;
+  channels: {
+    channel: string;
+    epoch: string;
+    first: number;
+    head: number;
+    unread_without_cursor: number;
+    devices: { device: string | null; cursor: number; unread: number; acked_at: number }[];
+  }[];
+}
+
+export interface Room {
+  room: string;
+  state: RoomState;
+  version: number;
+  host: string;
+  attributes: Record<string, Json>;
+  grace_period: number;
+  grace_until_ms?: number;
+  created_at_ms: number;
+  updated_at_ms: number;
+  member_count: number;
+  members: Member[];
+}
+
+interface Call {
+  method: string;
+  path: string;
+  body?: unknown;
+  headers?: Record<string, string>;
+  retry: boolean;
+  key?: string;
+}
+
+export class HeraldServer {
+  #url: string;
+  #opts: HeraldServerOptions;
+  #backoff: Required<BackoffOptions>;
+
+  constructor(opts: HeraldServerOptions) {
+    this.#url = opts.url.replace(/\/+$/, '');
+    this.#opts = opts;
+    this.#backoff = { baseMs: 200, maxMs: 5000, ...opts.backoff };
+  }
+
+  /** Publish one message. Retried under one idempotency key (generated when not given). */
+  async publish(channel: string, data: Json | unknown, opts: { idempotencyKey?: string; meta?: Meta } = {}): Promise<ApiPublishResult> {
+    const key = opts.idempotencyKey ?? randomId('api-');
+    const body = opts.meta ? { data, meta: opts.meta } : { data };
+    const { json, replayed } = await this.#call({ method: 'POST', path: `/api/v1/channels/${enc(channel)}/messages`, body, retry: true, key });
+    return { ...(json as Omit<ApiPublishResult, 'replayed' | 'idempotencyKey'>), replayed, idempotencyKey: key };
+  }
+
+  /** One message to several channels, exactly once as a whole under one key. */
+  async publishMany(
+    channels: string[],
+    data: Json | unknown,
+    opts: { idempotencyKey?: string; meta?: Meta } = {},
+  ): Promise<{ results: Omit<ApiPublishResult, 'replayed' | 'idempotencyKey'>[]; replayed: boolean; idempotencyKey: string }> {
+    const key = opts.idempotencyKey ?? randomId('api-');
+    const body = opts.meta ? { channels, data, meta: opts.meta } : { channels, data };
+    const { json, replayed } = await this.#call({ method: 'POST', path: '/api/v1/publish', body, retry: true, key });
+    return { results: (json as { results: ApiPublishResult[] }).results, replayed, idempotencyKey: key };
+  }
+
+  /** Messages after `after` (default 0), at most `limit` (default 100). */
+  async history(channel: string, opts: { after?: number; limit?: number } = {}): Promise<History> {
+    return this.#get(`/api/v1/channels/${enc(channel)}/messages${query({ after: opts.after, limit: opts.limit })}`) as Promise<History>;
+  }
+
+  /** Delivery receipts of an acked channel: every subscriber's cursor. */
+  async cursors(channel: string, opts: { limit?: number } = {}): Promise<ChannelCursors> {
+    return this.#get(`/api/v1/channels/${enc(channel)}/cursors${query(opts)}`) as Promise<ChannelCursors>;
+  }
+
+  /** A user's acked channels with each device's cursor and unread count. */
+  async inbox(user: string, opts: { limit?: number } = {}): Promise<Inbox> {
+    return this.#get(`/api/v1/users/${enc(user)}/inbox${query(opts)}`) as Promise<Inbox>;
+  }
+
+  /** Members of a presence channel (`count: true`: only the count). */
+  async presence(channel: string, opts: { count?: boolean; limit?: number } = {}): Promise<{ channel: string; count: number; members?: Member[] }> {
+    const q = query({ count: opts.count ? 1 : undefined, limit: opts.limit });
+    return this.#get(`/api/v1/channels/${enc(channel)}/presence${q}`) as Promise<{ channel: string; count: number; members?: Member[] }>;
+  }
+
+  async createRoom(room: string, opts: { host: string; attributes?: Record<string, Json>; gracePeriodSec?: number }): Promise<Room> {
+    const body: Record<string, unknown> = { host: opts.host };
+    if (opts.attributes) body.attributes = opts.attributes;
+    if (opts.gracePeriodSec !== undefined) body.grace_period = opts.gracePeriodSec;
+    return (await this.#call({ method: 'PUT', path: `/api/v1/rooms/${enc(room)}`, body, retry: false })).json as Room;
+  }
+
+  async room(room: string): Promise<Room> {
+    return this.#get(`/api/v1/rooms/${enc(room)}`) as Promise<Room>;
+  }
+
+  /** Change the state and/or replace the attributes; with `ifMatch` only from that version (else 412). */
+  async updateRoom(room: string, change: { state?: RoomState; attributes?: Record<string, Json> }, opts: { ifMatch?: number } = {}): Promise<Room> {
+    const headers = opts.ifMatch === undefined ? undefined : { 'if-match': `"${opts.ifMatch}"` };
+    return (await this.#call({ method: 'PATCH', path: `/api/v1/rooms/${enc(room)}`, body: change, headers, retry: false })).json as Room;
+  }
+
+  /** Close the room for good. */
+  async closeRoom(room: string, opts: { ifMatch?: number } = {}): Promise<Room> {
+    const headers = opts.ifMatch === undefined ? undefined : { 'if-match': `"${opts.ifMatch}"` };
+    return (await this.#call({ method: 'DELETE', path: `/api/v1/rooms/${enc(room)}`, headers, retry: false })).json as Room;
+  }
+
+  async #get(path: string): Promise<unknown> {
+    return (await this.#call({ method: 'GET', path, retry: true })).json;
+  }
+
+  async #call(c: Call): Promise<{ json: unknown; replayed: boolean }> {
+    const f = this.#opts.fetch ?? fetch;
+    const retries = c.retry ? (this.#opts.retries ?? 4) : 0;
+    const headers: Record<string, string> = { ...c.headers };
+    if (this.#opts.apiKey) headers.authorization = `Bearer ${this.#opts.apiKey}`;
+    if (c.body !== undefined) headers['content-type'] = 'application/json';
+    if (c.key) headers['idempotency-key'] = c.key;
+    const body = c.body === undefined ? undefined : JSON.stringify(c.body);
+    for (let attempt = 0; ; attempt++) {
+      let err: HeraldError;
+      let retryAfterMs = 0;
+      try {
+        const res = await f(this.#url + c.path, {
+          method: c.method,
+          headers,
+          body,
+          signal: AbortSignal.timeout(this.#opts.timeoutMs ?? 10_000),
+        });
+        const text = await res.text();
+        const json = text ? JSON.parse(text) : undefined;
+        if (res.ok) return { json, replayed: res.headers.get('idempotent-replayed') === 'true' };
+        const p = (json ?? {}) as { code?: string; detail?: string; title?: string };
+        err = new HeraldError(p.code ?? `http_${res.status}`, p.detail ?? p.title ?? `HTTP ${res.status}`, {
+          status: res.status,
+          problem: json as Record<string, unknown>,
+          idempotencyKey: c.key,
+        });
+        retryAfterMs = Number(res.headers.get('retry-after') ?? 0) * 1000;
+        const again = res.status >= 500 || res.status === 429 || p.code === 'idempotency_key_in_flight';
+        if (!again) throw err;
+      } catch (e) {
+        if (e instanceof HeraldError && !e.retryable) throw e;
+        err = e instanceof HeraldError ? e : new HeraldError('network', `${c.method} ${c.path} failed: ${String(e)}`, { cause: e, idempotencyKey: c.key });
+      }
+      if (attempt >= retries) throw err;
+      const wait = Math.min(30_000, Math.max(retryAfterMs, backoffDelay(attempt, this.#backoff)));
+      await new Promise((r) => setTimeout(r, wait));
+    }
+  }
+}
+
+function enc(s: string): string {
+  return encodeURIComponent(s);
+}
+
+function query(q: Record<string, number | undefined>): string {
+  const parts = Object.entries(q)
+    .filter(([, v]) => v !== undefined)
+    .map(([k, v]) => `${k}=${v}`);
+  return parts.length ? `?${parts.join('&')}` : '';
+}
