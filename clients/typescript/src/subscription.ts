@@ -273,8 +273,8 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents> imple
       if (reset.truncated) this.#queue.push({ kind: 'reset', type: 'truncated', ev });
       if (reset.epochChanged) this.#queue.push({ kind: 'reset', type: 'epoch_changed', ev });
     }
-    // Acks handled before a reconnect and not yet stored go out now.
-    if ((this.#cursor.handled ?? 0) > this.#ackedSent) this.#scheduleAck();
+    // Acks that waited when the connection was lost go out now.
+    this.flushAcks();
     void this.#pump();
   }
 
