@@ -37,8 +37,10 @@ test('two clients see each other join and leave; the room goes live with its hos
 
   const listing = await b.presence();
   assert.equal(listing.count, 2);
-  assert.deepEqual(listing.members.map((m) => [m.user, m.client_id]), [['alice', 'alice-tab'], ['bob', 'bob-tab']]);
-  assert.deepEqual(listing.members[0].info, { name: 'Alice' });
+  const byUser = listing.members.map((m) => [m.user, m.client_id, m.info]).sort();
+  assert.deepEqual(byUser, [['alice', 'alice-tab', { name: 'Alice' }], ['bob', 'bob-tab', undefined]]);
+  const http = await api.presence('room:standup');
+  assert.deepEqual(http.members.map((m) => m.user).sort(), ['alice', 'bob']);
   const room = await api.room('room:standup');
   assert.equal(room.state, 'live');
   assert.equal(room.member_count, 2);
