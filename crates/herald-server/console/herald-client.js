@@ -415,7 +415,7 @@ var Subscription = class extends Emitter {
       if (reset.truncated) this.#queue.push({ kind: "reset", type: "truncated", ev });
       if (reset.epochChanged) this.#queue.push({ kind: "reset", type: "epoch_changed", ev });
     }
-    if ((this.#cursor.handled ?? 0) > this.#ackedSent) this.#scheduleAck();
+    this.flushAcks();
     void this.#pump();
   }
   /** A `message` or `room` frame for this channel. */
