@@ -51,7 +51,10 @@ fn enabled(state: &State) -> Result<(), ApiError> {
     if state.config.console_enabled() {
         Ok(())
     } else {
-        Err(ApiError::new(ErrorCode::NotFound, "the console is off (set `console = \"on\"` or run with --dev)"))
+        Err(ApiError::new(
+            ErrorCode::NotFound,
+            "the console is off (set `console = \"on\"` or run with --dev)",
+        ))
     }
 }
 

@@ -101,6 +101,7 @@ fn init_tracing() {
 async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
     let engine = open_engine(&config).await?;
     let dev = config.dev;
+    let console = config.console_enabled();
     let no_keys = config.api_keys.is_empty();
     let storage = match config.engine {
         EngineKind::Embedded => format!("embedded in {}", config.data_dir.display()),
@@ -123,6 +124,9 @@ async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
     println!("herald listening on http://{addr}");
     if dev {
         println!("  WARNING: --dev mode: no authentication. INSECURE, for local trial only.");
+    }
+    if console {
+        println!("  console:   http://{addr}/console/");
     }
     println!("  publish:   curl -X POST http://{addr}/api/v1/channels/chat:demo/messages -H 'content-type: application/json' -d '{{\"data\":{{\"text\":\"hi\"}}}}'");
     if dev {
