@@ -431,7 +431,11 @@ export class Herald extends Emitter<HeraldEvents> {
   #onFrame(data: unknown): void {
     this.#lastRx = Date.now();
     this.#pingDeadline = 0;
-    this.#healthy = true;
+    if (!this.#healthy) {
+      // The server accepted us and works: the backoff starts over.
+      this.#healthy = true;
+      if (this.#state.value.attempt) this.#setState({ attempt: 0 });
+    }
     let f: Record<string, unknown>;
     try {
       f = JSON.parse(String(data));

@@ -362,12 +362,18 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents> imple
     this.#serveIterator();
   }
 
+  /** An `error` event; with nobody listening, a console warning (a failure is never silent). */
+  #report(err: HeraldError): void {
+    if (this.listens('error')) this.emit('error', err);
+    else console.warn(`herald: ${err.message}`, err.cause ?? err);
+  }
+
   /** Stop taking messages and subscribe again after a delay. */
   #hold(err: HeraldError): void {
     this.#held = true;
     this.#cursor.onFailed();
     this.#queue = this.#queue.filter((i) => i.kind !== 'message');
-    this.emit('error', err);
+    this.#report(err);
     const delay = HOLD_BASE.baseMs + backoffDelay(this.#failures++, HOLD_BASE);
     clearTimeout(this.#holdTimer);
     this.#holdTimer = setTimeout(() => {
@@ -450,7 +456,12 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents> imple
       failure = e;
     }
     this.#inProgress = undefined;
-    if (seq === undefined || this.status === 'ended') return;
+    if (this.status === 'ended') return;
+    if (seq === undefined) {
+      // Volatile: nothing to come again; say so and go on.
+      if (failure !== undefined) this.#report(new HeraldError('handler_failed', `the handler failed on ${this.channel}`, { channel: this.channel, cause: failure }));
+      return;
+    }
     if (ok) {
       if (!this.#cursor.acked || this.#opts.ack !== 'manual') {
         this.#cursor.onHandled(seq);

@@ -491,12 +491,17 @@ var Subscription = class extends Emitter {
     this.#offer = void 0;
     this.#serveIterator();
   }
+  /** An `error` event; with nobody listening, a console warning (a failure is never silent). */
+  #report(err) {
+    if (this.listens("error")) this.emit("error", err);
+    else console.warn(`herald: ${err.message}`, err.cause ?? err);
+  }
   /** Stop taking messages and subscribe again after a delay. */
   #hold(err) {
     this.#held = true;
     this.#cursor.onFailed();
     this.#queue = this.#queue.filter((i) => i.kind !== "message");
-    this.emit("error", err);
+    this.#report(err);
     const delay = HOLD_BASE.baseMs + backoffDelay(this.#failures++, HOLD_BASE);
     clearTimeout(this.#holdTimer);
     this.#holdTimer = setTimeout(() => {
@@ -573,7 +578,11 @@ var Subscription = class extends Emitter {
       failure = e;
     }
     this.#inProgress = void 0;
-    if (seq === void 0 || this.status === "ended") return;
+    if (this.status === "ended") return;
+    if (seq === void 0) {
+      if (failure !== void 0) this.#report(new HeraldError("handler_failed", `the handler failed on ${this.channel}`, { channel: this.channel, cause: failure }));
+      return;
+    }
     if (ok) {
       if (!this.#cursor.acked || this.#opts.ack !== "manual") {
         this.#cursor.onHandled(seq);
@@ -918,7 +927,10 @@ var Herald = class extends Emitter {
   #onFrame(data) {
     this.#lastRx = Date.now();
     this.#pingDeadline = 0;
-    this.#healthy = true;
+    if (!this.#healthy) {
+      this.#healthy = true;
+      if (this.#state.value.attempt) this.#setState({ attempt: 0 });
+    }
     let f;
     try {
       f = JSON.parse(String(data));
