@@ -67,12 +67,13 @@ max_attempts = 10
  * HS256 secret are always configured.
  */
 export class HeraldProcess {
-  constructor({ dev = true, extraConfig = '' } = {}) {
+  /** `topConfig`: top-level keys (before the tables); `extraConfig`: tables appended. */
+  constructor({ dev = true, topConfig = '', extraConfig = '' } = {}) {
     this.dev = dev;
     this.dir = mkdtempSync(join(tmpdir(), 'herald-ts-'));
     this.dataDir = join(this.dir, 'data');
     this.configFile = join(this.dir, 'herald.toml');
-    writeFileSync(this.configFile, TEST_CONFIG + extraConfig);
+    writeFileSync(this.configFile, topConfig + TEST_CONFIG + extraConfig);
     this.proc = undefined;
     this.log = '';
   }

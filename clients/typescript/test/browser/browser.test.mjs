@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import puppeteer from 'puppeteer-core';
 import { HeraldServer } from '../../dist/index.js';
-import { API_KEY, HeraldProcess, freePort, repo } from '../harness.mjs';
+import { API_KEY, HeraldProcess, freePort, repo, token } from '../harness.mjs';
 
 const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
 const WAIT = { timeout: 20_000, polling: 50 };
@@ -140,4 +140,31 @@ test('the console loads, connects, subscribes and shows a published message', as
   await page.screenshot({ path: join(dir, 'console.png'), fullPage: true });
   assert.deepEqual(errors, []);
   await page.close();
+});
+
+test('outside dev mode the console asks for the API key and a user token, and works with them', async () => {
+  const secure = await new HeraldProcess({ dev: false, topConfig: 'console = "on"\n' }).start();
+  const page = await browser.newPage();
+  try {
+    await page.goto(`${secure.url}/console/`);
+    await page.waitForSelector('#login:not([hidden])', WAIT);
+    assert.equal(await page.$eval('#api-key-row', (e) => e.hidden), false, 'asks for the API key');
+    assert.equal(await page.$eval('#token-row', (e) => e.hidden), false, 'asks for a user token');
+    await page.type('#api-key', 'a-wrong-key-0123456789');
+    await page.type('#token', token('eve'));
+    await page.click('#login-form button[type=submit]');
+    await page.waitForFunction("document.getElementById('login-error').textContent.includes('refused')", WAIT);
+    await page.$eval('#api-key', (e) => (e.value = ''));
+    await page.type('#api-key', API_KEY);
+    await page.click('#login-form button[type=submit]');
+    await page.waitForFunction("document.getElementById('status').dataset.status === 'connected'", WAIT);
+    assert.match(await page.$eval('#whoami', (e) => e.textContent), /^eve /, 'the user is the token\'s sub');
+    await page.$eval('#pub-channel', (e) => (e.value = 'chat:secure'));
+    await page.$eval('#pub-via', (e) => (e.value = 'http'));
+    await page.click('#publish-form button[type=submit]');
+    await page.waitForFunction("document.getElementById('pub-ok')?.textContent.startsWith('seq 1')", WAIT);
+  } finally {
+    await page.close();
+    await secure.dispose();
+  }
 });
