@@ -95,11 +95,14 @@ export class HeraldProcess {
     proc.stderr.on('data', keep);
     const exited = new Promise((resolve) => proc.once('exit', resolve));
     this.exited = exited;
-    await eventually('herald answers /healthz', async () => {
-      if (proc.exitCode !== null) throw new Error(`herald exited with ${proc.exitCode}: ${this.log}`);
+    const deadline = Date.now() + WAIT_MS;
+    for (;;) {
+      if (proc.exitCode !== null || proc.signalCode !== null) throw new Error(`herald exited (${proc.exitCode ?? proc.signalCode}) while starting: ${this.log}`);
       const res = await fetch(`${this.url}/healthz`).catch(() => undefined);
-      return res?.ok;
-    });
+      if (res?.ok) break;
+      if (Date.now() > deadline) throw new Error(`herald did not answer /healthz within ${WAIT_MS} ms: ${this.log}`);
+      await sleep(50);
+    }
     return this;
   }
 

@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { after, before, test } from 'node:test';
 import WebSocket from 'ws';
 import { Herald, HeraldError, HeraldServer } from '../dist/index.js';
-import { API_KEY, HeraldProcess, eventually } from './harness.mjs';
+import { API_KEY, HeraldProcess, eventually, sleep } from './harness.mjs';
 import { Proxy } from './proxy.mjs';
 
 let herald;
@@ -80,8 +80,9 @@ test('HeraldServer retries a publish under one key until the server is back: one
   await herald.kill();
   const slow = new HeraldServer({ url: herald.url, apiKey: API_KEY, retries: 40, backoff: { baseMs: 100, maxMs: 250 } });
   const publishing = slow.publish('chat:api-retry', { text: 'hello' }, { idempotencyKey: 'order-42' });
-  setTimeout(() => void herald.start(), 500);
+  const starting = sleep(500).then(() => herald.start());
   const r = await publishing;
+  await starting;
   assert.equal(r.seq, 1);
   assert.equal(r.idempotencyKey, 'order-42');
   const replay = await api.publish('chat:api-retry', { text: 'hello' }, { idempotencyKey: 'order-42' });
