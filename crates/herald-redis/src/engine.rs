@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald_core::{
     AckError, AppendRequest, CursorState, Engine, EngineError, FanoutSink, FenceToken, Health, Joined, Lease,
-    Member, Page, Position, Receipt, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId, UserCursor,
+    Member, Page, Position, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId, UserCursor,
 };
 use herald_proto::ChannelName;
 use redis::ProtocolVersion;
@@ -186,6 +186,20 @@ impl Engine for RedisEngine {
         token: FenceToken,
     ) -> Result<Option<Lease>, EngineError> {
         self.inner.presence_leave(channel, key, token).await
+    }
+
+    /// Three round trips, indexed like a join.
+    async fn presence_rejoin(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        token: FenceToken,
+        ttl: Duration,
+    ) -> Result<Rejoined, EngineError> {
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        self.inner.presence_rejoin(channel, member, token, ttl).await
     }
 
     async fn presence(&self, channel: &ChannelName, limit: usize) -> Result<Vec<Lease>, EngineError> {

@@ -177,6 +177,7 @@ mod config;
 mod cursors;
 mod engine;
 mod error;
+mod gone;
 mod presence;
 mod read;
 mod rooms;
