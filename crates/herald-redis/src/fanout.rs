@@ -21,8 +21,9 @@
 //!   delivered, and that the head did not go below it: if Redis lost data
 //!   (a restart without persistence, a failover that lost a tail), it
 //!   starts a new epoch (compare-and-set, one node wins) and hands the
-//!   sink the head message of the new epoch; sessions holding the old
-//!   epoch then resync instead of skipping silently.
+//!   sink an epoch marker (`Message::epoch_marker`) at once, then the head
+//!   message of the new epoch; sessions holding the old epoch then resync
+//!   instead of skipping silently, whether the channel is busy or quiet.
 //!
 //! Invariants: per channel, the sink gets seqs in increasing order without
 //! gap within an epoch (a range removed by retention is skipped, and
@@ -359,6 +360,13 @@ fn deliver(inner: &Inner, msg: Arc<Message>) {
     }
 }
 
+/// Hand the sink an epoch marker for `ch` (under the feed's lock, like
+/// every delivery): sessions still on another epoch resync at once, even
+/// if the channel stays quiet.
+fn announce_epoch(inner: &Inner, ch: &ChannelName, epoch: &Epoch) {
+    deliver(inner, Arc::new(Message::epoch_marker(ch.clone(), epoch.clone())));
+}
+
 fn on_message(inner: &Arc<Inner>, ch: &ChannelName, p: Payload) {
     let Some(feed) = inner.fanout.feed(ch) else { return };
     let Some(seq) = p.seq else {
@@ -485,11 +493,12 @@ async fn run_worker(inner: &Arc<Inner>, feed: &Arc<Feed>) {
             }
             let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
             st.epoch = Some(pos.epoch.clone());
-            // Hand out the head message of the new epoch: it makes every
-            // session on the old epoch resync.
+            // Tell the sink now (the channel may stay quiet), then hand out
+            // the head message of the new epoch, if any.
             st.last = pos.head.saturating_sub(1);
             st.last_id = None;
             st.max_seen = 0;
+            announce_epoch(inner, ch, &pos.epoch);
             continue;
         }
         let at_last = page.messages.iter().find(|m| m.seq == Some(last));
@@ -526,10 +535,12 @@ async fn run_worker(inner: &Arc<Inner>, feed: &Arc<Feed>) {
                 // and hand out its head message.
                 bump(&inner.counters.epoch_changes);
                 let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-                st.epoch = Some(Epoch::new(current));
+                let current = Epoch::new(current);
+                st.epoch = Some(current.clone());
                 st.last = pos.head.saturating_sub(1);
                 st.last_id = None;
                 st.max_seen = 0;
+                announce_epoch(inner, ch, &current);
             }
             continue;
         }

@@ -592,6 +592,13 @@ pub async fn join(conn: &mut Connection, channel: &str, client_id: &str) -> Mess
     ok
 }
 
+/// Keep reading `conn` in the background (which answers the server's
+/// pings, as every WebSocket client does) until it closes or the handle is
+/// aborted.
+pub fn keep_reading(mut conn: Connection) -> JoinHandle<()> {
+    tokio::spawn(async move { while let Ok(Some(_)) = conn.next_frame().await {} })
+}
+
 /// The next frame of any type but `pong`.
 pub async fn next_frame(conn: &mut Connection) -> MessageView {
     loop {
