@@ -13,7 +13,8 @@ use herald_proto::ChannelName;
 use redis::ProtocolVersion;
 use tokio::sync::{mpsc, watch};
 
-use crate::conn::{open_conn, Redis};
+use crate::conn::Redis;
+use crate::dial::open_conn;
 use crate::fanout::{self, Fanout};
 use crate::keys::Keys;
 use crate::lease::{self, NodeLease};
@@ -40,9 +41,10 @@ impl RedisEngine {
         let (push_tx, push_rx) = mpsc::channel(config.fanout_queue);
         let overflow = Arc::new(AtomicBool::new(false));
         let sender = fanout::push_sender(push_tx, overflow.clone());
-        let pubsub = open_conn(&config, ProtocolVersion::RESP3, Some(Arc::new(sender))).await?;
+        let push: Arc<dyn redis::aio::AsyncPushSender> = Arc::new(sender);
+        let pubsub = open_conn(&config, ProtocolVersion::RESP3, Some(push.clone())).await?;
         let keys = Keys::new(&config.key_prefix);
-        let fanout = Fanout::new(pubsub, keys.clone(), &config, overflow);
+        let fanout = Fanout::new(pubsub, push, keys.clone(), &config, overflow);
         // A sweeper's claim outlives its two round trips per channel.
         let sweep_claim_ms = crate::ops::ms(config.command_timeout * 3);
         let inner = Arc::new(Inner::new(redis, fanout, keys.clone(), sweep_claim_ms));

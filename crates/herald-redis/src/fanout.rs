@@ -41,7 +41,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use herald_core::{EngineError, Epoch, Message, Seq};
 use herald_proto::ChannelName;
-use redis::{PushInfo, PushKind, Value};
+use redis::aio::AsyncPushSender;
+use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -49,7 +50,8 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::config::FILL_PAGE;
-use crate::conn::Conn;
+use crate::conn::{is_outage, Conn, REDIAL_MIN};
+use crate::dial::redial;
 use crate::keys::Keys;
 use crate::ops::Inner;
 use crate::stats::{add, bump};
@@ -64,7 +66,11 @@ pub(crate) struct Fanout {
     subscribed: Mutex<HashSet<ChannelName>>,
     stripes: Vec<tokio::sync::Mutex<()>>,
     hasher: RandomState,
-    pubsub: Conn,
+    /// The pub/sub connection, replaced when it stops answering.
+    pubsub: Mutex<PubSub>,
+    /// Receives the pushes of every pub/sub connection made.
+    push: Arc<dyn AsyncPushSender>,
+    config: crate::RedisConfig,
     keys: Keys,
     permits: Semaphore,
     concurrency: usize,
@@ -74,6 +80,14 @@ pub(crate) struct Fanout {
     overflow: Arc<AtomicBool>,
     pub cancel: CancellationToken,
     pub tasks: TaskTracker,
+}
+
+struct PubSub {
+    conn: Conn,
+    /// Bumped at each replacement: a subscribe made on an earlier
+    /// connection does not count.
+    generation: u64,
+    made: Instant,
 }
 
 struct Watched {
@@ -141,13 +155,21 @@ fn parse_payload(p: Vec<u8>) -> Option<Payload> {
 }
 
 impl Fanout {
-    pub fn new(pubsub: Conn, keys: Keys, config: &crate::RedisConfig, overflow: Arc<AtomicBool>) -> Self {
+    pub fn new(
+        pubsub: Conn,
+        push: Arc<dyn AsyncPushSender>,
+        keys: Keys,
+        config: &crate::RedisConfig,
+        overflow: Arc<AtomicBool>,
+    ) -> Self {
         Self {
             feeds: Mutex::new(HashMap::new()),
             subscribed: Mutex::new(HashSet::new()),
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             hasher: RandomState::new(),
-            pubsub,
+            pubsub: Mutex::new(PubSub { conn: pubsub, generation: 0, made: Instant::now() }),
+            push,
+            config: config.clone(),
             keys,
             permits: Semaphore::new(config.fill_concurrency),
             concurrency: config.fill_concurrency,
@@ -157,6 +179,29 @@ impl Fanout {
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         }
+    }
+
+    fn pubsub(&self) -> (u64, Conn) {
+        let p = self.pubsub.lock().unwrap_or_else(|e| e.into_inner());
+        (p.generation, p.conn.clone())
+    }
+
+    /// The pub/sub connection did not answer: replace it (at most once per
+    /// `REDIAL_MIN`, single instance only; see `dial.rs`). Every channel is
+    /// subscribed again by the checker, then checked against its head.
+    fn redial_pubsub(&self) -> bool {
+        let mut p = self.pubsub.lock().unwrap_or_else(|e| e.into_inner());
+        if p.made.elapsed() < REDIAL_MIN {
+            return false;
+        }
+        let Some(fresh) = redial(&self.config, ProtocolVersion::RESP3, Some(self.push.clone())) else {
+            return false;
+        };
+        p.conn = fresh;
+        p.generation += 1;
+        p.made = Instant::now();
+        self.subscribed.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        true
     }
 
     fn feed(&self, ch: &ChannelName) -> Option<Arc<Feed>> {
@@ -183,7 +228,7 @@ impl Fanout {
             return Ok(());
         }
         let name = self.keys.fan(ch);
-        let mut conn = self.pubsub.clone();
+        let (generation, mut conn) = self.pubsub();
         let op = async {
             match (&mut conn, want) {
                 (Conn::Single(c), true) => c.subscribe(&name).await,
@@ -199,11 +244,15 @@ impl Fanout {
                 Err(EngineError::Unavailable(format!("redis subscribe: no answer within {:?}", self.timeout)))
             }
         };
+        let current = self.pubsub.lock().unwrap_or_else(|e| e.into_inner()).generation;
         let mut subscribed = self.subscribed.lock().unwrap_or_else(|e| e.into_inner());
         match (want, &result) {
-            (true, Ok(())) => {
+            // On a connection replaced meanwhile it does not count: the
+            // checker subscribes again on the new one.
+            (true, Ok(())) if generation == current => {
                 subscribed.insert(ch.clone());
             }
+            (true, Ok(())) => {}
             // A failed unsubscribe may leave messages coming: they are
             // ignored (no feed), and a resubscribe after a reconnect
             // follows the library's own list.
@@ -586,10 +635,23 @@ pub(crate) async fn run_checker(inner: Arc<Inner>) {
             _ = tick.tick() => {}
         }
         // A PING makes a pub/sub connection whose reconnect round gave up
-        // start another (it is allowed in subscribed mode under RESP3).
-        let mut conn = fan.pubsub.clone();
-        let _ = tokio::time::timeout(fan.timeout, redis::cmd("PING").query_async::<Value>(&mut conn)).await;
-        inner.redis.probe().await;
+        // start another (it is allowed in subscribed mode under RESP3); one
+        // that does not answer is replaced. The command connections are
+        // probed at the same time.
+        let ping = async {
+            let (_, mut conn) = fan.pubsub();
+            let r = tokio::time::timeout(fan.timeout, redis::cmd("PING").query_async::<Value>(&mut conn)).await;
+            let answered = match &r {
+                Ok(Ok(_)) => true,
+                Ok(Err(e)) => !is_outage(e),
+                Err(_) => false,
+            };
+            if !answered && fan.redial_pubsub() {
+                tracing::debug!("pub/sub connection replaced");
+                mark_all_suspect(&inner);
+            }
+        };
+        tokio::join!(ping, inner.redis.probe());
         if inner.redis.health.down_reason().is_some() {
             // Checks would only wait for their timeouts; they run (all of
             // them) once Redis answers again.

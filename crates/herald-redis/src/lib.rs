@@ -82,6 +82,7 @@
 
 mod config;
 mod conn;
+mod dial;
 mod engine;
 mod error;
 mod fanout;
