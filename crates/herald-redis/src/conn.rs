@@ -139,7 +139,11 @@ impl Redis {
         let mut slots = Vec::with_capacity(config.connections);
         for _ in 0..config.connections {
             let conn = open_conn(config, ProtocolVersion::RESP2, None).await?;
-            slots.push(Slot { conn: Mutex::new(conn), ok: AtomicBool::new(true), made: Mutex::new(Instant::now()) });
+            slots.push(Slot {
+                conn: Mutex::new(conn),
+                ok: AtomicBool::new(true),
+                made: Mutex::new(Instant::now()),
+            });
         }
         Ok(Self {
             slots,

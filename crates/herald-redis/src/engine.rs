@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald_core::{
     AckError, AppendRequest, CursorState, Engine, EngineError, FanoutSink, FenceToken, Health, Joined, Lease,
-    Member, Page, Position, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId, UserCursor,
+    Member, Page, Position, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId,
+    UserCursor,
 };
 use herald_proto::ChannelName;
 use redis::ProtocolVersion;

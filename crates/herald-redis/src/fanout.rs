@@ -640,7 +640,8 @@ pub(crate) async fn run_checker(inner: Arc<Inner>) {
         // probed at the same time.
         let ping = async {
             let (_, mut conn) = fan.pubsub();
-            let r = tokio::time::timeout(fan.timeout, redis::cmd("PING").query_async::<Value>(&mut conn)).await;
+            let r =
+                tokio::time::timeout(fan.timeout, redis::cmd("PING").query_async::<Value>(&mut conn)).await;
             let answered = match &r {
                 Ok(Ok(_)) => true,
                 Ok(Err(e)) => !is_outage(e),

@@ -342,8 +342,13 @@ impl Inner {
         claim: &str,
     ) -> Result<Vec<Lease>, EngineError> {
         let k = &self.keys;
-        let keys =
-            [k.presence(ch), k.presence_exp(ch), k.presence_keys(ch), k.presence_gone(ch), k.presence_gone_exp(ch)];
+        let keys = [
+            k.presence(ch),
+            k.presence_exp(ch),
+            k.presence_keys(ch),
+            k.presence_gone(ch),
+            k.presence_gone_exp(ch),
+        ];
         let swept = self.run("presence sweep", &scripts::PRESENCE_SWEEP, &keys, &[limit.to_string()]).await;
         let due_key = [self.keys.presence_due()];
         let (next, leases) = match swept {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald_core::{
     AckError, AppendRequest, CursorState, Engine, EngineError, Epoch, FanoutSink, FenceToken, Health, Joined,
-    Lease, Member, Page, Position, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId,
-    UserCursor,
+    Lease, Member, Page, Position, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Seq,
+    SubscriberId, UserCursor,
 };
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
@@ -245,7 +245,8 @@ impl Engine for EmbeddedEngine {
         ttl: Duration,
     ) -> Result<Rejoined, EngineError> {
         let (channel, member) = (channel.clone(), member.clone());
-        self.submit(|reply| Command::Presence(PresenceCmd::Rejoin { channel, member, token, ttl, reply })).await?
+        self.submit(|reply| Command::Presence(PresenceCmd::Rejoin { channel, member, token, ttl, reply }))
+            .await?
     }
 
     /// On the blocking pool: a scan of the channel's leases.

@@ -289,7 +289,9 @@ impl Writer {
                 Ok(Ok(Rejoined::Held(expires_at_ms)))
             }
             Some(_) => Ok(Ok(Rejoined::Fenced)),
-            None if self.gone.verdict(channel, &mkey, token, now) == Verdict::Fenced => Ok(Ok(Rejoined::Fenced)),
+            None if self.gone.verdict(channel, &mkey, token, now) == Verdict::Fenced => {
+                Ok(Ok(Rejoined::Fenced))
+            }
             None => {
                 let rec = LeaseRecord { token, expires_at_ms, member };
                 self.put_lease(&key, &rec, None, ws);
