@@ -180,6 +180,7 @@ async fn partition_for(len: Duration) {
     assert!(busy_b.iter().all(|s| *s == 201), "B is not affected: {busy_b:?}");
     let rest = len.saturating_sub(t0.elapsed());
     tokio::time::sleep(rest).await;
+    assert_eq!(readyz(&http(), &a.url).await, 503, "A is not ready while cut off");
 
     net.heal();
     let t1 = Instant::now();

@@ -171,19 +171,24 @@ pub fn netns_unavailable() -> Option<String> {
     None
 }
 
-/// A network namespace for one node, with two veth pairs to the host:
+/// A network namespace for one node, reaching Redis through a router
+/// namespace, and clients directly:
 ///
-/// - the Redis link, `10.213.K.1` (host, where Redis listens) ↔
-///   `10.213.K.2` (the namespace);
-/// - the client link, `10.213.K.5` (host) ↔ `10.213.K.6` (the namespace,
-///   where the node listens), so clients stay connected to the node while
-///   its Redis link is cut.
+/// ```text
+///  node ns  10.213.K.2 ──veth── 10.213.K.1  router ns  10.213.K.10 ──veth── 10.213.K.9  host (Redis)
+///  node ns  10.213.K.6 ──veth── 10.213.K.5  host (clients)
+/// ```
 ///
-/// [`partition`](Netns::partition) sets the host end of the Redis link
-/// down: the namespace keeps its route and its packets vanish (no error, no
-/// reset), as when a network drops them. Removed on drop.
+/// [`partition`](Netns::partition) makes the router drop everything between
+/// the node and Redis (blackhole routes), without an error or an ICMP
+/// message, as a network that loses packets does. The loss is neither on
+/// the node's own link (a local drop makes Linux retry every 500 ms instead
+/// of backing off) nor announced by ICMP (which makes Linux undo its
+/// backoff), so the node's TCP connections back off as they would behind a
+/// switch that drops everything. Removed on drop.
 pub struct Netns {
     pub name: String,
+    router: String,
     k: u32,
 }
 
@@ -196,7 +201,11 @@ impl Netns {
         let mut last = String::new();
         for _ in 0..20 {
             let k = (pid.wrapping_mul(7) + NEXT_NET.fetch_add(1, Ordering::Relaxed)) % 250 + 1;
-            let ns = Netns { name: format!("herald-faults-{pid}-{k}"), k };
+            let ns = Netns {
+                name: format!("herald-faults-{pid}-{k}"),
+                router: format!("herald-faults-{pid}-{k}-r"),
+                k,
+            };
             match ns.setup() {
                 Ok(()) => return Ok(ns),
                 Err(e) => last = e, // taken by another run: drop cleans ours up
@@ -209,49 +218,99 @@ impl Netns {
         format!("hf{}{which}", self.k)
     }
 
+    fn ip(&self, last: u8) -> String {
+        format!("10.213.{}.{last}", self.k)
+    }
+
     fn setup(&self) -> Result<(), String> {
-        let (ns, k) = (self.name.as_str(), self.k);
-        run(&["ip", "netns", "add", ns])?;
-        for (host_if, ns_if, host_ip, ns_ip) in [
-            (self.ifname("r"), self.ifname("R"), format!("10.213.{k}.1/30"), format!("10.213.{k}.2/30")),
-            (self.ifname("c"), self.ifname("C"), format!("10.213.{k}.5/30"), format!("10.213.{k}.6/30")),
-        ] {
-            run(&["ip", "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if])?;
-            run(&["ip", "link", "set", &ns_if, "netns", ns])?;
-            run(&["ip", "addr", "add", &host_ip, "dev", &host_if])?;
-            run(&["ip", "link", "set", &host_if, "up"])?;
-            run(&["ip", "netns", "exec", ns, "ip", "addr", "add", &ns_ip, "dev", &ns_if])?;
-            run(&["ip", "netns", "exec", ns, "ip", "link", "set", &ns_if, "up"])?;
+        let (node, router) = (self.name.as_str(), self.router.as_str());
+        let in_ns = |ns: &str, args: &[&str]| {
+            let mut all = vec!["ip", "netns", "exec", ns];
+            all.extend_from_slice(args);
+            run(&all)
+        };
+        run(&["ip", "netns", "add", node])?;
+        run(&["ip", "netns", "add", router])?;
+        // node ↔ router
+        let (n, r) = (self.ifname("n"), self.ifname("N"));
+        run(&["ip", "link", "add", &n, "type", "veth", "peer", "name", &r])?;
+        run(&["ip", "link", "set", &n, "netns", node])?;
+        run(&["ip", "link", "set", &r, "netns", router])?;
+        in_ns(node, &["ip", "addr", "add", &format!("{}/30", self.ip(2)), "dev", &n])?;
+        in_ns(router, &["ip", "addr", "add", &format!("{}/30", self.ip(1)), "dev", &r])?;
+        // router ↔ host (Redis)
+        let (h, rr) = (self.ifname("r"), self.ifname("R"));
+        run(&["ip", "link", "add", &h, "type", "veth", "peer", "name", &rr])?;
+        run(&["ip", "link", "set", &rr, "netns", router])?;
+        run(&["ip", "addr", "add", &format!("{}/30", self.ip(9)), "dev", &h])?;
+        in_ns(router, &["ip", "addr", "add", &format!("{}/30", self.ip(10)), "dev", &rr])?;
+        // node ↔ host (clients)
+        let (c, cc) = (self.ifname("c"), self.ifname("C"));
+        run(&["ip", "link", "add", &c, "type", "veth", "peer", "name", &cc])?;
+        run(&["ip", "link", "set", &cc, "netns", node])?;
+        run(&["ip", "addr", "add", &format!("{}/30", self.ip(5)), "dev", &c])?;
+        in_ns(node, &["ip", "addr", "add", &format!("{}/30", self.ip(6)), "dev", &cc])?;
+        for (ns, ifs) in
+            [(node, vec!["lo", n.as_str(), cc.as_str()]), (router, vec!["lo", r.as_str(), rr.as_str()])]
+        {
+            for i in ifs {
+                in_ns(ns, &["ip", "link", "set", i, "up"])?;
+            }
         }
-        run(&["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"])?;
+        run(&["ip", "link", "set", &h, "up"])?;
+        run(&["ip", "link", "set", &c, "up"])?;
+        in_ns(router, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        in_ns(node, &["ip", "route", "add", &format!("{}/30", self.ip(8)), "via", &self.ip(1)])?;
+        // Back to the node, for Redis's replies (gone with the link).
+        run(&["ip", "route", "add", &format!("{}/30", self.ip(0)), "via", &self.ip(10), "dev", &h])?;
         Ok(())
     }
 
-    /// Where Redis listens for the namespace (the host end of the Redis link).
+    /// Where Redis listens for the namespace (the host end of the router's
+    /// link).
     pub fn redis_ip(&self) -> String {
-        format!("10.213.{}.1", self.k)
+        self.ip(9)
     }
 
     /// Where the node in the namespace listens for clients.
     pub fn node_ip(&self) -> String {
-        format!("10.213.{}.6", self.k)
+        self.ip(6)
     }
 
-    /// Cut the Redis link: packets from and to the namespace are dropped.
+    /// Cut the node off from Redis: the router drops what passes either
+    /// way (blackhole routes: no error, no ICMP).
     pub fn partition(&self) {
-        run(&["ip", "link", "set", &self.ifname("r"), "down"]).expect("link down");
+        for net in [self.ip(8), self.ip(0)] {
+            self.in_router(&["ip", "route", "replace", "blackhole", &format!("{net}/30")])
+                .expect("blackhole");
+        }
     }
 
     pub fn heal(&self) {
-        run(&["ip", "link", "set", &self.ifname("r"), "up"]).expect("link up");
+        for (net, dev, src) in
+            [(self.ip(8), self.ifname("R"), self.ip(10)), (self.ip(0), self.ifname("N"), self.ip(1))]
+        {
+            let net = format!("{net}/30");
+            self.in_router(&[
+                "ip", "route", "replace", &net, "dev", &dev, "proto", "kernel", "scope", "link", "src", &src,
+            ])
+            .expect("route back");
+        }
+    }
+
+    fn in_router(&self, args: &[&str]) -> Result<(), String> {
+        let mut all = vec!["ip", "netns", "exec", self.router.as_str()];
+        all.extend_from_slice(args);
+        run(&all)
     }
 }
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        // Deleting the namespace deletes its veth ends, and with them the
-        // host ends.
+        // Deleting a namespace deletes its veth ends, and with them the
+        // host ends (and the route through them).
         let _ = run(&["ip", "netns", "del", &self.name]);
+        let _ = run(&["ip", "netns", "del", &self.router]);
         for which in ["r", "c"] {
             let _ = run(&["ip", "link", "del", &self.ifname(which)]);
         }
