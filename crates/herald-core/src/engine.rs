@@ -622,7 +622,9 @@ pub trait Engine: Send + Sync + 'static {
     async fn presence_has_user(&self, channel: &ChannelName, user: &str) -> Result<bool, EngineError>;
 
     /// Remove up to `limit` leases (of any channel) that expired, and return
-    /// them. Each removed lease is returned to at most one caller, on any
+    /// them. Each removal is remembered (see
+    /// [`presence_rejoin`](Engine::presence_rejoin)): its holder may ask for
+    /// it back. Each removed lease is returned to at most one caller, on any
     /// node, which announces its `leave`: exactly one unless the reply is
     /// lost (the caller gave up, a Redis reply timed out), in which case the
     /// lease is gone without a `leave` frame — presence listings stay right,

@@ -259,7 +259,8 @@ impl Netns {
         }
         run(&["ip", "link", "set", &h, "up"])?;
         run(&["ip", "link", "set", &c, "up"])?;
-        in_ns(router, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+        // Per namespace; no `sysctl` binary needed.
+        in_ns(router, &["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"])?;
         in_ns(node, &["ip", "route", "add", &format!("{}/30", self.ip(8)), "via", &self.ip(1)])?;
         // Back to the node, for Redis's replies (gone with the link).
         run(&["ip", "route", "add", &format!("{}/30", self.ip(0)), "via", &self.ip(10), "dev", &h])?;
