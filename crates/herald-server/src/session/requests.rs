@@ -2,8 +2,8 @@
 //! redelivery timers and publish. Split from `session.rs` for size; same type, same invariants.
 
 use herald_core::{
-    AckError, Delivery, Epoch, Member, NamespaceOptions, Position, Renewed, RoomStatus, Seq, StartAt,
-    SubscriberId,
+    AckError, Delivery, EngineError, Epoch, Member, NamespaceOptions, Position, Renewed, RoomStatus, Seq,
+    StartAt, SubscriberId,
 };
 use herald_proto::{ChannelName, ErrorCode, OkFrame};
 use serde_json::value::RawValue;
@@ -182,7 +182,8 @@ impl Session {
                         h.lapsed = None;
                     }
                 }
-                Ok(false) => sub.presence = None,
+                // A closed room takes no members back.
+                Ok(false) | Err(EngineError::Closed) => sub.presence = None,
                 Err(e) => {
                     tracing::warn!(channel = %channel, error = %e, "presence rejoin failed; retrying after the next ping");
                     if let Some(h) = sub.presence.as_mut() {
