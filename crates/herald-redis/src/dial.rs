@@ -132,3 +132,18 @@ pub(crate) fn redial(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_socket_gets_keepalive_and_a_user_timeout() {
+        let mut config = RedisConfig::new("redis://127.0.0.1:6379");
+        config.command_timeout = Duration::from_secs(3);
+        let settings = tcp_settings(&config);
+        assert!(settings.keepalive().is_some());
+        #[cfg(any(target_os = "linux", target_os = "android"))]
+        assert_eq!(settings.user_timeout(), Some(Duration::from_secs(6)));
+    }
+}

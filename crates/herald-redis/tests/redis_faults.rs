@@ -296,3 +296,39 @@ async fn killed_pubsub_connections_lose_no_message() {
     publisher.await.unwrap();
     assert!(b.engine.stats().pubsub_disconnects >= 1);
 }
+
+/// Every socket the engine opens to Redis (each command connection and the
+/// pub/sub connection) has TCP keepalive on, so a peer that vanished is
+/// noticed even on an idle connection (`TCP_USER_TIMEOUT` is set with it;
+/// `ss` does not show that one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_redis_socket_has_keepalive() {
+    support::init_tracing();
+    if std::process::Command::new("ss").arg("-V").output().is_err() {
+        eprintln!("SKIPPED: `ss` (iproute2) is not installed");
+        return;
+    }
+    let redis = RedisServer::start();
+    let config = support::engine_config(&redis.url());
+    let expected = config.connections + 1;
+    let engine = herald_redis::RedisEngine::open(config).await.unwrap();
+    let sockets = || {
+        let out = std::process::Command::new("ss")
+            .args(["-tno", "state", "established", &format!("( dport = :{} )", redis.port)])
+            .output()
+            .expect("run ss");
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
+    };
+    let lines = eventually("the engine's sockets", || async {
+        let l = sockets();
+        (l.len() >= expected).then_some(l)
+    })
+    .await;
+    assert_eq!(lines.len(), expected, "{lines:?}");
+    for l in &lines {
+        assert!(l.contains("timer:(keepalive"), "no keepalive on {l}");
+    }
+    use herald_core::Engine;
+    engine.close().await;
+}
