@@ -184,10 +184,11 @@ async fn partition_for(len: Duration) {
     net.heal();
     let t1 = Instant::now();
     let http = http();
+    // Readiness is polled from the heal on, next to the publishers.
+    let ready_back = within(Duration::from_secs(60), || async { readyz(&http, &a.url).await == 200 }).await;
     let writes =
         within(Duration::from_secs(60), || async { pub_a.first_after(t1, |s| s == 201).is_some() }).await;
     let write_back = pub_a.first_after(t1, |s| s == 201).map(|at| at - t1);
-    let ready_back = within(Duration::from_secs(60), || async { readyz(&http, &a.url).await == 200 }).await;
     let member_back =
         within(Duration::from_secs(60), || async { observer.seen("join", "a1", t1).is_some() }).await;
     eprintln!(
