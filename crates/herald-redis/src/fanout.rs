@@ -244,7 +244,10 @@ impl Fanout {
                 Err(EngineError::Unavailable(format!("redis subscribe: no answer within {:?}", self.timeout)))
             }
         };
-        let current = self.pubsub.lock().unwrap_or_else(|e| e.into_inner()).generation;
+        // Both locks, in `redial_pubsub`'s order: no replacement slips in
+        // between the generation check and the update.
+        let pubsub = self.pubsub.lock().unwrap_or_else(|e| e.into_inner());
+        let current = pubsub.generation;
         let mut subscribed = self.subscribed.lock().unwrap_or_else(|e| e.into_inner());
         match (want, &result) {
             // On a connection replaced meanwhile it does not count: the
