@@ -90,7 +90,9 @@ pub enum Renewed {
     /// longer the member and must not rejoin.
     Superseded,
     /// The lease is gone (expired and swept, or left): its `leave` was
-    /// announced. A holder still connected may join again (a new member).
+    /// announced. A holder still connected may ask for it back with
+    /// [`presence_rejoin`](crate::Engine::presence_rejoin) (announcing a
+    /// `join`).
     Gone,
 }
 

@@ -81,8 +81,9 @@ impl RedisEngine {
     /// Changes every time the node's lease was found lost and registered
     /// again (the value counts them), for state tied to the node's
     /// liveness. Presence needs nothing from it: every connection renews
-    /// its leases every third of their TTL and joins again when a renew
-    /// finds its lease gone (see docs/redis.md, "Node liveness").
+    /// its leases every third of their TTL and, when a renew finds its
+    /// lease gone, asks for it back once its peer answers a ping (see
+    /// docs/redis.md, "Node liveness").
     pub fn lease_reregistrations(&self) -> watch::Receiver<u64> {
         self.lease.events.subscribe()
     }

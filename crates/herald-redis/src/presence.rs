@@ -3,7 +3,10 @@
 //!
 //! Per channel (one slot, see `keys.rs`): the lease hash, the expiry set,
 //! the key set and the token counter, always changed together by one
-//! script (`scripts.rs`). Times are Redis's (`TIME` inside the scripts), so
+//! script (`scripts.rs`), plus what a rejoin is checked against: each
+//! member's last removal (`presence:gone`, its token and whether its holder
+//! left or it was swept), written by the leave and sweep scripts and
+//! forgotten after `GONE_MEMORY`. Times are Redis's (`TIME` inside the scripts), so
 //! a lease expires on time whichever node wrote it and whatever the
 //! nodes' clocks say.
 //!
