@@ -13,10 +13,13 @@
 //!   bad and (single instance) replaced by a fresh one, at most once per
 //!   `REDIAL_MIN`; calls prefer connections that answered, so one that is
 //!   still coming back does not fail the others' calls;
+//! - a failure marks Redis down only if no call was answered since it
+//!   began: a late failure on a connection replaced meanwhile does not
+//!   undo a recovery;
 //! - the number of live sockets per Redis node is `connections + 1`
 //!   (pub/sub), plus replaced ones while they close.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -72,6 +75,10 @@ impl ConnectionLike for Conn {
 pub(crate) struct HealthState {
     down: AtomicBool,
     reason: Mutex<String>,
+    /// Calls answered so far: a failure marks Redis down only if nothing
+    /// was answered since the failed call began (a late failure of a call
+    /// on a connection replaced meanwhile does not undo a recovery).
+    answered: AtomicU64,
 }
 
 impl HealthState {
@@ -79,6 +86,17 @@ impl HealthState {
         self.down
             .load(Ordering::Acquire)
             .then(|| self.reason.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Acquire)
+    }
+
+    /// A call that began when `answered` was `since` failed for an outage.
+    fn failed_since(&self, since: u64, reason: String) {
+        if self.answered() == since {
+            self.mark_down(reason);
+        }
     }
 
     fn mark_down(&self, reason: String) {
@@ -90,6 +108,7 @@ impl HealthState {
     }
 
     fn mark_up(&self) {
+        self.answered.fetch_add(1, Ordering::AcqRel);
         if self.down.load(Ordering::Acquire) && self.down.swap(false, Ordering::AcqRel) {
             tracing::info!("redis available again");
         }
@@ -117,11 +136,17 @@ pub(crate) fn is_outage(e: &redis::RedisError) -> bool {
 
 /// One pooled command connection.
 struct Slot {
-    conn: Mutex<Conn>,
+    current: Mutex<SlotConn>,
     /// Its last call was answered (or it was not tried since it was made).
     ok: AtomicBool,
-    /// When `conn` was made.
-    made: Mutex<Instant>,
+}
+
+struct SlotConn {
+    conn: Conn,
+    /// Bumped at each replacement: a failure of an earlier connection says
+    /// nothing about this one.
+    generation: u64,
+    made: Instant,
 }
 
 /// The command side: a pool of connections, the timeout, the health.
@@ -139,11 +164,8 @@ impl Redis {
         let mut slots = Vec::with_capacity(config.connections);
         for _ in 0..config.connections {
             let conn = open_conn(config, ProtocolVersion::RESP2, None).await?;
-            slots.push(Slot {
-                conn: Mutex::new(conn),
-                ok: AtomicBool::new(true),
-                made: Mutex::new(Instant::now()),
-            });
+            let current = SlotConn { conn, generation: 0, made: Instant::now() };
+            slots.push(Slot { current: Mutex::new(current), ok: AtomicBool::new(true) });
         }
         Ok(Self {
             slots,
@@ -163,22 +185,26 @@ impl Redis {
         (0..n).map(|k| (start + k) % n).find(|&i| self.slots[i].ok.load(Ordering::Acquire)).unwrap_or(start)
     }
 
-    fn conn_at(&self, i: usize) -> Conn {
-        self.slots[i].conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    fn conn_at(&self, i: usize) -> (u64, Conn) {
+        let c = self.slots[i].current.lock().unwrap_or_else(|e| e.into_inner());
+        (c.generation, c.conn.clone())
     }
 
-    /// The connection at `i` failed: mark it bad and replace it with a
-    /// fresh one, unless it was made less than `REDIAL_MIN` ago.
-    fn failed(&self, i: usize) {
+    /// The connection `generation` at `i` failed: mark it bad and replace
+    /// it with a fresh one, unless it was made less than `REDIAL_MIN` ago.
+    /// A connection replaced already is left alone.
+    fn failed(&self, i: usize, generation: u64) {
         let slot = &self.slots[i];
+        let mut c = slot.current.lock().unwrap_or_else(|e| e.into_inner());
+        if c.generation != generation {
+            return;
+        }
         slot.ok.store(false, Ordering::Release);
-        let mut made = slot.made.lock().unwrap_or_else(|e| e.into_inner());
-        if made.elapsed() < REDIAL_MIN {
+        if c.made.elapsed() < REDIAL_MIN {
             return;
         }
         if let Some(fresh) = redial(&self.config, ProtocolVersion::RESP2, None) {
-            *slot.conn.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
-            *made = Instant::now();
+            *c = SlotConn { conn: fresh, generation: generation + 1, made: Instant::now() };
             tracing::debug!(slot = i, "redis connection replaced");
         }
     }
@@ -239,17 +265,21 @@ impl Redis {
         F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        match tokio::time::timeout(self.timeout, f(self.conn_at(i))).await {
+        let since = self.health.answered();
+        let (generation, conn) = self.conn_at(i);
+        match tokio::time::timeout(self.timeout, f(conn)).await {
             Ok(Ok(v)) => {
-                self.slots[i].ok.store(true, Ordering::Release);
+                if self.conn_at(i).0 == generation {
+                    self.slots[i].ok.store(true, Ordering::Release);
+                }
                 self.health.mark_up();
                 Ok(v)
             }
             Ok(Err(e)) => {
                 let reason = format!("redis {what}: {e}");
                 if is_outage(&e) {
-                    self.failed(i);
-                    self.health.mark_down(reason.clone());
+                    self.failed(i, generation);
+                    self.health.failed_since(since, reason.clone());
                 } else {
                     tracing::warn!(error = %e, what, "redis refused a command");
                 }
@@ -257,8 +287,8 @@ impl Redis {
             }
             Err(_) => {
                 let reason = format!("redis {what}: no answer within {:?}", self.timeout);
-                self.failed(i);
-                self.health.mark_down(reason.clone());
+                self.failed(i, generation);
+                self.health.failed_since(since, reason.clone());
                 Err(EngineError::Unavailable(reason))
             }
         }
@@ -266,15 +296,11 @@ impl Redis {
 
     /// One PING on every pooled connection at once (which also starts a
     /// reconnect of one whose library round gave up, and replaces one that
-    /// does not answer); updates the health.
+    /// does not answer); an answer marks Redis up.
     pub async fn probe(&self) {
         let pings = (0..self.slots.len()).map(|i| {
             self.call_on(i, "ping", |mut c| async move { redis::cmd("PING").query_async::<()>(&mut c).await })
         });
-        let answered = futures_util::future::join_all(pings).await.iter().filter(|r| r.is_ok()).count();
-        if answered > 0 {
-            // Calls go to the connections that answered.
-            self.health.mark_up();
-        }
+        futures_util::future::join_all(pings).await;
     }
 }
