@@ -36,8 +36,9 @@ mod rooms;
 
 pub use presence::{
     presence_expire_returns_each_expired_lease_once, presence_join_lists_counts_and_finds_users,
-    presence_rejoin_reclaims_with_a_greater_token, presence_renew_never_resurrects_a_swept_lease,
-    presence_stale_tokens_have_no_effect, presence_tokens_stay_monotonic_without_leases,
+    presence_rejoin_is_fenced_by_later_tokens_and_leaves, presence_rejoin_reclaims_with_a_greater_token,
+    presence_renew_never_resurrects_a_swept_lease, presence_stale_tokens_have_no_effect,
+    presence_tokens_stay_monotonic_without_leases,
 };
 pub use rooms::{
     closing_a_room_seals_its_channel, room_cas_admits_one_writer_per_version,
@@ -701,6 +702,7 @@ macro_rules! with_conformance_scenarios {
             presence_renew_never_resurrects_a_swept_lease,
             presence_expire_returns_each_expired_lease_once,
             presence_tokens_stay_monotonic_without_leases,
+            presence_rejoin_is_fenced_by_later_tokens_and_leaves,
             room_create_conflicts_with_an_existing_room,
             room_cas_admits_one_writer_per_version,
             room_versions_are_logged_in_order_with_messages,

@@ -37,7 +37,7 @@ use bytes::Bytes;
 use herald_proto::{ChannelName, FrameKind, Meta};
 use serde_json::value::RawValue;
 
-use crate::presence::{FenceToken, Joined, Lease, Member, Renewed};
+use crate::presence::{FenceToken, Joined, Lease, Member, Rejoined, Renewed};
 use crate::room::Room;
 
 /// Position of a message in its channel: 1, 2, 3, ...
@@ -166,6 +166,36 @@ pub struct Message {
     /// The channel's final message ([`AppendRequest::seal`]): after it a
     /// subscriber is unsubscribed. Engines set it on fan-out and on reads.
     pub closes: bool,
+}
+
+impl Message {
+    /// The seq of an [epoch marker](Message::epoch_marker). No message has
+    /// it (seqs start at 1).
+    pub const MARKER_SEQ: Seq = 0;
+
+    /// A fan-out signal, not a message: `channel`'s log is now in `epoch`
+    /// (the engine lost data and started a new one). It carries no frame
+    /// and is never sent to a client; a subscriber still on another epoch
+    /// reads the log, which sends its client to resync, at once instead of
+    /// at the channel's next message. Its seq is [`Message::MARKER_SEQ`],
+    /// below every real seq, so a subscriber already in `epoch` ignores it
+    /// as a duplicate.
+    pub fn epoch_marker(channel: ChannelName, epoch: Epoch) -> Self {
+        Message {
+            channel,
+            seq: Some(Self::MARKER_SEQ),
+            id: Arc::from(""),
+            ts: 0,
+            epoch,
+            frame: Bytes::new(),
+            closes: false,
+        }
+    }
+
+    /// Whether this is an [epoch marker](Message::epoch_marker).
+    pub fn is_epoch_marker(&self) -> bool {
+        self.seq == Some(Self::MARKER_SEQ)
+    }
 }
 
 /// Where a channel's log stands.
@@ -438,7 +468,11 @@ pub struct RoomWrite {
 /// Receives every appended message of the channels this node watches.
 ///
 /// Called from the engine's fan-out path: implementations must not block or
-/// await (use `try_send`), and per channel calls come in seq order.
+/// await (use `try_send`), and per channel calls come in seq order within
+/// an epoch. An engine that sees a watched channel's epoch change hands the
+/// sink an [epoch marker](Message::epoch_marker) as soon as it knows, so
+/// subscribers of a quiet channel learn of the loss without waiting for its
+/// next message.
 pub trait FanoutSink: Send + Sync + 'static {
     fn deliver(&self, msg: Arc<Message>);
 }
@@ -542,13 +576,41 @@ pub trait Engine: Send + Sync + 'static {
     ) -> Result<Renewed, EngineError>;
 
     /// Remove the lease `key` if its token is `token`; returns it when
-    /// removed (the caller announces the `leave`).
+    /// removed (the caller announces the `leave`). Either way the holder of
+    /// `token` is done: a later [`presence_rejoin`](Engine::presence_rejoin)
+    /// with `token` is [`Rejoined::Fenced`] (a clean close removes whatever
+    /// lease of its token exists, including one a rejoin re-created, and no
+    /// rejoin still in flight can bring it back).
     async fn presence_leave(
         &self,
         channel: &ChannelName,
         key: &str,
         token: FenceToken,
     ) -> Result<Option<Lease>, EngineError>;
+
+    /// Bring back the lease of `member` that its holder held with `token`,
+    /// after a renew found it [`Renewed::Gone`] (it expired and was swept
+    /// while the holder could not renew) and the holder showed it is alive.
+    /// The rejoin carries the fencing token, so a late one loses; in one
+    /// atomic step:
+    /// - the lease is stored with `token`: extended, [`Rejoined::Held`];
+    /// - the lease is stored with another token (a later join): nothing
+    ///   changes, [`Rejoined::Fenced`] (a rejoin never takes a member over);
+    /// - no lease, and the engine remembers the member's last removal
+    ///   ([`GONE_MEMORY`](crate::GONE_MEMORY)) as a leave with `token`, or
+    ///   as the removal of a greater token: [`Rejoined::Fenced`];
+    /// - otherwise the lease is created again with `token` (not a new one:
+    ///   a leave with `token` still removes it) until now + `ttl`,
+    ///   [`Rejoined::Back`]: announce a `join`.
+    ///
+    /// A sealed channel (a closed room): [`EngineError::Closed`].
+    async fn presence_rejoin(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        token: FenceToken,
+        ttl: Duration,
+    ) -> Result<Rejoined, EngineError>;
 
     /// Up to `limit` unexpired leases of `channel`, ordered by key.
     async fn presence(&self, channel: &ChannelName, limit: usize) -> Result<Vec<Lease>, EngineError>;
@@ -560,7 +622,9 @@ pub trait Engine: Send + Sync + 'static {
     async fn presence_has_user(&self, channel: &ChannelName, user: &str) -> Result<bool, EngineError>;
 
     /// Remove up to `limit` leases (of any channel) that expired, and return
-    /// them. Each removed lease is returned to at most one caller, on any
+    /// them. Each removal is remembered (see
+    /// [`presence_rejoin`](Engine::presence_rejoin)): its holder may ask for
+    /// it back. Each removed lease is returned to at most one caller, on any
     /// node, which announces its `leave`: exactly one unless the reply is
     /// lost (the caller gave up, a Redis reply timed out), in which case the
     /// lease is gone without a `leave` frame — presence listings stay right,

@@ -20,5 +20,5 @@ pub use engine::{
     SubscriberId, UserCursor,
 };
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};
-pub use presence::{member_key, FenceToken, Joined, Lease, Member, Renewed};
+pub use presence::{member_key, FenceToken, Joined, Lease, Member, Rejoined, Renewed, GONE_CAP, GONE_MEMORY};
 pub use room::{IllegalTransition, Room, RoomReason, RoomStatus};

@@ -9,17 +9,34 @@
 //!   the token they were given and have no effect unless it is the stored
 //!   one: a paused node that wakes up cannot extend, remove or resurrect a
 //!   lease that was taken over or swept meanwhile;
-//! - **no resurrection**: renew never creates a lease; only join does;
+//! - **no resurrection**: renew never creates a lease; join does, and
+//!   [`rejoin`](crate::Engine::presence_rejoin) re-creates a removed lease
+//!   only for the holder of its token, and only while the engine can tell
+//!   that nothing newer happened to the member: no later token was handed
+//!   to it and its holder did not leave (see [`Rejoined`]);
 //! - **exactly one leave**: a lease is removed by exactly one successful
 //!   leave or expiry sweep, so exactly one node announces the member's
 //!   `leave`;
 //! - **expiry**: a lease with `expires_at_ms <= now` is not listed or
 //!   counted, even before a sweep removes it.
 
+use std::time::Duration;
+
 pub use herald_proto::Member;
 
 /// Orders writes to one member's lease; see the module docs.
 pub type FenceToken = u64;
+
+/// How long an engine at least remembers that a member's lease was removed
+/// (by a leave or a sweep), and with which token: the window in which a
+/// late [`presence_rejoin`](crate::Engine::presence_rejoin) is still told
+/// apart from a legitimate one. Rejoins come within a renewal period or two
+/// of the removal (the holder must first show it is alive); this is far
+/// beyond that.
+pub const GONE_MEMORY: Duration = Duration::from_secs(300);
+/// At most this many removals are remembered per channel; past it the
+/// oldest are forgotten first (before [`GONE_MEMORY`] is over).
+pub const GONE_CAP: usize = 4096;
 
 /// The storage key of a member within its channel: `{len(user)}:{user}`
 /// followed by the client id. Unique per (user, client id) and never shared
@@ -73,6 +90,24 @@ pub enum Renewed {
     /// longer the member and must not rejoin.
     Superseded,
     /// The lease is gone (expired and swept, or left): its `leave` was
-    /// announced. A holder still connected may join again (a new member).
+    /// announced. A holder still connected may ask for it back with
+    /// [`presence_rejoin`](crate::Engine::presence_rejoin) (announcing a
+    /// `join`).
     Gone,
+}
+
+/// The result of a rejoin: a holder whose renew found its lease
+/// [`Renewed::Gone`] asks for it back with its token.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rejoined {
+    /// The lease is back, with the caller's token and a fresh expiry: the
+    /// member had left (its `leave` was announced), so announce a `join`.
+    Back(Lease),
+    /// The lease was still stored with the caller's token: extended until
+    /// this time (ms since the Unix epoch). Nothing to announce.
+    Held(u64),
+    /// Refused, nothing changed: the member is held by a later token, or
+    /// was held by one since the caller's, or the caller's token left. The
+    /// caller no longer holds the member and must not try again.
+    Fenced,
 }

@@ -1,32 +1,39 @@
-//! Connections to Redis: a small pool of multiplexed command connections
-//! (reconnecting with backoff by themselves), the pub/sub connection, the
-//! timeout around every call and the health that makes calls fail fast
-//! while Redis is unreachable.
+//! Connections to Redis: a small pool of multiplexed command connections,
+//! the timeout around every call, the health that makes calls fail fast
+//! while Redis is unreachable, and the replacement of a connection that
+//! stopped answering (see `dial.rs` for why).
 //!
 //! Invariants:
 //! - no call waits longer than the command timeout (plus the connect
 //!   timeout of a reconnect in progress, also bounded);
 //! - while Redis is known to be unreachable every call fails at once with
-//!   `EngineError::Unavailable`; a probe (`probe`) notices the recovery;
-//! - the number of sockets per Redis node is `connections + 1` (pub/sub).
+//!   `EngineError::Unavailable`; a probe (`probe`, every connection at
+//!   once) notices the recovery;
+//! - a connection whose call timed out or failed for an outage is marked
+//!   bad and (single instance) replaced by a fresh one, at most once per
+//!   `REDIAL_MIN`; calls prefer connections that answered, so one that is
+//!   still coming back does not fail the others' calls;
+//! - a failure marks Redis down only if no call was answered since it
+//!   began: a late failure on a connection replaced meanwhile does not
+//!   undo a recovery;
+//! - the number of live sockets per Redis node is `connections + 1`
+//!   (pub/sub), plus replaced ones while they close.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use herald_core::EngineError;
-use redis::aio::AsyncPushSender;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, Cmd, ErrorKind, Pipeline, ProtocolVersion, RedisFuture, Value};
+use redis::{Cmd, ErrorKind, Pipeline, ProtocolVersion, RedisFuture, Value};
+use tokio::time::Instant;
 
+use crate::dial::{open_conn, redial};
 use crate::{RedisConfig, RedisError};
 
-/// Reconnect attempts of one reconnect round (the next command or probe
-/// starts another round), and the longest wait between two attempts.
-const RECONNECT_ATTEMPTS: usize = 6;
-const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
+/// A connection is replaced at most this often.
+pub(crate) const REDIAL_MIN: Duration = Duration::from_millis(500);
 
 /// One command connection: a single instance or a whole cluster.
 #[derive(Clone)]
@@ -68,6 +75,10 @@ impl ConnectionLike for Conn {
 pub(crate) struct HealthState {
     down: AtomicBool,
     reason: Mutex<String>,
+    /// Calls answered so far: a failure marks Redis down only if nothing
+    /// was answered since the failed call began (a late failure of a call
+    /// on a connection replaced meanwhile does not undo a recovery).
+    answered: AtomicU64,
 }
 
 impl HealthState {
@@ -75,6 +86,17 @@ impl HealthState {
         self.down
             .load(Ordering::Acquire)
             .then(|| self.reason.lock().unwrap_or_else(|e| e.into_inner()).clone())
+    }
+
+    fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Acquire)
+    }
+
+    /// A call that began when `answered` was `since` failed for an outage.
+    fn failed_since(&self, since: u64, reason: String) {
+        if self.answered() == since {
+            self.mark_down(reason);
+        }
     }
 
     fn mark_down(&self, reason: String) {
@@ -86,6 +108,7 @@ impl HealthState {
     }
 
     fn mark_up(&self) {
+        self.answered.fetch_add(1, Ordering::AcqRel);
         if self.down.load(Ordering::Acquire) && self.down.swap(false, Ordering::AcqRel) {
             tracing::info!("redis available again");
         }
@@ -94,7 +117,7 @@ impl HealthState {
 
 /// Whether an error means Redis (or the way to it) is down, rather than a
 /// refused command.
-fn is_outage(e: &redis::RedisError) -> bool {
+pub(crate) fn is_outage(e: &redis::RedisError) -> bool {
     match e.kind() {
         ErrorKind::Server(k) => !matches!(
             k,
@@ -111,33 +134,79 @@ fn is_outage(e: &redis::RedisError) -> bool {
     }
 }
 
+/// One pooled command connection.
+struct Slot {
+    current: Mutex<SlotConn>,
+    /// Its last call was answered (or it was not tried since it was made).
+    ok: AtomicBool,
+}
+
+struct SlotConn {
+    conn: Conn,
+    /// Bumped at each replacement: a failure of an earlier connection says
+    /// nothing about this one.
+    generation: u64,
+    made: Instant,
+}
+
 /// The command side: a pool of connections, the timeout, the health.
 pub(crate) struct Redis {
-    conns: Vec<Conn>,
+    slots: Vec<Slot>,
     next: AtomicUsize,
     timeout: Duration,
+    config: RedisConfig,
     pub health: Arc<HealthState>,
     pub cluster: bool,
 }
 
 impl Redis {
     pub async fn connect(config: &RedisConfig) -> Result<Self, RedisError> {
-        let mut conns = Vec::with_capacity(config.connections);
+        let mut slots = Vec::with_capacity(config.connections);
         for _ in 0..config.connections {
-            conns.push(open_conn(config, ProtocolVersion::RESP2, None).await?);
+            let conn = open_conn(config, ProtocolVersion::RESP2, None).await?;
+            let current = SlotConn { conn, generation: 0, made: Instant::now() };
+            slots.push(Slot { current: Mutex::new(current), ok: AtomicBool::new(true) });
         }
         Ok(Self {
-            conns,
+            slots,
             next: AtomicUsize::new(0),
             timeout: config.command_timeout,
+            config: config.clone(),
             health: Arc::new(HealthState::default()),
             cluster: config.is_cluster(),
         })
     }
 
-    pub fn conn(&self) -> Conn {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len();
-        self.conns[i].clone()
+    /// The next connection in turn that answered its last call (any, if
+    /// none did).
+    fn pick(&self) -> usize {
+        let n = self.slots.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        (0..n).map(|k| (start + k) % n).find(|&i| self.slots[i].ok.load(Ordering::Acquire)).unwrap_or(start)
+    }
+
+    fn conn_at(&self, i: usize) -> (u64, Conn) {
+        let c = self.slots[i].current.lock().unwrap_or_else(|e| e.into_inner());
+        (c.generation, c.conn.clone())
+    }
+
+    /// The connection `generation` at `i` failed: mark it bad and replace
+    /// it with a fresh one, unless it was made less than `REDIAL_MIN` ago.
+    /// A connection replaced already is left alone.
+    fn failed(&self, i: usize, generation: u64) {
+        let slot = &self.slots[i];
+        let mut c = slot.current.lock().unwrap_or_else(|e| e.into_inner());
+        if c.generation != generation {
+            return;
+        }
+        slot.ok.store(false, Ordering::Release);
+        if c.made.elapsed() < REDIAL_MIN {
+            return;
+        }
+        if let Some(fresh) = redial(&self.config, ProtocolVersion::RESP2, None) {
+            *c = SlotConn { conn: fresh, generation: generation + 1, made: Instant::now() };
+            tracing::debug!(slot = i, "redis connection replaced");
+        }
     }
 
     /// Run `f` on a connection, failing fast while Redis is down, within
@@ -188,15 +257,29 @@ impl Redis {
         F: FnOnce(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        match tokio::time::timeout(self.timeout, f(self.conn())).await {
+        self.call_on(self.pick(), what, f).await
+    }
+
+    async fn call_on<T, F, Fut>(&self, i: usize, what: &'static str, f: F) -> Result<T, EngineError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let since = self.health.answered();
+        let (generation, conn) = self.conn_at(i);
+        match tokio::time::timeout(self.timeout, f(conn)).await {
             Ok(Ok(v)) => {
+                if self.conn_at(i).0 == generation {
+                    self.slots[i].ok.store(true, Ordering::Release);
+                }
                 self.health.mark_up();
                 Ok(v)
             }
             Ok(Err(e)) => {
                 let reason = format!("redis {what}: {e}");
                 if is_outage(&e) {
-                    self.health.mark_down(reason.clone());
+                    self.failed(i, generation);
+                    self.health.failed_since(since, reason.clone());
                 } else {
                     tracing::warn!(error = %e, what, "redis refused a command");
                 }
@@ -204,71 +287,20 @@ impl Redis {
             }
             Err(_) => {
                 let reason = format!("redis {what}: no answer within {:?}", self.timeout);
-                self.health.mark_down(reason.clone());
+                self.failed(i, generation);
+                self.health.failed_since(since, reason.clone());
                 Err(EngineError::Unavailable(reason))
             }
         }
     }
 
-    /// One PING on every pooled connection (which also makes a connection
-    /// whose reconnect round gave up start another); updates the health.
+    /// One PING on every pooled connection at once (which also starts a
+    /// reconnect of one whose library round gave up, and replaces one that
+    /// does not answer); an answer marks Redis up.
     pub async fn probe(&self) {
-        for conn in &self.conns {
-            let conn = conn.clone();
-            let r = self
-                .call_unchecked("ping", |_| async move {
-                    let mut conn = conn;
-                    redis::cmd("PING").query_async::<()>(&mut conn).await
-                })
-                .await;
-            if r.is_err() {
-                return;
-            }
-        }
-    }
-}
-
-/// Open one connection (single instance or cluster). `push` receives the
-/// RESP3 pushes (pub/sub messages, disconnections); with it, subscriptions
-/// are restored after every reconnect.
-pub(crate) async fn open_conn(
-    config: &RedisConfig,
-    protocol: ProtocolVersion,
-    push: Option<Arc<dyn AsyncPushSender>>,
-) -> Result<Conn, RedisError> {
-    let connect = async {
-        if config.is_cluster() {
-            let mut b = ClusterClientBuilder::new(config.urls.clone())
-                .use_protocol(protocol)
-                .connection_timeout(config.connect_timeout)
-                .response_timeout(config.command_timeout)
-                .retries(2)
-                .max_retry_wait(RECONNECT_MAX_DELAY.as_millis() as u64);
-            if let Some(push) = push {
-                b = b.push_sender(push);
-            }
-            let client = b.build()?;
-            Ok::<_, redis::RedisError>(Conn::Cluster(client.get_async_connection().await?))
-        } else {
-            let client = Client::open(config.urls[0].as_str())?;
-            let info = client.get_connection_info().clone();
-            let settings = info.redis_settings().clone().set_protocol(protocol);
-            let client = Client::open(info.set_redis_settings(settings))?;
-            let mut c = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(config.connect_timeout))
-                .set_response_timeout(Some(config.command_timeout))
-                .set_number_of_retries(RECONNECT_ATTEMPTS)
-                .set_max_delay(RECONNECT_MAX_DELAY);
-            if let Some(push) = push {
-                c = c.set_push_sender(push).set_automatic_resubscription();
-            }
-            Ok(Conn::Single(client.get_connection_manager_with_config(c).await?))
-        }
-    };
-    let limit = config.connect_timeout * 2;
-    match tokio::time::timeout(limit, connect).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(RedisError::Connect(e.to_string())),
-        Err(_) => Err(RedisError::Connect(format!("no connection within {limit:?}"))),
+        let pings = (0..self.slots.len()).map(|i| {
+            self.call_on(i, "ping", |mut c| async move { redis::cmd("PING").query_async::<()>(&mut c).await })
+        });
+        futures_util::future::join_all(pings).await;
     }
 }

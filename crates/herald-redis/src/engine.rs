@@ -7,13 +7,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald_core::{
     AckError, AppendRequest, CursorState, Engine, EngineError, FanoutSink, FenceToken, Health, Joined, Lease,
-    Member, Page, Position, Receipt, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId, UserCursor,
+    Member, Page, Position, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId,
+    UserCursor,
 };
 use herald_proto::ChannelName;
 use redis::ProtocolVersion;
 use tokio::sync::{mpsc, watch};
 
-use crate::conn::{open_conn, Redis};
+use crate::conn::Redis;
+use crate::dial::open_conn;
 use crate::fanout::{self, Fanout};
 use crate::keys::Keys;
 use crate::lease::{self, NodeLease};
@@ -40,9 +42,10 @@ impl RedisEngine {
         let (push_tx, push_rx) = mpsc::channel(config.fanout_queue);
         let overflow = Arc::new(AtomicBool::new(false));
         let sender = fanout::push_sender(push_tx, overflow.clone());
-        let pubsub = open_conn(&config, ProtocolVersion::RESP3, Some(Arc::new(sender))).await?;
+        let push: Arc<dyn redis::aio::AsyncPushSender> = Arc::new(sender);
+        let pubsub = open_conn(&config, ProtocolVersion::RESP3, Some(push.clone())).await?;
         let keys = Keys::new(&config.key_prefix);
-        let fanout = Fanout::new(pubsub, keys.clone(), &config, overflow);
+        let fanout = Fanout::new(pubsub, push, keys.clone(), &config, overflow);
         // A sweeper's claim outlives its two round trips per channel.
         let sweep_claim_ms = crate::ops::ms(config.command_timeout * 3);
         let inner = Arc::new(Inner::new(redis, fanout, keys.clone(), sweep_claim_ms));
@@ -78,8 +81,9 @@ impl RedisEngine {
     /// Changes every time the node's lease was found lost and registered
     /// again (the value counts them), for state tied to the node's
     /// liveness. Presence needs nothing from it: every connection renews
-    /// its leases every third of their TTL and joins again when a renew
-    /// finds its lease gone (see docs/redis.md, "Node liveness").
+    /// its leases every third of their TTL and, when a renew finds its
+    /// lease gone, asks for it back once its peer answers a ping (see
+    /// docs/redis.md, "Node liveness").
     pub fn lease_reregistrations(&self) -> watch::Receiver<u64> {
         self.lease.events.subscribe()
     }
@@ -186,6 +190,20 @@ impl Engine for RedisEngine {
         token: FenceToken,
     ) -> Result<Option<Lease>, EngineError> {
         self.inner.presence_leave(channel, key, token).await
+    }
+
+    /// Three round trips, indexed like a join.
+    async fn presence_rejoin(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        token: FenceToken,
+        ttl: Duration,
+    ) -> Result<Rejoined, EngineError> {
+        if self.inner.closing.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        self.inner.presence_rejoin(channel, member, token, ttl).await
     }
 
     async fn presence(&self, channel: &ChannelName, limit: usize) -> Result<Vec<Lease>, EngineError> {

@@ -21,8 +21,9 @@
 //!   delivered, and that the head did not go below it: if Redis lost data
 //!   (a restart without persistence, a failover that lost a tail), it
 //!   starts a new epoch (compare-and-set, one node wins) and hands the
-//!   sink the head message of the new epoch; sessions holding the old
-//!   epoch then resync instead of skipping silently.
+//!   sink an epoch marker (`Message::epoch_marker`) at once, then the head
+//!   message of the new epoch; sessions holding the old epoch then resync
+//!   instead of skipping silently, whether the channel is busy or quiet.
 //!
 //! Invariants: per channel, the sink gets seqs in increasing order without
 //! gap within an epoch (a range removed by retention is skipped, and
@@ -40,7 +41,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use herald_core::{EngineError, Epoch, Message, Seq};
 use herald_proto::ChannelName;
-use redis::{PushInfo, PushKind, Value};
+use redis::aio::AsyncPushSender;
+use redis::{ProtocolVersion, PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -48,7 +50,8 @@ use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 use crate::config::FILL_PAGE;
-use crate::conn::Conn;
+use crate::conn::{is_outage, Conn, REDIAL_MIN};
+use crate::dial::redial;
 use crate::keys::Keys;
 use crate::ops::Inner;
 use crate::stats::{add, bump};
@@ -63,7 +66,11 @@ pub(crate) struct Fanout {
     subscribed: Mutex<HashSet<ChannelName>>,
     stripes: Vec<tokio::sync::Mutex<()>>,
     hasher: RandomState,
-    pubsub: Conn,
+    /// The pub/sub connection, replaced when it stops answering.
+    pubsub: Mutex<PubSub>,
+    /// Receives the pushes of every pub/sub connection made.
+    push: Arc<dyn AsyncPushSender>,
+    config: crate::RedisConfig,
     keys: Keys,
     permits: Semaphore,
     concurrency: usize,
@@ -73,6 +80,14 @@ pub(crate) struct Fanout {
     overflow: Arc<AtomicBool>,
     pub cancel: CancellationToken,
     pub tasks: TaskTracker,
+}
+
+struct PubSub {
+    conn: Conn,
+    /// Bumped at each replacement: a subscribe made on an earlier
+    /// connection does not count.
+    generation: u64,
+    made: Instant,
 }
 
 struct Watched {
@@ -140,13 +155,21 @@ fn parse_payload(p: Vec<u8>) -> Option<Payload> {
 }
 
 impl Fanout {
-    pub fn new(pubsub: Conn, keys: Keys, config: &crate::RedisConfig, overflow: Arc<AtomicBool>) -> Self {
+    pub fn new(
+        pubsub: Conn,
+        push: Arc<dyn AsyncPushSender>,
+        keys: Keys,
+        config: &crate::RedisConfig,
+        overflow: Arc<AtomicBool>,
+    ) -> Self {
         Self {
             feeds: Mutex::new(HashMap::new()),
             subscribed: Mutex::new(HashSet::new()),
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             hasher: RandomState::new(),
-            pubsub,
+            pubsub: Mutex::new(PubSub { conn: pubsub, generation: 0, made: Instant::now() }),
+            push,
+            config: config.clone(),
             keys,
             permits: Semaphore::new(config.fill_concurrency),
             concurrency: config.fill_concurrency,
@@ -156,6 +179,29 @@ impl Fanout {
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         }
+    }
+
+    fn pubsub(&self) -> (u64, Conn) {
+        let p = self.pubsub.lock().unwrap_or_else(|e| e.into_inner());
+        (p.generation, p.conn.clone())
+    }
+
+    /// The pub/sub connection did not answer: replace it (at most once per
+    /// `REDIAL_MIN`, single instance only; see `dial.rs`). Every channel is
+    /// subscribed again by the checker, then checked against its head.
+    fn redial_pubsub(&self) -> bool {
+        let mut p = self.pubsub.lock().unwrap_or_else(|e| e.into_inner());
+        if p.made.elapsed() < REDIAL_MIN {
+            return false;
+        }
+        let Some(fresh) = redial(&self.config, ProtocolVersion::RESP3, Some(self.push.clone())) else {
+            return false;
+        };
+        p.conn = fresh;
+        p.generation += 1;
+        p.made = Instant::now();
+        self.subscribed.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        true
     }
 
     fn feed(&self, ch: &ChannelName) -> Option<Arc<Feed>> {
@@ -182,7 +228,7 @@ impl Fanout {
             return Ok(());
         }
         let name = self.keys.fan(ch);
-        let mut conn = self.pubsub.clone();
+        let (generation, mut conn) = self.pubsub();
         let op = async {
             match (&mut conn, want) {
                 (Conn::Single(c), true) => c.subscribe(&name).await,
@@ -198,11 +244,18 @@ impl Fanout {
                 Err(EngineError::Unavailable(format!("redis subscribe: no answer within {:?}", self.timeout)))
             }
         };
+        // Both locks, in `redial_pubsub`'s order: no replacement slips in
+        // between the generation check and the update.
+        let pubsub = self.pubsub.lock().unwrap_or_else(|e| e.into_inner());
+        let current = pubsub.generation;
         let mut subscribed = self.subscribed.lock().unwrap_or_else(|e| e.into_inner());
         match (want, &result) {
-            (true, Ok(())) => {
+            // On a connection replaced meanwhile it does not count: the
+            // checker subscribes again on the new one.
+            (true, Ok(())) if generation == current => {
                 subscribed.insert(ch.clone());
             }
+            (true, Ok(())) => {}
             // A failed unsubscribe may leave messages coming: they are
             // ignored (no feed), and a resubscribe after a reconnect
             // follows the library's own list.
@@ -359,6 +412,13 @@ fn deliver(inner: &Inner, msg: Arc<Message>) {
     }
 }
 
+/// Hand the sink an epoch marker for `ch` (under the feed's lock, like
+/// every delivery): sessions still on another epoch resync at once, even
+/// if the channel stays quiet.
+fn announce_epoch(inner: &Inner, ch: &ChannelName, epoch: &Epoch) {
+    deliver(inner, Arc::new(Message::epoch_marker(ch.clone(), epoch.clone())));
+}
+
 fn on_message(inner: &Arc<Inner>, ch: &ChannelName, p: Payload) {
     let Some(feed) = inner.fanout.feed(ch) else { return };
     let Some(seq) = p.seq else {
@@ -485,11 +545,12 @@ async fn run_worker(inner: &Arc<Inner>, feed: &Arc<Feed>) {
             }
             let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
             st.epoch = Some(pos.epoch.clone());
-            // Hand out the head message of the new epoch: it makes every
-            // session on the old epoch resync.
+            // Tell the sink now (the channel may stay quiet), then hand out
+            // the head message of the new epoch, if any.
             st.last = pos.head.saturating_sub(1);
             st.last_id = None;
             st.max_seen = 0;
+            announce_epoch(inner, ch, &pos.epoch);
             continue;
         }
         let at_last = page.messages.iter().find(|m| m.seq == Some(last));
@@ -526,10 +587,12 @@ async fn run_worker(inner: &Arc<Inner>, feed: &Arc<Feed>) {
                 // and hand out its head message.
                 bump(&inner.counters.epoch_changes);
                 let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-                st.epoch = Some(Epoch::new(current));
+                let current = Epoch::new(current);
+                st.epoch = Some(current.clone());
                 st.last = pos.head.saturating_sub(1);
                 st.last_id = None;
                 st.max_seen = 0;
+                announce_epoch(inner, ch, &current);
             }
             continue;
         }
@@ -575,10 +638,24 @@ pub(crate) async fn run_checker(inner: Arc<Inner>) {
             _ = tick.tick() => {}
         }
         // A PING makes a pub/sub connection whose reconnect round gave up
-        // start another (it is allowed in subscribed mode under RESP3).
-        let mut conn = fan.pubsub.clone();
-        let _ = tokio::time::timeout(fan.timeout, redis::cmd("PING").query_async::<Value>(&mut conn)).await;
-        inner.redis.probe().await;
+        // start another (it is allowed in subscribed mode under RESP3); one
+        // that does not answer is replaced. The command connections are
+        // probed at the same time.
+        let ping = async {
+            let (_, mut conn) = fan.pubsub();
+            let r =
+                tokio::time::timeout(fan.timeout, redis::cmd("PING").query_async::<Value>(&mut conn)).await;
+            let answered = match &r {
+                Ok(Ok(_)) => true,
+                Ok(Err(e)) => !is_outage(e),
+                Err(_) => false,
+            };
+            if !answered && fan.redial_pubsub() {
+                tracing::debug!("pub/sub connection replaced");
+                mark_all_suspect(&inner);
+            }
+        };
+        tokio::join!(ping, inner.redis.probe());
         if inner.redis.health.down_reason().is_some() {
             // Checks would only wait for their timeouts; they run (all of
             // them) once Redis answers again.

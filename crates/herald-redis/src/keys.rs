@@ -104,6 +104,17 @@ impl Keys {
         self.channel_key(ch, "presence:token")
     }
 
+    /// Removed leases, for rejoins: member key → `<token> <l|s>` (left or
+    /// swept).
+    pub fn presence_gone(&self, ch: &ChannelName) -> String {
+        self.channel_key(ch, "presence:gone")
+    }
+
+    /// When each entry of `presence_gone` is forgotten (ms).
+    pub fn presence_gone_exp(&self, ch: &ChannelName) -> String {
+        self.channel_key(ch, "presence:gone:exp")
+    }
+
     pub fn room(&self, ch: &ChannelName) -> String {
         self.channel_key(ch, "room")
     }

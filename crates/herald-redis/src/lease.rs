@@ -4,7 +4,8 @@
 //! node id) is registered again, logged and counted, and the re-registration
 //! is published on a `watch` channel for state tied to the node's liveness.
 //! Presence does not need it: member leases are renewed per connection, and
-//! a renew that finds its lease gone joins again (docs/redis.md).
+//! a renew that finds its lease gone asks for it back once the connection
+//! shows it is alive (docs/redis.md, "Node liveness").
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -58,7 +58,8 @@
 //! leases expire on time whichever node wrote them. A global sweep index
 //! lets any node's `presence_expire` find expired leases; it may be early,
 //! never late, and the channel script decides what is removed, so each
-//! lease is removed and returned once (`presence.rs`). A room write is one
+//! lease is removed and returned once (`presence.rs`). Each removal is
+//! remembered for a while (`presence:gone`), so a late rejoin loses. A room write is one
 //! script: version compare-and-set, the event appended like any append,
 //! and on close the seal (every later append is refused after the dedup
 //! check) and the removal of the channel's leases (`rooms.rs`).
@@ -69,9 +70,12 @@
 //! error marks Redis down: calls then fail at once with
 //! [`EngineError::Unavailable`](herald_core::EngineError::Unavailable) and
 //! [`health`](herald_core::Engine::health) says so, until a probe (every
-//! `head_check_interval`) gets an answer. The connections reconnect with
-//! backoff by themselves; the pub/sub connection resubscribes and the
-//! fan-out fills what it missed from the log. An `Unavailable` append has
+//! `head_check_interval`) gets an answer. A connection whose call timed
+//! out is replaced by a freshly dialled one (`dial.rs`: a connection stuck
+//! in TCP retransmission backoff would stay silent long after the network
+//! healed), and every socket has TCP keepalive and `TCP_USER_TIMEOUT`; the
+//! pub/sub connection resubscribes and the fan-out fills what it missed
+//! from the log. An `Unavailable` append has
 //! an unknown outcome (Redis may have run the script just before the
 //! timeout); a retry with the same key settles it.
 //!
@@ -82,6 +86,7 @@
 
 mod config;
 mod conn;
+mod dial;
 mod engine;
 mod error;
 mod fanout;

@@ -67,7 +67,9 @@ impl Inner {
             .key(k.room(&ch))
             .key(k.presence(&ch))
             .key(k.presence_exp(&ch))
-            .key(k.presence_keys(&ch));
+            .key(k.presence_keys(&ch))
+            .key(k.presence_gone(&ch))
+            .key(k.presence_gone_exp(&ch));
         inv.arg(expected_version.map(|v| v.to_string()).unwrap_or_default())
             .arg(room.version)
             .arg(record)

@@ -128,6 +128,47 @@ fn script(body: &str) -> Script {
     Script::new(&format!("#!lua\n{HELPERS}\n{body}"))
 }
 
+/// A presence script that also keeps the channel's removed leases
+/// (`presence:gone`, `presence:gone:exp`) for rejoins: each member's last
+/// removal, its token and whether its holder left (`l`) or was swept (`s`),
+/// forgotten after `GONE_MEMORY`, at most `GONE_CAP` per channel.
+fn gone_script(body: &str) -> Script {
+    let memory_ms = herald_core::GONE_MEMORY.as_millis();
+    let cap = herald_core::GONE_CAP;
+    script(&format!(
+        r#"
+local function gone_prune(gone, gone_exp, now)
+  local due = redis.call('ZRANGEBYSCORE', gone_exp, '-inf', fmt(now), 'LIMIT', 0, 64)
+  if #due > 0 then
+    redis.call('HDEL', gone, unpack(due))
+    redis.call('ZREM', gone_exp, unpack(due))
+  end
+end
+-- Remember that key's lease with token was removed (left: by a leave with
+-- it). A removal remembered with a greater token stays; a leave stays.
+local function gone_note(gone, gone_exp, key, token, left, now)
+  gone_prune(gone, gone_exp, now)
+  local cur = redis.call('HGET', gone, key)
+  if cur then
+    local t, how = string.match(cur, '^(%d+) (%a)$')
+    if t and tonumber(t) > tonumber(token) then return end
+    if t == token and how == 'l' then left = true end
+  end
+  local how = 's'
+  if left then how = 'l' end
+  redis.call('HSET', gone, key, token .. ' ' .. how)
+  redis.call('ZADD', gone_exp, fmt(now + {memory_ms}), key)
+  local n = redis.call('ZCARD', gone_exp)
+  if n > {cap} then
+    local old = redis.call('ZRANGE', gone_exp, 0, n - {cap} - 1)
+    redis.call('HDEL', gone, unpack(old))
+    redis.call('ZREM', gone_exp, unpack(old))
+  end
+end
+{body}"#
+    ))
+}
+
 /// A script that writes nothing (`TIME` and reads only).
 fn read_only(body: &str) -> Script {
     Script::new(&format!("#!lua flags=no-writes\n{HELPERS}\n{body}"))
@@ -369,19 +410,70 @@ return {'until', fmt(exp)}
     )
 });
 
-/// Leave: remove the lease if it holds `token`.
+/// Leave: remove the lease if it holds `token`, and remember that its
+/// holder left (also when the lease was swept already), so no rejoin with
+/// `token` brings it back.
 ///
-/// KEYS: presence, presence:exp, presence:keys. ARGV: member key, token.
-/// Returns `{'left', lease}` or `{'none'}`.
+/// KEYS: presence, presence:exp, presence:keys, presence:gone,
+/// presence:gone:exp, meta. ARGV: member key, token. Returns `{'left',
+/// lease}` or `{'none'}`.
 pub(crate) static PRESENCE_LEAVE: LazyLock<Script> = LazyLock::new(|| {
-    script(
+    gone_script(
         r#"
+if ARGV[1] == '' or not string.match(ARGV[2], '^%d+$') then
+  return redis.error_reply('ERR herald leave: bad arguments')
+end
 local rec = redis.call('HGET', KEYS[1], ARGV[1])
-if not rec or string.match(rec, '^(%d+) ') ~= ARGV[2] then return {'none'} end
+if rec and string.match(rec, '^(%d+) ') ~= ARGV[2] then return {'none'} end
+if not rec then
+  if not is_closed(KEYS[6]) then gone_note(KEYS[4], KEYS[5], ARGV[1], ARGV[2], true, ms_now()) end
+  return {'none'}
+end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
+gone_note(KEYS[4], KEYS[5], ARGV[1], ARGV[2], true, ms_now())
 return {'left', rec}
+"#,
+    )
+});
+
+/// Rejoin: bring back a removed lease for the holder of its token, unless
+/// anything newer happened to the member (see `Engine::presence_rejoin`).
+///
+/// KEYS: meta, presence, presence:exp, presence:keys, presence:gone,
+/// presence:gone:exp. ARGV: member key, member JSON, token, ttl ms.
+/// Returns `{'back', expires_at}`, `{'held', expires_at}`, `{'fenced'}` or
+/// `{'closed'}`.
+pub(crate) static PRESENCE_REJOIN: LazyLock<Script> = LazyLock::new(|| {
+    gone_script(
+        r#"
+local ttl = tonumber(ARGV[4])
+if not ttl or ttl <= 0 or ARGV[1] == '' or ARGV[2] == '' or not string.match(ARGV[3], '^%d+$') then
+  return redis.error_reply('ERR herald rejoin: bad arguments')
+end
+if is_closed(KEYS[1]) then return {'closed'} end
+local now = ms_now()
+local exp = now + ttl
+local rec = redis.call('HGET', KEYS[2], ARGV[1])
+if rec then
+  local token, member = string.match(rec, '^(%d+) %d+ (.*)$')
+  if not token then return redis.error_reply('ERR herald rejoin: malformed lease') end
+  if token ~= ARGV[3] then return {'fenced'} end
+  redis.call('HSET', KEYS[2], ARGV[1], token .. ' ' .. fmt(exp) .. ' ' .. member)
+  redis.call('ZADD', KEYS[3], fmt(exp), ARGV[1])
+  return {'held', fmt(exp)}
+end
+gone_prune(KEYS[5], KEYS[6], now)
+local g = redis.call('HGET', KEYS[5], ARGV[1])
+if g then
+  local t, how = string.match(g, '^(%d+) (%a)$')
+  if t and (tonumber(t) > tonumber(ARGV[3]) or (t == ARGV[3] and how == 'l')) then return {'fenced'} end
+end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3] .. ' ' .. fmt(exp) .. ' ' .. ARGV[2])
+redis.call('ZADD', KEYS[3], fmt(exp), ARGV[1])
+redis.call('ZADD', KEYS[4], 0, ARGV[1])
+return {'back', fmt(exp)}
 "#,
     )
 });
@@ -453,22 +545,29 @@ end
 /// (each to exactly one caller: the removal is in the same step), with the
 /// earliest expiry left.
 ///
-/// KEYS: presence, presence:exp, presence:keys. ARGV: limit. Returns
-/// `{next expires_at | '', {lease records}}`.
+/// KEYS: presence, presence:exp, presence:keys, presence:gone,
+/// presence:gone:exp. ARGV: limit. Returns `{next expires_at | '', {lease
+/// records}}`.
 pub(crate) static PRESENCE_SWEEP: LazyLock<Script> = LazyLock::new(|| {
-    script(
+    gone_script(
         r#"
 local limit = tonumber(ARGV[1])
 if not limit or limit < 1 then return redis.error_reply('ERR herald sweep: bad arguments') end
-local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', fmt(ms_now()), 'LIMIT', 0, limit)
+local now = ms_now()
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', fmt(now), 'LIMIT', 0, limit)
 local out = {}
 for _, k in ipairs(due) do
   local rec = redis.call('HGET', KEYS[1], k)
   redis.call('HDEL', KEYS[1], k)
   redis.call('ZREM', KEYS[2], k)
   redis.call('ZREM', KEYS[3], k)
-  if rec then out[#out + 1] = rec end
+  if rec then
+    out[#out + 1] = rec
+    local token = string.match(rec, '^(%d+) ')
+    if token then gone_note(KEYS[4], KEYS[5], k, token, false, now) end
+  end
 end
+gone_prune(KEYS[4], KEYS[5], now)
 local nxt = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 return {nxt[2] or '', out}
 "#,
@@ -555,7 +654,8 @@ return 1
 /// Compare-and-set of a room's record plus the append of its event, as
 /// one step; closing also seals the channel and removes every lease.
 ///
-/// KEYS: meta, log, room, presence, presence:exp, presence:keys. ARGV:
+/// KEYS: meta, log, room, presence, presence:exp, presence:keys,
+/// presence:gone, presence:gone:exp. ARGV:
 /// expected version ('' = create), new version, record JSON, closing
 /// (`1`/`0`), then as APPEND for the event: a fresh epoch, max_len,
 /// max_age_ms, frame head, middle, tail, message id, channel, fan-out
@@ -588,7 +688,7 @@ redis.call('HSET', KEYS[3], 'version', ARGV[2], 'record', ARGV[3])
 if closing then
   -- No leave is announced for these: the final event says it all. The
   -- token counter stays.
-  redis.call('DEL', KEYS[4], KEYS[5], KEYS[6])
+  redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
 end
 return {'ok', r.sseq, fmt(r.ts), r.sepoch, r.lost}
 "#,

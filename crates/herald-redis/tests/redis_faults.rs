@@ -218,6 +218,47 @@ async fn redis_restarted_empty_starts_a_new_epoch_and_clients_resync() {
     assert_ne!(loss, "herald_engine_data_loss_detected_total 0", "{m}");
 }
 
+/// A channel with no publish after Redis lost its data: its subscribers on
+/// both nodes are told to resync as soon as a node sees the loss (the
+/// head check of a quiet channel), not with the next message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_channel_hears_of_lost_data_without_a_publish() {
+    support::init_tracing();
+    let mut redis = RedisServer::start();
+    let (a, b) = (Node::start(&redis.url()).await, Node::start(&redis.url()).await);
+    let mut on_a = a.connect("watcher").await;
+    let mut on_b = b.connect("watcher").await;
+    on_a.subscribe("chat:quiet", None).await.unwrap();
+    on_b.subscribe("chat:quiet", None).await.unwrap();
+    for i in 1..=3 {
+        assert_eq!(b.publish("chat:quiet", json!(i), None).await.0, 201);
+    }
+    for c in [&mut on_a, &mut on_b] {
+        for seq in 1..=3 {
+            assert_eq!(next_message(c).await.seq, Some(seq));
+        }
+    }
+
+    redis.restart_empty();
+    let restarted = Instant::now();
+    // Nothing is published from here on.
+    for c in [&mut on_a, &mut on_b] {
+        loop {
+            match next_event(c).await {
+                Some(ServerEvent::Closed { code, .. }) => {
+                    assert_eq!(code, Some(herald_proto::close::RESYNC));
+                    break;
+                }
+                Some(ServerEvent::Frame(f)) if f.kind == "disconnect" || f.kind == "pong" => {}
+                other => panic!("expected a resync, got {other:?}"),
+            }
+        }
+    }
+    let told = restarted.elapsed();
+    eprintln!("quiet channel: subscribers on both nodes told to resync {told:?} after the restart");
+    assert!(told < Duration::from_secs(10), "told within the head check and reconnect times ({told:?})");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_pubsub_connections_lose_no_message() {
     support::init_tracing();
@@ -254,4 +295,38 @@ async fn killed_pubsub_connections_lose_no_message() {
     }
     publisher.await.unwrap();
     assert!(b.engine.stats().pubsub_disconnects >= 1);
+}
+
+/// Every socket the engine opens to Redis (each command connection and the
+/// pub/sub connection) has TCP keepalive on, so a peer that vanished is
+/// noticed even on an idle connection (`TCP_USER_TIMEOUT` is set with it;
+/// `ss` does not show that one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_redis_socket_has_keepalive() {
+    support::init_tracing();
+    if std::process::Command::new("ss").arg("-V").output().is_err() {
+        eprintln!("SKIPPED: `ss` (iproute2) is not installed");
+        return;
+    }
+    let redis = RedisServer::start();
+    let config = support::engine_config(&redis.url());
+    let expected = config.connections + 1;
+    let engine = herald_redis::RedisEngine::open(config).await.unwrap();
+    let sockets = || {
+        let out = std::process::Command::new("ss")
+            .args(["-tno", "state", "established", "dst", &format!("127.0.0.1:{}", redis.port)])
+            .output()
+            .expect("run ss");
+        let out = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
+    };
+    // A socket with a request in flight shows its retransmission timer
+    // instead: sampled until every one is idle.
+    eventually("every engine socket idle with a keepalive timer", || async {
+        let l = sockets();
+        (l.len() == expected && l.iter().all(|l| l.contains("timer:(keepalive"))).then_some(())
+    })
+    .await;
+    use herald_core::Engine;
+    engine.close().await;
 }

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use herald_core::{
-    AppendRequest, EngineError, Joined, Lease, Member, NamespaceOptions, Room, RoomReason, RoomStatus,
-    RoomWrite, RoomWritten,
+    AppendRequest, EngineError, Joined, Lease, Member, NamespaceOptions, Rejoined, Room, RoomReason,
+    RoomStatus, RoomWrite, RoomWritten,
 };
 use herald_proto::{ChannelName, ErrorCode, FrameKind};
 use serde_json::value::RawValue;
@@ -53,6 +53,10 @@ pub struct Hold {
     pub member: Member,
     pub key: String,
     pub token: herald_core::FenceToken,
+    /// The lease was found gone (it expired while this connection could
+    /// not renew it): the liveness mark after which the peer must answer a
+    /// ping before the lease is asked back (see `session/liveness.rs`).
+    pub lapsed: Option<u64>,
 }
 
 /// The member count and (unless `count_only`) up to `limit` members of a
@@ -94,7 +98,7 @@ pub async fn members(
 pub async fn join(state: &Arc<State>, channel: &ChannelName, member: Member) -> Result<Hold, EngineError> {
     let joined = state.engine.presence_join(channel, &member, state.config.presence.lease_ttl).await?;
     let lease = joined.lease();
-    let hold = Hold { key: lease.key(), token: lease.token, member: lease.member.clone() };
+    let hold = Hold { key: lease.key(), token: lease.token, member: lease.member.clone(), lapsed: None };
     if let Joined::New(_) = &joined {
         state.metrics.presence_joins.inc();
         announce(state, channel, FrameKind::Join, &hold.member).await;
@@ -103,8 +107,28 @@ pub async fn join(state: &Arc<State>, channel: &ChannelName, member: Member) -> 
     Ok(hold)
 }
 
+/// Ask back the lease of `hold`, found gone, for a connection that just
+/// showed it is alive. The engine decides with the hold's token (a late
+/// rejoin loses, see `Engine::presence_rejoin`); a lease that comes back
+/// is announced as a `join` (its `leave` was). `Ok(false)`: the hold is
+/// fenced off for good.
+pub async fn rejoin(state: &Arc<State>, channel: &ChannelName, hold: &Hold) -> Result<bool, EngineError> {
+    let ttl = state.config.presence.lease_ttl;
+    match state.engine.presence_rejoin(channel, &hold.member, hold.token, ttl).await? {
+        Rejoined::Back(lease) => {
+            state.metrics.presence_joins.inc();
+            announce(state, channel, FrameKind::Join, &lease.member).await;
+            member_changed(state, channel, &lease.member.user).await;
+            Ok(true)
+        }
+        Rejoined::Held(_) => Ok(true),
+        Rejoined::Fenced => Ok(false),
+    }
+}
+
 /// End `hold` cleanly: removes the lease if it is still ours and announces
-/// the `leave`.
+/// the `leave`. Also for a lapsed hold: the leave then removes nothing but
+/// fences off any rejoin of its token still in flight.
 pub async fn leave(state: &Arc<State>, channel: &ChannelName, hold: &Hold) {
     match state.engine.presence_leave(channel, &hold.key, hold.token).await {
         Ok(Some(lease)) => {

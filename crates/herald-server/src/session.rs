@@ -18,7 +18,11 @@
 //! (the peer's close frame, a kick, shutdown) or an unsubscribe leaves at
 //! once; any other end (network loss, I/O error, idle timeout, a panic)
 //! leaves the lease to expire, so a client back within the lease keeps its
-//! membership without a leave/join pair.
+//! membership without a leave/join pair. A lease found gone at a renewal
+//! (it expired while this node was paused or cut off from its engine)
+//! lapses: it is asked back with its fencing token only after the peer
+//! answers a ping sent after that renewal (`session/liveness.rs`), so a
+//! connection that closed or went silent meanwhile brings back no ghost.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -42,6 +46,7 @@ use crate::hub::ConnHandle;
 use crate::rooms::Hold;
 use crate::State;
 
+mod liveness;
 mod requests;
 
 pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
@@ -160,6 +165,8 @@ pub struct Session {
     /// Subscriptions with catch-up work pending, served round-robin.
     catchup: VecDeque<ChannelName>,
     last_rx: Instant,
+    /// Numbered pings and their echoes (presence rejoins wait for one).
+    liveness: liveness::Liveness,
     bucket: TokenBucket,
 }
 
@@ -187,6 +194,7 @@ impl Session {
             handle,
             catchup: VecDeque::new(),
             last_rx: Instant::now(),
+            liveness: liveness::Liveness::default(),
             bucket: TokenBucket::new(rate),
         };
         (session, outbox_rx)
@@ -302,7 +310,8 @@ impl Session {
         if self.regs.subs.values().any(|s| s.presence.is_some()) {
             Box::pin(self.renew_presence()).await;
         }
-        self.ws.send(WsMessage::ping(Bytes::new())).await.map_err(|_| End::Gone)
+        let ping = self.liveness.next_ping();
+        self.ws.send(WsMessage::ping(ping)).await.map_err(|_| End::Gone)
     }
 
     /// Live messages from the hub, written in batches with one flush.
@@ -454,7 +463,14 @@ impl Session {
     }
 
     async fn on_inbound(&mut self, msg: WsMessage) -> Result<(), End> {
-        if msg.is_ping() || msg.is_pong() {
+        if msg.is_pong() {
+            // A lapsed presence lease waits for this (see `renew_presence`).
+            if self.liveness.on_pong(msg.as_payload()) && self.has_lapsed() {
+                Box::pin(self.rejoin_lapsed()).await;
+            }
+            return Ok(());
+        }
+        if msg.is_ping() {
             return Ok(());
         }
         if msg.is_close() {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use herald_core::{
     AckError, AppendRequest, CursorState, Engine, EngineError, Epoch, FanoutSink, FenceToken, Health, Joined,
-    Lease, Member, Page, Position, Receipt, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId,
-    UserCursor,
+    Lease, Member, Page, Position, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Seq,
+    SubscriberId, UserCursor,
 };
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
@@ -232,6 +232,21 @@ impl Engine for EmbeddedEngine {
     ) -> Result<Option<Lease>, EngineError> {
         let (channel, key) = (channel.clone(), key.to_owned());
         self.submit(|reply| Command::Presence(PresenceCmd::Leave { channel, key, token, reply })).await?
+    }
+
+    /// Through the writer, like a join; no fsync of its own. Removals are
+    /// remembered in memory (`gone.rs`): tokens live only in this
+    /// process's sessions, so a restart forgets nothing a holder could use.
+    async fn presence_rejoin(
+        &self,
+        channel: &ChannelName,
+        member: &Member,
+        token: FenceToken,
+        ttl: Duration,
+    ) -> Result<Rejoined, EngineError> {
+        let (channel, member) = (channel.clone(), member.clone());
+        self.submit(|reply| Command::Presence(PresenceCmd::Rejoin { channel, member, token, ttl, reply }))
+            .await?
     }
 
     /// On the blocking pool: a scan of the channel's leases.

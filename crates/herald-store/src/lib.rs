@@ -64,15 +64,19 @@
 //!
 //! # Presence
 //!
-//! `presence_join`, `presence_renew`, `presence_leave` and
-//! `presence_expire` go through the writer like acks, and cost no fsync of
+//! `presence_join`, `presence_renew`, `presence_rejoin`, `presence_leave`
+//! and `presence_expire` go through the writer like acks, and cost no fsync of
 //! their own either: committed to the OS before the reply (an `Ok` survives
 //! `kill -9`), fsynced within `ack_sync_interval` (see `presence.rs` for
 //! why losing that window to a machine crash cannot break fencing on a
 //! single node). A join takes the channel's next fencing token from
 //! `presence_tokens` (never reset or deleted, so tokens grow across leaves,
 //! sweeps, room closes and restarts) and is refused on a sealed channel.
-//! Renew and leave act only with the stored token. `presence_expire`
+//! Renew and leave act only with the stored token. A rejoin re-creates a
+//! removed lease with its holder's token unless a later token of the member
+//! was removed since, or its holder left: the writer remembers removals in
+//! memory (`gone.rs`; tokens live only in this process's sessions, so a
+//! restart forgets nothing a holder could use). `presence_expire`
 //! removes leases from the expiry index in expiry order, each in the same
 //! commit as handing it to exactly one caller. Leases keep their
 //! `expires_at_ms` across restarts, so those of a dead process expire on
@@ -177,6 +181,7 @@ mod config;
 mod cursors;
 mod engine;
 mod error;
+mod gone;
 mod presence;
 mod read;
 mod rooms;

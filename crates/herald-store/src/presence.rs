@@ -25,11 +25,12 @@ use std::collections::BTreeMap;
 use std::ops::{Bound, ControlFlow};
 use std::time::Duration;
 
-use herald_core::{member_key, EngineError, FenceToken, Joined, Lease, Member, Renewed};
+use herald_core::{member_key, EngineError, FenceToken, Joined, Lease, Member, Rejoined, Renewed};
 use herald_proto::ChannelName;
 use tokio::sync::oneshot;
 
 use crate::codec::{self, LeaseRecord};
+use crate::gone::Verdict;
 use crate::storage::{Space, StorageError, WriteSet};
 use crate::writer::{Tally, Writer};
 
@@ -40,6 +41,7 @@ pub(crate) enum PresenceCmd {
     Join { channel: ChannelName, member: Member, ttl: Duration, reply: Reply<Joined> },
     Renew { channel: ChannelName, key: String, token: FenceToken, ttl: Duration, reply: Reply<Renewed> },
     Leave { channel: ChannelName, key: String, token: FenceToken, reply: Reply<Option<Lease>> },
+    Rejoin { channel: ChannelName, member: Member, token: FenceToken, ttl: Duration, reply: Reply<Rejoined> },
     Expire { limit: usize, reply: Reply<Vec<(ChannelName, Lease)>> },
 }
 
@@ -53,6 +55,7 @@ impl PresenceCmd {
             PresenceCmd::Join { reply, .. } => PresenceDone::Joined(reply, Err(e)),
             PresenceCmd::Renew { reply, .. } => PresenceDone::Renewed(reply, Err(e)),
             PresenceCmd::Leave { reply, .. } => PresenceDone::Left(reply, Err(e)),
+            PresenceCmd::Rejoin { reply, .. } => PresenceDone::Rejoined(reply, Err(e)),
             PresenceCmd::Expire { reply, .. } => PresenceDone::Expired(reply, Err(e)),
         }
     }
@@ -64,6 +67,7 @@ pub(crate) enum PresenceDone {
     Joined(Reply<Joined>, Result<Joined, EngineError>),
     Renewed(Reply<Renewed>, Result<Renewed, EngineError>),
     Left(Reply<Option<Lease>>, Result<Option<Lease>, EngineError>),
+    Rejoined(Reply<Rejoined>, Result<Rejoined, EngineError>),
     Expired(Reply<Vec<(ChannelName, Lease)>>, Result<Vec<(ChannelName, Lease)>, EngineError>),
 }
 
@@ -77,6 +81,7 @@ impl PresenceDone {
             PresenceDone::Joined(reply, r) => drop(reply.send(r)),
             PresenceDone::Renewed(reply, r) => drop(reply.send(r)),
             PresenceDone::Left(reply, r) => drop(reply.send(r)),
+            PresenceDone::Rejoined(reply, r) => drop(reply.send(r)),
             PresenceDone::Expired(reply, r) => drop(reply.send(r)),
         }
     }
@@ -87,6 +92,7 @@ impl PresenceDone {
             PresenceDone::Joined(reply, _) => drop(reply.send(Err(e))),
             PresenceDone::Renewed(reply, _) => drop(reply.send(Err(e))),
             PresenceDone::Left(reply, _) => drop(reply.send(Err(e))),
+            PresenceDone::Rejoined(reply, _) => drop(reply.send(Err(e))),
             PresenceDone::Expired(reply, _) => drop(reply.send(Err(e))),
         }
     }
@@ -125,6 +131,10 @@ impl Writer {
             PresenceCmd::Leave { channel, key, token, reply } => {
                 let (r, e) = split(self.stage_leave(&channel, &key, token, ws, tally).map(Ok));
                 (PresenceDone::Left(reply, r), e)
+            }
+            PresenceCmd::Rejoin { channel, member, token, ttl, reply } => {
+                let (r, e) = split(self.stage_rejoin(&channel, member, token, ttl, ws, tally));
+                (PresenceDone::Rejoined(reply, r), e)
             }
             PresenceCmd::Expire { limit, reply } => {
                 let (r, e) = split(self.stage_expire(limit, ws, tally).map(Ok));
@@ -233,13 +243,61 @@ impl Writer {
         tally: &mut Tally,
     ) -> Result<Option<Lease>, StorageError> {
         let key = codec::presence_key(channel.as_str(), member_key);
+        let now = self.shared.clock.now_ms();
         match self.lease_at(ws, &key)? {
             Some(rec) if rec.token == token => {
                 self.delete_lease(&key, rec.expires_at_ms, ws);
                 tally.presence_writes += 1;
+                self.gone.note(channel, member_key, token, true, now);
                 Ok(Some(rec.lease()))
             }
-            _ => Ok(None),
+            Some(_) => Ok(None),
+            None => {
+                // Swept already, or never there: a rejoin with this token
+                // still in flight must not bring it back.
+                if !self.channel_meta(channel)?.closed {
+                    self.gone.note(channel, member_key, token, true, now);
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    fn stage_rejoin(
+        &mut self,
+        channel: &ChannelName,
+        member: Member,
+        token: FenceToken,
+        ttl: Duration,
+        ws: &mut WriteSet,
+        tally: &mut Tally,
+    ) -> Result<Result<Rejoined, EngineError>, StorageError> {
+        if self.channel_meta(channel)?.closed {
+            tally.closed_refused += 1;
+            return Ok(Err(EngineError::Closed));
+        }
+        let mkey = member_key(&member);
+        let key = codec::presence_key(channel.as_str(), &mkey);
+        let now = self.shared.clock.now_ms();
+        let expires_at_ms = now.saturating_add(ms(ttl));
+        match self.lease_at(ws, &key)? {
+            Some(old) if old.token == token => {
+                let old_exp = old.expires_at_ms;
+                let rec = LeaseRecord { expires_at_ms, ..old };
+                self.put_lease(&key, &rec, Some(old_exp), ws);
+                tally.presence_writes += 1;
+                Ok(Ok(Rejoined::Held(expires_at_ms)))
+            }
+            Some(_) => Ok(Ok(Rejoined::Fenced)),
+            None if self.gone.verdict(channel, &mkey, token, now) == Verdict::Fenced => {
+                Ok(Ok(Rejoined::Fenced))
+            }
+            None => {
+                let rec = LeaseRecord { token, expires_at_ms, member };
+                self.put_lease(&key, &rec, None, ws);
+                tally.presence_writes += 1;
+                Ok(Ok(Rejoined::Back(rec.lease())))
+            }
         }
     }
 
@@ -274,6 +332,8 @@ impl Writer {
                     let channel = ChannelName::new(channel)
                         .map_err(|e| StorageError::Corrupt(format!("lease with a bad channel name: {e}")))?;
                     self.delete_lease(key, exp, ws);
+                    let (_, mkey) = codec::split_presence_key(key)?;
+                    self.gone.note(&channel, mkey, rec.token, false, now);
                     out.push((channel, rec.lease()));
                 }
                 // Not the entry of the lease as it stands: drop it. (The
@@ -282,6 +342,7 @@ impl Writer {
             }
         }
         tally.presence_expired += out.len() as u64;
+        self.gone.prune(now);
         Ok(out)
     }
 

@@ -229,6 +229,8 @@ pub(crate) struct Writer {
     pub(crate) channels: HashMap<ChannelName, ChannelMeta>,
     pub(crate) cursors: CursorBook,
     pub(crate) sweep: SweepState,
+    /// Removed leases, for rejoins (`gone.rs`).
+    pub(crate) gone: crate::gone::GoneBook,
 }
 
 impl Writer {
@@ -245,6 +247,7 @@ impl Writer {
             channels: HashMap::new(),
             cursors: CursorBook::default(),
             sweep: SweepState::new(Instant::now() + sweep_interval),
+            gone: Default::default(),
         }
     }
 

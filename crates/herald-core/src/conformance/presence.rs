@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use herald_proto::{ChannelName, Member};
 
 use super::{assert_eventually, now_ms, Fixture, CLOCK_SLACK_MS, EXPIRY_DEADLINE, LONG_TTL, SHORT_TTL};
-use crate::presence::{member_key, FenceToken, Joined, Lease, Renewed};
+use crate::presence::{member_key, FenceToken, Joined, Lease, Rejoined, Renewed};
 
 fn keys(leases: &[Lease]) -> Vec<String> {
     leases.iter().map(Lease::key).collect()
@@ -298,4 +298,73 @@ pub async fn presence_tokens_stay_monotonic_without_leases(fx: &Fixture) {
         }
         assert_eq!(fx.engine.presence_count(&ch).await.expect("count"), 0, "no lease left");
     }
+}
+
+/// A rejoin carries the holder's token and loses to anything newer: it
+/// brings back a swept lease with the same token (so the holder's leave
+/// still removes it), extends one still held, and is fenced by a later
+/// token (held, or held and removed since) and by a leave with its own
+/// token, whether that leave removed a lease or came after the sweep.
+pub async fn presence_rejoin_is_fenced_by_later_tokens_and_leaves(fx: &Fixture) {
+    let ch = fx.channel("rejoin");
+    let rejoin = |m: Member, token: FenceToken| {
+        let (engine, ch) = (fx.engine.clone(), ch.clone());
+        async move { engine.presence_rejoin(&ch, &m, token, LONG_TTL).await.expect("rejoin") }
+    };
+
+    // Swept while its holder was away: back with the same token, once.
+    let m = fx.member("hal", "c1");
+    let key = member_key(&m);
+    let lease = join_new(fx, &ch, &m, SHORT_TTL).await;
+    expire_all(fx, &ch, std::slice::from_ref(&key)).await;
+    let back = match rejoin(m.clone(), lease.token).await {
+        Rejoined::Back(back) => back,
+        other => panic!("a swept lease comes back for its holder, got {other:?}"),
+    };
+    assert_eq!((back.key(), back.token, &back.member), (key.clone(), lease.token, &m), "same token");
+    assert!(back.expires_at_ms > lease.expires_at_ms, "a fresh expiry");
+    assert_eq!(fx.engine.presence(&ch, 10).await.expect("presence"), vec![back.clone()]);
+    match rejoin(m.clone(), lease.token).await {
+        Rejoined::Held(until) => assert!(until >= back.expires_at_ms, "extended"),
+        other => panic!("a lease still held is extended, got {other:?}"),
+    }
+    assert!(matches!(
+        fx.engine.presence_renew(&ch, &key, lease.token, LONG_TTL).await.expect("renew"),
+        Renewed::Until(_)
+    ));
+    let left = fx.engine.presence_leave(&ch, &key, lease.token).await.expect("leave");
+    assert_eq!(left.map(|l| l.token), Some(lease.token), "the holder's leave removes the lease it got back");
+    assert_eq!(rejoin(m.clone(), lease.token).await, Rejoined::Fenced, "no rejoin after a leave");
+    assert_eq!(fx.engine.presence_count(&ch).await.expect("count"), 0);
+
+    // A clean close after the sweep (its leave removes nothing) still
+    // fences a rejoin that comes after it.
+    let m2 = fx.member("hal", "c2");
+    let key2 = member_key(&m2);
+    let lease2 = join_new(fx, &ch, &m2, SHORT_TTL).await;
+    expire_all(fx, &ch, std::slice::from_ref(&key2)).await;
+    assert_eq!(fx.engine.presence_leave(&ch, &key2, lease2.token).await.expect("leave"), None);
+    assert_eq!(rejoin(m2.clone(), lease2.token).await, Rejoined::Fenced, "the holder left");
+    assert_eq!(fx.engine.presence_count(&ch).await.expect("count"), 0, "nothing created");
+
+    // Taken over by a later join: never taken back, not while the later
+    // lease lives and not after it left.
+    let m3 = fx.member("ida", "c1");
+    let key3 = member_key(&m3);
+    let old = join_new(fx, &ch, &m3, LONG_TTL).await;
+    let Joined::Reclaimed(newer) = fx.engine.presence_join(&ch, &m3, LONG_TTL).await.expect("join") else {
+        panic!("a second join reclaims");
+    };
+    assert_eq!(rejoin(m3.clone(), old.token).await, Rejoined::Fenced, "a later token holds the member");
+    assert_eq!(fx.engine.presence(&ch, 10).await.expect("presence"), vec![newer.clone()], "untouched");
+    assert!(fx.engine.presence_leave(&ch, &key3, newer.token).await.expect("leave").is_some());
+    assert_eq!(rejoin(m3.clone(), old.token).await, Rejoined::Fenced, "a later token held it since");
+    assert_eq!(fx.engine.presence_count(&ch).await.expect("count"), 0);
+
+    // An earlier holder's removal does not fence a later one.
+    let fresh = join_new(fx, &ch, &m3, SHORT_TTL).await;
+    assert!(fresh.token > newer.token);
+    expire_all(fx, &ch, std::slice::from_ref(&key3)).await;
+    assert!(matches!(rejoin(m3.clone(), fresh.token).await, Rejoined::Back(l) if l.token == fresh.token));
+    assert_eq!(keys(&fx.engine.presence(&ch, 10).await.expect("presence")), vec![key3]);
 }

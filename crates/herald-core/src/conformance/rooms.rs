@@ -236,6 +236,8 @@ pub async fn closing_a_room_seals_its_channel(fx: &Fixture) {
     assert_eq!(fx.engine.presence_count(&ch).await.expect("count"), 0);
     assert!(!fx.engine.presence_has_user(&ch, &fx.user("guest")).await.expect("has_user"));
     for lease in &leases {
+        let r = fx.engine.presence_rejoin(&ch, &lease.member, lease.token, LONG_TTL).await;
+        assert_eq!(r, Err(EngineError::Closed), "no rejoin on a closed room");
         assert_eq!(fx.engine.presence_leave(&ch, &lease.key(), lease.token).await.expect("leave"), None);
     }
     assert_eq!(

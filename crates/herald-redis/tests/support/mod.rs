@@ -4,6 +4,8 @@
 //! bounded waits. Never touches a shared Redis.
 #![allow(dead_code)]
 
+pub mod history;
+
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -219,6 +221,12 @@ pub struct RedisCluster {
 
 impl RedisCluster {
     pub fn start() -> Self {
+        Self::start_with_replicas(0)
+    }
+
+    /// Three masters with `replicas` replicas each (node timeout 2 s: a
+    /// master that dies is replaced by its replica within a few seconds).
+    pub fn start_with_replicas(replicas: usize) -> Self {
         let extra = [
             "--cluster-enabled",
             "yes",
@@ -227,12 +235,14 @@ impl RedisCluster {
             "--cluster-node-timeout",
             "2000",
         ];
-        let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start_with(&extra)).collect();
+        let nodes: Vec<RedisServer> =
+            (0..3 * (1 + replicas)).map(|_| RedisServer::start_with(&extra)).collect();
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
         let out = Command::new(REDIS_CLI)
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
+            .args(["--cluster-replicas", &replicas.to_string()])
             .arg("--cluster-yes")
             .output()
             .expect("run redis-cli --cluster create");
@@ -251,7 +261,45 @@ impl RedisCluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        if replicas > 0 {
+            // Every replica has synced with its master.
+            for n in &nodes {
+                loop {
+                    let info = n.cli(&["info", "replication"]);
+                    if info.contains("role:master") || info.contains("master_link_status:up") {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "replica did not sync: {info}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
         RedisCluster { nodes }
+    }
+
+    /// The index in `nodes` of the master serving `hash_tag`'s slot, as
+    /// `nodes[from]` sees it.
+    pub fn master_of(&self, hash_tag: &str, from: usize) -> Option<usize> {
+        let slot: u16 = self.nodes[from].cli(&["cluster", "keyslot", hash_tag]).trim().parse().ok()?;
+        let table = self.nodes[from].cli(&["cluster", "nodes"]);
+        for line in table.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 9 || !f[2].contains("master") || f[2].contains("fail") {
+                continue;
+            }
+            let serves = f[8..].iter().any(|r| match r.split_once('-') {
+                Some((lo, hi)) => {
+                    lo.parse::<u16>().is_ok_and(|lo| lo <= slot)
+                        && hi.parse::<u16>().is_ok_and(|hi| slot <= hi)
+                }
+                None => r.parse::<u16>() == Ok(slot),
+            });
+            if serves {
+                let port: u16 = f[1].split(['@', ':']).nth(1)?.parse().ok()?;
+                return self.nodes.iter().position(|n| n.port == port);
+            }
+        }
+        None
     }
 
     /// The comma-separated seed list.
@@ -590,6 +638,13 @@ pub async fn join(conn: &mut Connection, channel: &str, client_id: &str) -> Mess
         .expect("subscribe");
     assert_eq!(ok.kind, "ok", "{ok:?}");
     ok
+}
+
+/// Keep reading `conn` in the background (which answers the server's
+/// pings, as every WebSocket client does) until it closes or the handle is
+/// aborted.
+pub fn keep_reading(mut conn: Connection) -> JoinHandle<()> {
+    tokio::spawn(async move { while let Ok(Some(_)) = conn.next_frame().await {} })
 }
 
 /// The next frame of any type but `pong`.

@@ -2,8 +2,8 @@
 //! redelivery timers and publish. Split from `session.rs` for size; same type, same invariants.
 
 use herald_core::{
-    AckError, Delivery, Epoch, Member, NamespaceOptions, Position, Renewed, RoomStatus, Seq, StartAt,
-    SubscriberId,
+    AckError, Delivery, EngineError, Epoch, Member, NamespaceOptions, Position, Renewed, RoomStatus, Seq,
+    StartAt, SubscriberId,
 };
 use herald_proto::{ChannelName, ErrorCode, OkFrame};
 use serde_json::value::RawValue;
@@ -120,9 +120,12 @@ impl Session {
     }
 
     /// Renew every member lease of this connection. A lease taken over by a
-    /// newer join is dropped; one that is gone (it expired while this
-    /// connection could not renew, and its leave was announced) is joined
-    /// again as a new member.
+    /// newer join is dropped. One that is gone (it expired while this
+    /// connection could not renew, and its leave was announced) lapses: it
+    /// is asked back only once the peer answers a ping sent after this
+    /// moment (the one this tick sends), so a connection that closed or
+    /// went silent meanwhile (e.g. while this node was paused) never
+    /// brings its member back.
     pub(super) async fn renew_presence(&mut self) {
         let state = self.state.clone();
         let ttl = state.config.presence.lease_ttl;
@@ -132,7 +135,11 @@ impl Session {
             .iter()
             .filter_map(|(c, s)| s.presence.as_ref().map(|h| (c.clone(), (**h).clone())))
             .collect();
+        let mark = self.liveness.mark();
         for (channel, hold) in holds {
+            if hold.lapsed.is_some() {
+                continue; // waits for the peer's answer (`rejoin_lapsed`)
+            }
             let outcome = match state.engine.presence_renew(&channel, &hold.key, hold.token, ttl).await {
                 Ok(o) => o,
                 Err(e) => {
@@ -140,21 +147,56 @@ impl Session {
                     continue;
                 }
             };
-            let replacement = match outcome {
-                Renewed::Until(_) => continue,
-                Renewed::Superseded => None,
-                Renewed::Gone => match rooms::join(&state, &channel, hold.member.clone()).await {
-                    Ok(h) => Some(Box::new(h)),
-                    Err(e) => {
-                        tracing::warn!(channel = %channel, error = %e, "presence rejoin failed");
-                        continue;
+            let Some(sub) = self.regs.subs.get_mut(&channel) else { continue };
+            match outcome {
+                Renewed::Until(_) => {}
+                Renewed::Superseded => sub.presence = None,
+                Renewed::Gone => {
+                    if let Some(h) = sub.presence.as_mut() {
+                        h.lapsed = Some(mark);
                     }
-                },
-            };
-            if let Some(sub) = self.regs.subs.get_mut(&channel) {
-                sub.presence = replacement;
+                }
             }
         }
+    }
+
+    /// Ask back the lapsed leases whose mark the peer's pongs have passed
+    /// (see `renew_presence`). A fenced one is dropped; a failed one waits
+    /// for a newer answer.
+    pub(super) async fn rejoin_lapsed(&mut self) {
+        let state = self.state.clone();
+        let due: Vec<(ChannelName, rooms::Hold)> = self
+            .regs
+            .subs
+            .iter()
+            .filter_map(|(c, s)| s.presence.as_ref().map(|h| (c.clone(), (**h).clone())))
+            .filter(|(_, h)| h.lapsed.is_some_and(|m| self.liveness.proven_since(m)))
+            .collect();
+        for (channel, hold) in due {
+            let result = rooms::rejoin(&state, &channel, &hold).await;
+            let mark = self.liveness.mark();
+            let Some(sub) = self.regs.subs.get_mut(&channel) else { continue };
+            match result {
+                Ok(true) => {
+                    if let Some(h) = sub.presence.as_mut() {
+                        h.lapsed = None;
+                    }
+                }
+                // A closed room takes no members back.
+                Ok(false) | Err(EngineError::Closed) => sub.presence = None,
+                Err(e) => {
+                    tracing::warn!(channel = %channel, error = %e, "presence rejoin failed; retrying after the next ping");
+                    if let Some(h) = sub.presence.as_mut() {
+                        h.lapsed = Some(mark);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a lapsed lease waits for the peer's answer.
+    pub(super) fn has_lapsed(&self) -> bool {
+        self.regs.subs.values().any(|s| s.presence.as_ref().is_some_and(|h| h.lapsed.is_some()))
     }
 
     /// `{"type":"presence"}`: the channel's members and their count.
