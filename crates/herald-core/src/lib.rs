@@ -6,6 +6,7 @@
 //! libraries, or name a storage backend. Engines (embedded, Redis) implement
 //! [`Engine`]; the server drives them.
 
+pub mod delivery;
 pub mod engine;
 pub mod namespace;
 pub mod presence;

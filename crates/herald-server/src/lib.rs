@@ -6,7 +6,6 @@
 //! back from it into the [`hub::Hub`]. It must never block a runtime thread,
 //! await a slow peer while holding shared state, or queue without a bound.
 
-mod acked;
 pub mod auth;
 pub mod config;
 mod console;

@@ -2,16 +2,12 @@
 //! state, looping over a biased `select!` of shutdown, slow-consumer kick,
 //! outbox, inbound frames, catch-up work and the heartbeat tick.
 //!
-//! Delivery invariant per durable subscription: frames go out in seq order,
-//! each seq once, with no gap. A subscription is either *catching up* (reading
-//! pages from the log; live messages for it are dropped because the log read
-//! that follows them includes them) or *live* (a live message with
-//! `seq == next` goes out; `seq < next` is a duplicate; `seq > next` is a gap,
-//! and the subscription goes back to catching up from `next`; so does a
-//! message of another epoch, whatever its seq: the log was reset, and the
-//! catch-up read tells the client to resync). The hub
-//! registration happens before the first position read, so nothing committed
-//! after it can be missed.
+//! Delivery per durable subscription is decided by the pure state machine
+//! `herald_core::delivery` (frames in seq order, each seq once, no gap; the
+//! catch-up/live seam; gap and epoch checks; the acked window): this task
+//! feeds it live messages, log pages, acks and timer firings, and does what
+//! it says. The hub registration happens before the first position read, so
+//! nothing committed after it can be missed.
 //!
 //! Presence: a subscription of a presence channel holds a member lease
 //! (`rooms::Hold`), renewed on every tick. A clean end of the connection
@@ -30,16 +26,17 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use herald_core::{Epoch, Message, Seq};
+use herald_core::delivery::{self, Live, Paged, Subscription};
+use herald_core::{Message, Seq, SubscriberId};
 use herald_proto::{
     close, encode_unsubscribed, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame,
 };
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio_util::sync::CancellationToken;
+use tokio_util::time::delay_queue::{DelayQueue, Key};
 use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
-use crate::acked::{AckState, Timers};
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::hub::ConnHandle;
@@ -74,16 +71,43 @@ struct Sub {
 }
 
 struct LogCursor {
-    epoch: Epoch,
-    /// The next seq to send.
-    next: Seq,
-    /// Reading from the log instead of taking live messages. On an acked
-    /// subscription with a full window it is also "paused": not queued for
-    /// catch-up until an ack opens the window.
-    catching_up: bool,
-    /// Acked channels only. Boxed so subscriptions of other channels (the
-    /// common case) stay small in the per-connection map.
-    ack: Option<Box<AckState>>,
+    delivery: Subscription<Key>,
+    /// Acked channels: whose cursor this is (token `sub` + device),
+    /// validated once at subscribe. Boxed: most subscriptions have none.
+    subscriber: Option<Box<SubscriberId>>,
+}
+
+/// Redelivery timers of one connection, by (channel, seq), in one
+/// tokio-util `DelayQueue` created on the first pending message and dropped
+/// when none is left, so idle connections pay nothing for it. Boxed: an
+/// inline `DelayQueue` would cost ~200 bytes per connection even unused.
+/// Not persisted: on resume the subscription starts after the stored cursor
+/// and timers are set again as messages go out.
+type Timers = Option<Box<DelayQueue<(ChannelName, Seq)>>>;
+
+/// The connection's timer queue seen by one subscription's state machine.
+struct ChannelTimers<'a> {
+    queue: &'a mut Timers,
+    channel: &'a ChannelName,
+}
+
+impl delivery::Timers for ChannelTimers<'_> {
+    type Key = Key;
+
+    fn set(&mut self, seq: Seq, after: Duration) -> Key {
+        self.queue
+            .get_or_insert_with(|| Box::new(DelayQueue::new()))
+            .insert((self.channel.clone(), seq), after)
+    }
+
+    fn cancel(&mut self, key: Key) {
+        if let Some(q) = self.queue.as_mut() {
+            q.try_remove(&key);
+            if q.is_empty() {
+                *self.queue = None;
+            }
+        }
+    }
 }
 
 /// The connection's subscriptions and their hub entries. Dropping it
@@ -157,7 +181,7 @@ enum End {
 pub struct Session {
     state: Arc<State>,
     identity: Identity,
-    /// Redelivery timers of acked subscriptions (see `acked.rs`).
+    /// Redelivery timers of acked subscriptions.
     timers: Timers,
     ws: Ws,
     handle: ConnHandle,
@@ -352,8 +376,8 @@ impl Session {
     /// cleared the channel's presence), and tell the client.
     async fn end_subscription(&mut self, channel: &ChannelName, reason: &str) -> Result<(), End> {
         if let Some(sub) = self.regs.remove(channel) {
-            if let Some(mut ack) = sub.log.and_then(|l| l.ack) {
-                ack.clear(&mut self.timers);
+            if let Some(mut log) = sub.log {
+                log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel });
             }
             self.catchup.retain(|c| c != channel);
             self.ws
@@ -364,52 +388,40 @@ impl Session {
         Ok(())
     }
 
-    /// Decide whether a live message goes out now (see the module invariant).
+    /// Decide whether a live message goes out now (see `herald_core::delivery`).
     fn accept_live(&mut self, msg: &Message) -> bool {
         let Some(sub) = self.regs.subs.get_mut(&msg.channel) else { return false };
         // Volatile messages and presence events (no seq): live only, on any channel.
         let Some(seq) = msg.seq else { return true };
         // A logged message for a volatile subscription cannot happen
         // (delivery is per namespace); drop it rather than break the order.
-        let Some(cursor) = sub.log.as_mut() else { return false };
-        if cursor.catching_up {
-            return false;
-        }
-        // The epoch first: a reset log numbers its seqs again, so a message
-        // of another epoch may carry a seq this subscription already passed.
-        if msg.epoch != cursor.epoch || seq > cursor.next {
-            // A reset log or a gap: read from the log what we have not seen.
-            cursor.catching_up = true;
-            self.catchup.push_back(msg.channel.clone());
-            return false;
-        }
-        if seq < cursor.next {
-            return false;
-        }
-        if let Some(ack) = cursor.ack.as_mut() {
-            if ack.room(cursor.next) == 0 {
-                // Window full: pause; an ack resumes from the log.
-                cursor.catching_up = true;
-                return false;
+        let Some(log) = sub.log.as_mut() else { return false };
+        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &msg.channel };
+        match log.delivery.on_live(seq, &msg.epoch, &mut timers) {
+            Live::Send => true,
+            Live::Skip => false,
+            Live::Read => {
+                self.catchup.push_back(msg.channel.clone());
+                false
             }
-            ack.on_sent(&msg.channel, seq, &mut self.timers);
         }
-        cursor.next = seq + 1;
-        true
     }
 
     /// One page of catch-up for the subscription at the front of the queue.
     async fn catchup_step(&mut self) -> Result<(), End> {
         let Some(channel) = self.catchup.pop_front() else { return Ok(()) };
-        let Some(cursor) = self.regs.subs.get(&channel).and_then(|s| s.log.as_ref()) else {
-            return Ok(()); // unsubscribed meanwhile
+        // None: unsubscribed meanwhile, live, or paused by a full window (an
+        // ack queues it again).
+        let Some(read) = self
+            .regs
+            .subs
+            .get(&channel)
+            .and_then(|s| s.log.as_ref())
+            .and_then(|l| l.delivery.read(CATCHUP_PAGE))
+        else {
+            return Ok(());
         };
-        let (next, epoch) = (cursor.next, cursor.epoch.clone());
-        let limit = cursor.ack.as_ref().map_or(CATCHUP_PAGE, |a| a.room(next).min(CATCHUP_PAGE));
-        if limit == 0 {
-            return Ok(()); // paused until an ack opens the window
-        }
-        let page = match self.state.engine.read(&channel, next - 1, limit).await {
+        let page = match self.state.engine.read(&channel, read.after, read.limit).await {
             Ok(page) => page,
             Err(e) => {
                 tracing::warn!(channel = %channel, error = %e, "catch-up read failed");
@@ -420,45 +432,44 @@ impl Session {
                 });
             }
         };
-        let starts_late = page.messages.first().and_then(|m| m.seq).is_some_and(|s| s > next)
-            || (page.messages.is_empty() && page.position.first > next);
-        if page.position.epoch != epoch || starts_late {
+        // Same task: the subscription cannot have gone during the await.
+        let Some(log) = self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else {
+            return Ok(());
+        };
+        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &channel };
+        let seqs = page.messages.iter().map(|m| m.seq.unwrap_or(0));
+        let more = match log.delivery.on_page(read, &page.position, seqs, &mut timers) {
             // The log was reset or trimmed past what this client has seen:
             // it must resubscribe, and the reply will say so.
-            return Err(End::Close { code: close::RESYNC, reason: "resync needed", reconnect: true });
-        }
-        let mut last = None;
+            Paged::Resync => {
+                return Err(End::Close { code: close::RESYNC, reason: "resync needed", reconnect: true })
+            }
+            Paged::Ignore { more } => {
+                if more {
+                    self.catchup.push_back(channel);
+                }
+                return Ok(());
+            }
+            Paged::Send { more } => more,
+        };
         let mut closes = false;
         for msg in &page.messages {
             self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
-            last = msg.seq;
             closes |= msg.closes;
         }
-        if closes {
+        if !page.messages.is_empty() {
             self.state.metrics.delivered.inc_by(page.messages.len() as u64);
+        }
+        if closes {
             self.end_subscription(&channel, "room_closed").await?;
             return self.ws.flush().await.map_err(|_| End::Gone);
         }
         if !page.messages.is_empty() {
             self.ws.flush().await.map_err(|_| End::Gone)?;
-            self.state.metrics.delivered.inc_by(page.messages.len() as u64);
         }
-        let Some(cursor) = self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else {
-            return Ok(());
-        };
-        if let Some(ack) = cursor.ack.as_mut() {
-            for seq in page.messages.iter().filter_map(|m| m.seq) {
-                ack.on_sent(&channel, seq, &mut self.timers);
-            }
-        }
-        if let Some(last) = last {
-            cursor.next = last + 1;
-        }
-        if page.messages.len() < limit {
-            cursor.catching_up = false;
-        } else if cursor.ack.as_ref().is_none_or(|a| a.room(cursor.next) > 0) {
+        if more {
             self.catchup.push_back(channel);
-        } // else: the window is full; an ack queues the rest
+        }
         Ok(())
     }
 
@@ -534,8 +545,8 @@ impl Session {
                     if let Some(hold) = &sub.presence {
                         Box::pin(crate::rooms::leave(&self.state, &channel, hold)).await;
                     }
-                    if let Some(mut ack) = sub.log.and_then(|l| l.ack) {
-                        ack.clear(&mut self.timers);
+                    if let Some(mut log) = sub.log {
+                        log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel: &channel });
                     }
                     self.catchup.retain(|c| c != &channel);
                     OkFrame { req, channel: Some(channel.to_string()), ..Default::default() }.encode()

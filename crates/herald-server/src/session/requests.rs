@@ -1,15 +1,14 @@
 //! Request handlers of a session: subscribe (durable and acked), ack,
 //! redelivery timers and publish. Split from `session.rs` for size; same type, same invariants.
 
+use herald_core::delivery::{self, AckOpts, AckRefused, AckStep, AckedStart, Expiry, Start, Subscription};
 use herald_core::{
-    AckError, Delivery, EngineError, Epoch, Member, NamespaceOptions, Position, Renewed, RoomStatus, Seq,
-    StartAt, SubscriberId,
+    AckError, Delivery, EngineError, Member, NamespaceOptions, Renewed, RoomStatus, Seq, SubscriberId,
 };
 use herald_proto::{ChannelName, ErrorCode, OkFrame};
 use serde_json::value::RawValue;
 
-use super::{End, LogCursor, Session, Sub};
-use crate::acked::{AckOpts, AckState, Expiry};
+use super::{ChannelTimers, End, LogCursor, Session, Sub};
 use crate::error::ApiError;
 use crate::publish::{fingerprint, scoped_key, validate_idempotency_key, Publish};
 use crate::rooms;
@@ -60,12 +59,7 @@ impl Session {
         self.regs.subs.insert(
             channel.clone(),
             Sub {
-                log: durable.then(|| LogCursor {
-                    epoch: Epoch::new(""),
-                    next: 1,
-                    catching_up: true,
-                    ack: None,
-                }),
+                log: durable.then(|| LogCursor { delivery: Subscription::starting(), subscriber: None }),
                 presence: None,
             },
         );
@@ -79,8 +73,12 @@ impl Session {
         }
         match result {
             Ok(ok) => {
-                let idle =
-                    self.regs.subs.get(channel).and_then(|s| s.log.as_ref()).is_some_and(|l| !l.catching_up);
+                let idle = self
+                    .regs
+                    .subs
+                    .get(channel)
+                    .and_then(|s| s.log.as_ref())
+                    .is_some_and(|l| l.delivery.is_live());
                 Ok((ok, room_closed && idle))
             }
             Err(e) => {
@@ -233,53 +231,35 @@ impl Session {
             return self.start_acked(ok, channel, since, ns).await;
         }
         let pos = self.state.engine.position(channel).await?;
-        let mut next = pos.head + 1;
-        let (mut truncated, mut epoch_changed) = (false, false);
-        if let Some(since) = since {
-            // An empty epoch means "unknown": trust the seq.
-            let epoch = since.epoch.as_deref().filter(|e| !e.is_empty());
-            if epoch.is_some_and(|e| e != pos.epoch.as_str()) {
-                epoch_changed = true;
-                next = pos.first;
-            } else if since.seq > pos.head {
-                return Err(ApiError::new(
-                    ErrorCode::BadRequest,
-                    format!("since.seq {} is beyond the channel head {}", since.seq, pos.head),
-                ));
-            } else if since.seq + 1 < pos.first {
-                truncated = true;
-                next = pos.first;
-            } else {
-                next = since.seq + 1;
-            }
-        }
-        self.begin_delivery(&mut ok, channel, &pos, next, None);
-        ok.truncated = Some(truncated);
-        ok.epoch_changed = epoch_changed.then_some(true);
+        let start = delivery::resolve(&pos, since.as_ref(), None)
+            .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))?;
+        self.begin_delivery(&mut ok, channel, &start, None);
         Ok(ok)
     }
 
-    /// Start delivering a subscribed durable channel from `next`: install its
-    /// cursor, queue catch-up if the log has anything from `next` on, and
-    /// fill the log position into the `ok` reply.
+    /// Start delivering a subscribed durable channel from a resolved start:
+    /// install its state machine, queue catch-up if the log has anything
+    /// from the start on, and fill the start into the `ok` reply.
     fn begin_delivery(
         &mut self,
         ok: &mut OkFrame,
         channel: &ChannelName,
-        pos: &Position,
-        next: Seq,
-        ack: Option<Box<AckState>>,
+        start: &Start,
+        acked: Option<(SubscriberId, AckOpts)>,
     ) {
-        let catching_up = next <= pos.head;
-        if let Some(cursor) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
-            *cursor = LogCursor { epoch: pos.epoch.clone(), next, catching_up, ack };
-        }
-        if catching_up {
+        let (subscriber, opts) = acked.map_or((None, None), |(s, o)| (Some(Box::new(s)), Some(o)));
+        let delivery = Subscription::start(start, opts);
+        if delivery.wants_read() {
             self.catchup.push_back(channel.clone());
         }
-        ok.epoch = Some(pos.epoch.to_string());
-        ok.first = Some(pos.first);
-        ok.head = Some(pos.head);
+        if let Some(log) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
+            *log = LogCursor { delivery, subscriber };
+        }
+        ok.epoch = Some(start.epoch.to_string());
+        ok.first = Some(start.first);
+        ok.head = Some(start.head);
+        ok.truncated = Some(start.truncated);
+        ok.epoch_changed = start.epoch_changed.then_some(true);
     }
 
     /// Subscribe on an acked channel: start after the larger of the stored
@@ -302,68 +282,48 @@ impl Session {
         let state = self.state.clone();
         let pos = state.engine.position(channel).await?;
         let stored = state.engine.cursor(channel, &subscriber).await?.map(|c| c.seq);
-        let mut has = stored;
-        let mut epoch_changed = false;
-        if let Some(since) = since {
-            let epoch = since.epoch.as_deref().filter(|e| !e.is_empty());
-            if epoch.is_some_and(|e| e != pos.epoch.as_str()) {
-                // The client's seqs belong to another log; the stored cursor
-                // belongs to this one.
-                epoch_changed = true;
-            } else if since.seq > pos.head {
-                return Err(ApiError::new(
-                    ErrorCode::BadRequest,
-                    format!("since.seq {} is beyond the channel head {}", since.seq, pos.head),
-                ));
-            } else {
-                has = Some(has.map_or(since.seq, |c| c.max(since.seq)));
-            }
-        }
-        let has = has.unwrap_or(match ns.start {
-            StartAt::Oldest => pos.first - 1,
-            StartAt::Head => pos.head,
-        });
-        let truncated = has + 1 < pos.first;
-        if truncated {
+        let start = delivery::resolve(&pos, since.as_ref(), Some(AckedStart { stored, start: ns.start }))
+            .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))?;
+        if start.truncated {
             // Retention removed messages this subscriber never acked.
-            state.metrics.acked_truncated.inc_by(pos.first - 1 - has);
+            state.metrics.acked_truncated.inc_by(start.skipped);
         }
-        let next = (has + 1).max(pos.first);
-        let ack = Box::new(AckState::new(subscriber, next - 1, stored.unwrap_or(0), AckOpts::from(ns)));
-        self.begin_delivery(&mut ok, channel, &pos, next, Some(ack));
-        ok.truncated = Some(truncated);
-        ok.epoch_changed = epoch_changed.then_some(true);
-        ok.cursor = Some(stored.unwrap_or(0));
-        ok.unread = Some(pos.head.saturating_sub(next - 1));
+        self.begin_delivery(&mut ok, channel, &start, Some((subscriber, AckOpts::from(ns))));
+        ok.cursor = Some(start.stored);
+        ok.unread = Some(start.unread());
         Ok(ok)
     }
 
     /// A cumulative ack: stored in the engine (batched there, no fsync per
     /// ack), then the window moves and paused delivery resumes.
     pub(super) async fn ack(&mut self, channel: &ChannelName, seq: Seq) -> Result<(), ApiError> {
-        let Some(sub) = self.regs.subs.get(channel) else {
+        let Some(log) = self.regs.subs.get(channel).map(|s| s.log.as_ref()) else {
             return Err(ApiError::new(
                 ErrorCode::NotSubscribed,
                 "ack on a channel this connection is not subscribed to",
             ));
         };
-        let Some((next, stored, subscriber)) =
-            sub.log.as_ref().and_then(|l| l.ack.as_ref().map(|a| (l.next, a.stored, a.subscriber.clone())))
-        else {
-            return Err(ApiError::new(
-                ErrorCode::NotSupported,
-                "acks are only for channels with delivery = \"acked\"",
-            ));
+        let step = log.map_or(Err(AckRefused::NotAcked), |l| l.delivery.check_ack(seq));
+        let seq = match step {
+            Ok(AckStep::Stored) => return Ok(()), // idempotent
+            Ok(AckStep::Store { seq }) => seq,
+            Err(AckRefused::NotAcked) => {
+                return Err(ApiError::new(
+                    ErrorCode::NotSupported,
+                    "acks are only for channels with delivery = \"acked\"",
+                ))
+            }
+            Err(AckRefused::NotDelivered { .. }) => {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    format!("seq {seq} has not been delivered on this subscription yet"),
+                ))
+            }
         };
-        if seq >= next {
-            return Err(ApiError::new(
-                ErrorCode::BadRequest,
-                format!("seq {seq} has not been delivered on this subscription yet"),
-            ));
-        }
-        if seq <= stored {
-            return Ok(()); // idempotent
-        }
+        let subscriber = log
+            .and_then(|l| l.subscriber.as_deref())
+            .expect("an acked subscription has its subscriber")
+            .clone();
         let state = self.state.clone();
         let cursor = state.engine.ack(channel, &subscriber, seq).await.map_err(|e| match e {
             AckError::BeyondHead { .. } => ApiError::new(ErrorCode::BadRequest, e.to_string()),
@@ -372,12 +332,10 @@ impl Session {
         state.metrics.acks.inc();
         // Same task: the subscription cannot have gone during the await.
         if let Some(log) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
-            if let Some(ack) = log.ack.as_mut() {
-                ack.stored = ack.stored.max(cursor.seq);
-                ack.on_ack(seq, &mut self.timers);
-                if log.catching_up && !ack.stale && !self.catchup.contains(channel) {
-                    self.catchup.push_back(channel.clone());
-                }
+            let mut timers = ChannelTimers { queue: &mut self.timers, channel };
+            if log.delivery.on_acked(seq, cursor.seq, &mut timers) && !self.catchup.contains(channel) {
+                // The window opened: resume from the log.
+                self.catchup.push_back(channel.clone());
             }
         }
         Ok(())
@@ -385,12 +343,10 @@ impl Session {
 
     /// A redelivery timer fired.
     pub(super) async fn on_timer(&mut self, (channel, seq): (ChannelName, Seq)) -> Result<(), End> {
-        let Some(ack) =
-            self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()).and_then(|l| l.ack.as_mut())
-        else {
+        let Some(log) = self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else {
             return Ok(());
         };
-        match ack.on_expired(&channel, seq, &mut self.timers) {
+        match log.delivery.on_timer(seq, &mut ChannelTimers { queue: &mut self.timers, channel: &channel }) {
             Expiry::Ignore => Ok(()),
             Expiry::Stale => {
                 self.state.metrics.acked_stale.inc();
