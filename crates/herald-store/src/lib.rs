@@ -176,6 +176,7 @@
 //! embedded store could replace it; the properties it must keep are listed
 //! there.
 
+mod append;
 mod codec;
 mod config;
 mod cursors;
@@ -192,8 +193,8 @@ mod sweep;
 mod writer;
 
 pub use config::{
-    FsyncMode, StoreConfig, DEFAULT_ACK_SYNC_INTERVAL, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_SWEEP_INTERVAL,
+    FsyncMode, StoreConfig, StoreSettings, DEFAULT_ACK_SYNC_INTERVAL, DEFAULT_MAX_BATCH,
+    DEFAULT_QUEUE_CAPACITY, DEFAULT_SWEEP_INTERVAL,
 };
 pub use engine::EmbeddedEngine;
 pub use error::StoreError;
