@@ -13,7 +13,8 @@
 //! # How an append flows
 //!
 //! `append` puts the request on a bounded queue (full queue: the caller
-//! waits) and awaits a oneshot reply. One writer thread (`writer.rs`) owns
+//! waits) and awaits a oneshot reply. One writer thread (`writer.rs`, the
+//! batch loop; an append is staged by `append.rs`) owns
 //! every mutation: it takes all queued requests (up to
 //! [`StoreConfig::max_batch`]), and for each one checks dedup (requests of
 //! the same batch first, then the `idem` space; an expired receipt counts as
