@@ -6,10 +6,9 @@
 //! [`Watches`]: the server calls `watch` per local subscription and may
 //! call `unwatch` for a subscriber that left after `watch` for one that
 //! came). Pub/sub loses messages when a connection drops or a buffer
-//! overflows; the log does not. Each watched channel has a
-//! [`Feed`](herald_core::feed::Feed) (herald-core), which decides what to
-//! release, what is a duplicate and when the log must be read; this file is
-//! the Redis side of it:
+//! overflows; the log does not. Each watched channel has a [`Feed`]
+//! (herald-core), which decides what to release, what is a duplicate and
+//! when the log must be read; this file is the Redis side of it:
 //!
 //! - the pub/sub connection, its subscriptions (serialized per channel, so
 //!   an unsubscribe never overtakes the subscribe of a later watch) and the

@@ -69,7 +69,7 @@
 //! Every call is bounded by the command timeout. A timeout or a connection
 //! error marks Redis down: calls then fail at once with
 //! [`EngineError::Unavailable`](herald_core::EngineError::Unavailable) and
-//! [`health`](herald_core::Engine::health) says so, until a probe (every
+//! [`health`](herald_core::Lifecycle::health) says so, until a probe (every
 //! `head_check_interval`) gets an answer. A connection whose call timed
 //! out is replaced by a freshly dialled one (`dial.rs`: a connection stuck
 //! in TCP retransmission backoff would stay silent long after the network

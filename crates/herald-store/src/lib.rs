@@ -113,7 +113,7 @@
 //! - Any storage error (commit, fsync, read, corruption) puts the engine into
 //!   fail-stop: the requests of the failing batch and every later append get
 //!   [`EngineError::Failed`](herald_core::EngineError::Failed) and
-//!   [`health`](herald_core::Engine::health) reports
+//!   [`health`](herald_core::Lifecycle::health) reports
 //!   [`Health::Failed`](herald_core::Health::Failed) until restart. An append
 //!   answered `Failed` has an unknown outcome: its journal write may or may
 //!   not be recovered after the restart (as with any database after a failed

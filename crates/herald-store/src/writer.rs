@@ -83,7 +83,7 @@ pub(crate) enum Command {
     Close,
 }
 
-/// `Engine::ack`'s arguments.
+/// `Cursors::ack`'s arguments.
 pub(crate) struct AckRequest {
     pub channel: ChannelName,
     pub subscriber: SubscriberId,
