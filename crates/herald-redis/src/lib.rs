@@ -28,7 +28,9 @@
 //! # Fan-out
 //!
 //! Published by the script, in seq order, received by the nodes that watch
-//! the channel and made gap-free with the log: see `fanout.rs`.
+//! the channel and made gap-free with the log: a
+//! [`Feed`](herald_core::feed::Feed) per watched channel decides, `fanout.rs`
+//! is the transport around it.
 //!
 //! # Epochs and lost data
 //!
