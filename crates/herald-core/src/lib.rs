@@ -1,13 +1,18 @@
 //! Herald's domain core: namespaces and their options, the delivery model,
-//! and the [`Engine`] trait behind which everything durable and cross-node
-//! lives.
+//! and the [`Engine`] contract behind which everything durable and
+//! cross-node lives, split by concern into [`Log`], [`Cursors`],
+//! [`Presence`], [`Rooms`] and [`Lifecycle`].
 //!
 //! This crate must never open a socket, know about HTTP or WebSocket
 //! libraries, or name a storage backend. Engines (embedded, Redis) implement
-//! [`Engine`]; the server drives them.
+//! the parts of [`Engine`], with the engine-independent pieces from here
+//! ([`feed`]: a channel's gap-free feed over a lossy transport, and the
+//! watch counts; [`engine_counters!`]: counters from one table); the server
+//! drives them.
 
 pub mod delivery;
 pub mod engine;
+pub mod feed;
 pub mod namespace;
 pub mod presence;
 pub mod room;
@@ -16,9 +21,9 @@ pub mod room;
 pub mod conformance;
 
 pub use engine::{
-    AckError, AppendRequest, CursorState, Dedup, Engine, EngineError, EngineMetric, Epoch, FanoutSink,
-    Health, InvalidSubscriber, Message, Page, Position, Receipt, Retention, RoomWrite, RoomWritten, Seq,
-    SubscriberId, UserCursor,
+    AckError, AppendRequest, CursorState, Cursors, Dedup, Engine, EngineError, EngineMetric, Epoch,
+    FanoutSink, Health, InvalidSubscriber, Lifecycle, Log, Message, Page, Position, Presence, Receipt,
+    Retention, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};
 pub use presence::{member_key, FenceToken, Joined, Lease, Member, Rejoined, Renewed, GONE_CAP, GONE_MEMORY};

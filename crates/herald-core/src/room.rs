@@ -9,7 +9,7 @@
 //!
 //! `closed` is final. Every change (state or attributes) increments
 //! `version` by one. Engines store the record and change it only by
-//! compare-and-set on `version` ([`Engine::room_write`](crate::Engine::room_write)),
+//! compare-and-set on `version` ([`Rooms::room_write`](crate::Rooms::room_write)),
 //! together with the room event appended to the room's log, so the log holds
 //! exactly one event per version, in version order. The transitions
 //! themselves are decided here, once, for every engine.

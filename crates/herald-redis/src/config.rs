@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::RedisError;
 
 /// Longest a Redis command may take before the engine call fails with
@@ -29,6 +31,65 @@ pub const FILL_PAGE: usize = 256;
 pub const DEFAULT_KEY_PREFIX: &str = "herald";
 /// Channels one `presence_expire` call takes from the sweep index at most.
 pub const SWEEP_CHANNELS: usize = 64;
+
+/// What an operator sets of the Redis engine: the `[redis]` section of
+/// `herald.toml` (the URL is the top-level `redis_url`). The rest of
+/// [`RedisConfig`] keeps its defaults in a deployment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisSettings {
+    /// Longest a Redis command may take; past it the call fails (503).
+    /// Also the connect timeout.
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// Command connections per Redis node (multiplexed), plus one for pub/sub.
+    pub connections: usize,
+    /// How often watched channels that were quiet are checked against
+    /// their head (catches a lost pub/sub message).
+    #[serde(with = "humantime_serde")]
+    pub head_check_interval: Duration,
+    /// Life of the node's lease key in Redis.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// The node's id (its lease is `<key_prefix>:node:{id}`); default: random.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_id: Option<String>,
+    /// Every Redis key and pub/sub channel starts with `<key_prefix>:`.
+    /// Nodes serving the same channels share it; separate deployments on
+    /// one Redis use different ones.
+    pub key_prefix: String,
+}
+
+impl Default for RedisSettings {
+    fn default() -> Self {
+        Self {
+            command_timeout: DEFAULT_COMMAND_TIMEOUT,
+            connections: DEFAULT_CONNECTIONS,
+            head_check_interval: DEFAULT_HEAD_CHECK_INTERVAL,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            node_id: None,
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+        }
+    }
+}
+
+impl RedisSettings {
+    /// Check the settings an operator may get wrong; the error is one line
+    /// naming the key. The rest is checked when the engine opens
+    /// ([`RedisConfig::validate`]).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.command_timeout.is_zero() || self.head_check_interval.is_zero() {
+            return Err("redis.command_timeout and redis.head_check_interval must be positive".into());
+        }
+        if self.connections == 0 || self.connections > 64 {
+            return Err("redis.connections must be 1..=64".into());
+        }
+        if self.lease_ttl < Duration::from_secs(1) {
+            return Err("redis.lease_ttl must be at least 1s".into());
+        }
+        Ok(())
+    }
+}
 
 /// How to reach Redis and how patient to be with it.
 #[derive(Debug, Clone)]
@@ -65,6 +126,21 @@ impl RedisConfig {
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             fanout_queue: DEFAULT_FANOUT_QUEUE,
             fill_concurrency: DEFAULT_FILL_CONCURRENCY,
+        }
+    }
+
+    /// The defaults, with `url` (see [`new`](RedisConfig::new)) and an
+    /// operator's settings.
+    pub fn with_settings(url: &str, settings: &RedisSettings) -> Self {
+        Self {
+            command_timeout: settings.command_timeout,
+            connect_timeout: settings.command_timeout,
+            connections: settings.connections,
+            head_check_interval: settings.head_check_interval,
+            lease_ttl: settings.lease_ttl,
+            node_id: settings.node_id.clone(),
+            key_prefix: settings.key_prefix.clone(),
+            ..Self::new(url)
         }
     }
 
@@ -107,5 +183,34 @@ impl RedisConfig {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_fill_the_config_and_bad_ones_name_their_key() {
+        let s = RedisSettings {
+            command_timeout: Duration::from_millis(500),
+            node_id: Some("n1".into()),
+            ..RedisSettings::default()
+        };
+        let c = RedisConfig::with_settings("redis://a:1, redis://b:2", &s);
+        assert!(c.is_cluster());
+        assert_eq!((c.command_timeout, c.connect_timeout), (s.command_timeout, s.command_timeout));
+        assert_eq!((c.node_id.as_deref(), c.fanout_queue), (Some("n1"), DEFAULT_FANOUT_QUEUE));
+        c.validate().unwrap();
+        let d = RedisConfig::with_settings("redis://x", &RedisSettings::default());
+        let n = RedisConfig::new("redis://x");
+        assert_eq!(
+            (d.command_timeout, d.connections, d.key_prefix),
+            (n.command_timeout, n.connections, n.key_prefix)
+        );
+        let bad = RedisSettings { connections: 0, ..RedisSettings::default() };
+        assert_eq!(bad.validate(), Err("redis.connections must be 1..=64".to_owned()));
+        let bad = RedisSettings { lease_ttl: Duration::from_millis(900), ..RedisSettings::default() };
+        assert!(bad.validate().unwrap_err().contains("redis.lease_ttl"));
     }
 }

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_core::{
-    AckError, AppendRequest, CursorState, Engine, EngineError, FanoutSink, FenceToken, Health, Joined, Lease,
-    Member, Page, Position, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Seq, SubscriberId,
-    UserCursor,
+    AckError, AppendRequest, CursorState, Cursors, EngineError, EngineMetric, FanoutSink, FenceToken, Health,
+    Joined, Lease, Lifecycle, Log, Member, Page, Position, Presence, Receipt, Rejoined, Renewed, Room,
+    RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
 use herald_proto::ChannelName;
 use redis::ProtocolVersion;
@@ -95,7 +95,7 @@ impl RedisEngine {
 }
 
 #[async_trait]
-impl Engine for RedisEngine {
+impl Log for RedisEngine {
     fn set_sink(&self, sink: Arc<dyn FanoutSink>) {
         if self.inner.sink.set(sink).is_err() {
             tracing::warn!("fan-out sink installed twice; the first stays");
@@ -124,7 +124,10 @@ impl Engine for RedisEngine {
     async fn unwatch(&self, channel: &ChannelName) {
         fanout::unwatch(&self.inner, channel).await
     }
+}
 
+#[async_trait]
+impl Cursors for RedisEngine {
     /// One script (compare-and-raise, refusing seqs beyond the head); the
     /// first ack of a subscriber on a channel writes its user-index entry
     /// first. Durability is Redis's `appendfsync` (see docs/guarantees.md).
@@ -158,7 +161,10 @@ impl Engine for RedisEngine {
     async fn user_cursors(&self, user: &str, limit: usize) -> Result<Vec<UserCursor>, EngineError> {
         self.inner.user_cursors(user, limit).await
     }
+}
 
+#[async_trait]
+impl Presence for RedisEngine {
     /// Three round trips: the sweep index is lowered before and after the
     /// join script (see `presence.rs`).
     async fn presence_join(
@@ -221,7 +227,10 @@ impl Engine for RedisEngine {
     async fn presence_expire(&self, limit: usize) -> Result<Vec<(ChannelName, Lease)>, EngineError> {
         self.inner.presence_expire(limit).await
     }
+}
 
+#[async_trait]
+impl Rooms for RedisEngine {
     async fn room(&self, channel: &ChannelName) -> Result<Option<Room>, EngineError> {
         self.inner.room(channel).await
     }
@@ -238,48 +247,13 @@ impl Engine for RedisEngine {
     ) -> Result<Vec<(ChannelName, Room)>, EngineError> {
         self.inner.rooms_active(after, limit).await
     }
+}
 
-    fn metrics(&self) -> Vec<herald_core::EngineMetric> {
-        use herald_core::EngineMetric as M;
-        let s = self.stats();
-        vec![
-            M::counter("appends", "Durable messages appended through this node", s.appends),
-            M::counter("unavailable", "Calls failed because Redis was down, slow or refusing", s.unavailable),
-            M::counter(
-                "fanout_delivered",
-                "Pub/sub messages handed to this node's subscribers",
-                s.fanout_delivered,
-            ),
-            M::counter("fanout_filled", "Messages read from the log to fill a pub/sub gap", s.fanout_filled),
-            M::counter("fanout_gaps", "Gap fills started (seq jump, head check, resubscribe)", s.fanout_gaps),
-            M::counter(
-                "pubsub_disconnects",
-                "Disconnections of the pub/sub connection",
-                s.pubsub_disconnects,
-            ),
-            M::counter(
-                "fanout_queue_full",
-                "Pub/sub messages dropped for a full queue (then filled)",
-                s.fanout_queue_full,
-            ),
-            M::counter(
-                "data_loss_detected",
-                "Redis data losses detected (a new epoch was started)",
-                s.data_loss_detected,
-            ),
-            M::counter(
-                "epoch_changes",
-                "Epoch changes of watched channels seen by this node",
-                s.epoch_changes,
-            ),
-            M::counter(
-                "lease_reregistrations",
-                "Times this node's lease was lost and registered again",
-                s.lease_reregistrations,
-            ),
-            M::counter("closed_refused", "Writes refused because the channel is closed", s.closed_refused),
-            M::counter("room_conflicts", "Room writes refused by the version check", s.room_conflicts),
-        ]
+#[async_trait]
+impl Lifecycle for RedisEngine {
+    /// Every named counter of [`RedisStats`].
+    fn metrics(&self) -> Vec<EngineMetric> {
+        self.stats().metrics()
     }
 
     fn health(&self) -> Health {

@@ -2,43 +2,49 @@
 //!
 //! The append script publishes each message on `herald:{c}:fan` as it
 //! commits it, so pub/sub order is seq order. A node subscribes only to the
-//! channels it watches (`watch` / `unwatch`, reference-counted: the server
-//! may call `unwatch` for a subscriber that left after `watch` for one that
+//! channels it watches (`watch` / `unwatch`, counted in a
+//! [`Watches`]: the server calls `watch` per local subscription and may
+//! call `unwatch` for a subscriber that left after `watch` for one that
 //! came). Pub/sub loses messages when a connection drops or a buffer
-//! overflows; the log does not, so:
+//! overflows; the log does not. Each watched channel has a [`Feed`]
+//! (herald-core), which decides what to release, what is a duplicate and
+//! when the log must be read; this file is the Redis side of it:
 //!
-//! - each watched channel has a [`FeedState`]: the epoch and the last seq
-//!   handed to the sink (`last`). A message with `seq == last + 1` in that
-//!   epoch goes to the sink; `seq <= last` is a duplicate; a higher seq is
-//!   a gap: a worker reads the log from `last` and hands out what is
-//!   missing, in order, before anything later;
+//! - the pub/sub connection, its subscriptions (serialized per channel, so
+//!   an unsubscribe never overtakes the subscribe of a later watch) and the
+//!   payloads it carries;
+//! - the repair task of a feed, at most one per channel: it reads the log
+//!   from the feed's `last` (the `READ` script, not failing fast while
+//!   Redis is marked down) and hands out what is missing, in order, before
+//!   anything later;
 //! - after a disconnection the client library reconnects and resubscribes;
 //!   each resubscribe confirmation, and a periodic check of every channel
-//!   that was quiet for a `head_check_interval`, compares the channel's
-//!   head with `last` and starts a worker when they differ, so a message
-//!   lost silently is delivered within about one interval;
-//! - the worker also checks that the message at `last` is still the one
-//!   delivered, and that the head did not go below it: if Redis lost data
-//!   (a restart without persistence, a failover that lost a tail), it
-//!   starts a new epoch (compare-and-set, one node wins) and hands the
-//!   sink an epoch marker (`Message::epoch_marker`) at once, then the head
-//!   message of the new epoch; sessions holding the old epoch then resync
-//!   instead of skipping silently, whether the channel is busy or quiet.
+//!   that was quiet for a `head_check_interval` (the `CHECK` script:
+//!   epoch, head and the id at `last`), asks the feed whether it is behind,
+//!   so a message lost silently is delivered within about one interval;
+//! - when the log lost what was already handed out under the same epoch (a
+//!   restart without persistence, a failover that lost a tail), a new epoch
+//!   (`BUMP_EPOCH`, compare-and-set, one node wins); the sink gets an epoch
+//!   marker (`Message::epoch_marker`) at once, then the head message of the
+//!   new epoch, so sessions holding the old epoch resync instead of
+//!   skipping silently, whether the channel is busy or quiet.
 //!
-//! Invariants: per channel, the sink gets seqs in increasing order without
-//! gap within an epoch (a range removed by retention is skipped, and
-//! sessions see the jump and report the truncation); every delivery and
-//! every change of `last` happens under the feed's lock; at most one
-//! worker per channel; every queue is bounded (the push queue drops when
-//! full and then checks every channel).
+//! Invariants: the feed's (see `herald_core::feed`): per channel, the sink
+//! gets seqs in increasing order without gap within an epoch (a range
+//! removed by retention is skipped, and sessions see the jump and report
+//! the truncation); every delivery and every change of the feed happens
+//! under the channel's lock; at most one repair per channel. Here: every
+//! queue is bounded (the push queue drops when full and then checks every
+//! channel), and so is the number of repairs and checks running at once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
+use herald_core::feed::{Feed, HeadCheck, Offered, Step, Watches};
 use herald_core::{EngineError, Epoch, Message, Seq};
 use herald_proto::ChannelName;
 use redis::aio::AsyncPushSender;
@@ -61,7 +67,8 @@ use crate::{scripts, val};
 const STRIPES: usize = 64;
 
 pub(crate) struct Fanout {
-    feeds: Mutex<HashMap<ChannelName, Watched>>,
+    /// The watched channels, counted, each with its feed.
+    feeds: Mutex<Watches<Arc<ChannelFeed>>>,
     /// Channels subscribed on the pub/sub connection.
     subscribed: Mutex<HashSet<ChannelName>>,
     stripes: Vec<tokio::sync::Mutex<()>>,
@@ -90,33 +97,29 @@ struct PubSub {
     made: Instant,
 }
 
-struct Watched {
-    watchers: usize,
-    feed: Arc<Feed>,
-}
-
-struct Feed {
+/// One watched channel.
+struct ChannelFeed {
     channel: ChannelName,
     state: Mutex<FeedState>,
 }
 
 struct FeedState {
-    /// `None` until the first read of the channel's position.
-    epoch: Option<Epoch>,
-    /// The last seq handed to the sink (or skipped as settled) in `epoch`.
-    last: Seq,
-    /// The id of the message at `last`, when known.
-    last_id: Option<Arc<str>>,
-    /// Highest seq seen on pub/sub in `epoch`, not handed out yet.
-    max_seen: Seq,
-    /// A worker runs for this feed.
-    busy: bool,
-    /// The worker must make one more round (something changed meanwhile).
-    again: bool,
+    feed: Feed,
     /// When the channel last showed it is in sync (a message, a check).
     active_at: Instant,
     /// Check at the next tick even if recently active (after a disconnect).
     suspect: bool,
+}
+
+impl ChannelFeed {
+    fn new(channel: &ChannelName) -> Self {
+        let state = FeedState { feed: Feed::new(), active_at: Instant::now(), suspect: false };
+        Self { channel: channel.clone(), state: Mutex::new(state) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, FeedState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// What the pub/sub payload carries: `v2 <channel> <seq|-> <ts> <id>
@@ -163,7 +166,7 @@ impl Fanout {
         overflow: Arc<AtomicBool>,
     ) -> Self {
         Self {
-            feeds: Mutex::new(HashMap::new()),
+            feeds: Mutex::new(Watches::new()),
             subscribed: Mutex::new(HashSet::new()),
             stripes: (0..STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
             hasher: RandomState::new(),
@@ -204,16 +207,20 @@ impl Fanout {
         true
     }
 
-    fn feed(&self, ch: &ChannelName) -> Option<Arc<Feed>> {
-        self.feeds.lock().unwrap_or_else(|e| e.into_inner()).get(ch).map(|w| w.feed.clone())
+    fn watches(&self) -> MutexGuard<'_, Watches<Arc<ChannelFeed>>> {
+        self.feeds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn all_feeds(&self) -> Vec<Arc<Feed>> {
-        self.feeds.lock().unwrap_or_else(|e| e.into_inner()).values().map(|w| w.feed.clone()).collect()
+    fn feed(&self, ch: &ChannelName) -> Option<Arc<ChannelFeed>> {
+        self.watches().get(ch).cloned()
+    }
+
+    fn all_feeds(&self) -> Vec<Arc<ChannelFeed>> {
+        self.watches().states().cloned().collect()
     }
 
     pub fn watched(&self) -> usize {
-        self.feeds.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.watches().len()
     }
 
     /// Subscribe or unsubscribe `ch` so the connection matches the watched
@@ -222,7 +229,7 @@ impl Fanout {
     async fn reconcile(&self, ch: &ChannelName) -> Result<(), EngineError> {
         let stripe = (self.hasher.hash_one(ch.as_str()) as usize) % STRIPES;
         let _serial = self.stripes[stripe].lock().await;
-        let want = self.feeds.lock().unwrap_or_else(|e| e.into_inner()).contains_key(ch);
+        let want = self.watches().contains(ch);
         let have = self.subscribed.lock().unwrap_or_else(|e| e.into_inner()).contains(ch);
         if want == have {
             return Ok(());
@@ -268,63 +275,28 @@ impl Fanout {
     }
 }
 
-/// `Engine::watch`.
+/// `Log::watch`.
 pub(crate) async fn watch(inner: &Arc<Inner>, ch: &ChannelName) -> Result<(), EngineError> {
     let fan = &inner.fanout;
-    let feed = {
-        let mut feeds = fan.feeds.lock().unwrap_or_else(|e| e.into_inner());
-        let w = feeds.entry(ch.clone()).or_insert_with(|| Watched {
-            watchers: 0,
-            feed: Arc::new(Feed {
-                channel: ch.clone(),
-                state: Mutex::new(FeedState {
-                    epoch: None,
-                    last: 0,
-                    last_id: None,
-                    max_seen: 0,
-                    busy: false,
-                    again: false,
-                    active_at: Instant::now(),
-                    suspect: false,
-                }),
-            }),
-        });
-        w.watchers += 1;
-        w.feed.clone()
-    };
+    let feed = fan.watches().watch(ch, || Arc::new(ChannelFeed::new(ch))).clone();
     // Subscribed before the position read: whatever commits after the read
     // comes over pub/sub.
     fan.reconcile(ch).await?;
-    if feed.state.lock().unwrap_or_else(|e| e.into_inner()).epoch.is_none() {
+    if !feed.lock().feed.is_started() {
         let page = inner.read_raw(ch, 0, 0, true).await?;
-        let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.epoch.is_none() {
-            st.epoch = Some(page.position.epoch);
-            // Start one before the head: the worker hands the head message
-            // to the sink once. A session that read the position before
-            // this watch took effect (a second local subscriber racing the
-            // first one's watch) sees it as a gap and catches up from the
-            // log instead of waiting for the channel's next message.
-            st.last = page.position.head.saturating_sub(1);
-            if page.position.head > 0 {
-                start_worker(inner, &feed, &mut st);
-            }
+        if feed.lock().feed.start(&page.position) {
+            spawn_repair(inner, &feed);
         }
     }
     Ok(())
 }
 
-/// `Engine::unwatch`.
+/// `Log::unwatch`.
 pub(crate) async fn unwatch(inner: &Arc<Inner>, ch: &ChannelName) {
     let fan = &inner.fanout;
-    {
-        let mut feeds = fan.feeds.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(w) = feeds.get_mut(ch) else { return };
-        w.watchers -= 1;
-        if w.watchers > 0 {
-            return;
-        }
-        feeds.remove(ch);
+    if fan.watches().unwatch(ch).is_none() {
+        // Still watched (or never was): nothing to unsubscribe.
+        return;
     }
     if let Err(e) = fan.reconcile(ch).await {
         tracing::debug!(channel = %ch, error = %e, "unsubscribe failed");
@@ -387,10 +359,8 @@ pub(crate) async fn run_dispatcher(inner: Arc<Inner>, mut rx: mpsc::Receiver<Pus
                     _ => None,
                 }) {
                     if let Some(feed) = fan.feed(&ch) {
-                        let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-                        if st.epoch.is_some() {
-                            st.again = true;
-                            start_worker(&inner, &feed, &mut st);
+                        if feed.lock().feed.recheck() {
+                            spawn_repair(&inner, &feed);
                         }
                     }
                 }
@@ -402,7 +372,7 @@ pub(crate) async fn run_dispatcher(inner: Arc<Inner>, mut rx: mpsc::Receiver<Pus
 
 fn mark_all_suspect(inner: &Arc<Inner>) {
     for feed in inner.fanout.all_feeds() {
-        feed.state.lock().unwrap_or_else(|e| e.into_inner()).suspect = true;
+        feed.lock().suspect = true;
     }
 }
 
@@ -436,91 +406,62 @@ fn on_message(inner: &Arc<Inner>, ch: &ChannelName, p: Payload) {
         deliver(inner, Arc::new(msg));
         return;
     };
-    let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
+    let mut st = feed.lock();
     st.active_at = Instant::now();
-    let Some(epoch) = st.epoch.clone() else {
-        // Not initialized: the first position read and the worker cover it.
-        return;
-    };
-    if epoch.as_str() != p.epoch {
-        // Another epoch: only a read of the channel tells which is current
-        // (pub/sub may still carry messages of the one before).
-        st.again = true;
-        start_worker(inner, &feed, &mut st);
-        return;
+    match st.feed.offer(seq, &p.epoch, &p.id) {
+        Offered::Release => {
+            let Some(epoch) = st.feed.epoch().cloned() else { return };
+            let msg = Message {
+                channel: ch.clone(),
+                seq: Some(seq),
+                id: p.id,
+                ts: p.ts,
+                epoch,
+                frame: p.frame,
+                closes: p.closes,
+            };
+            bump(&inner.counters.fanout_delivered);
+            deliver(inner, Arc::new(msg));
+        }
+        Offered::Skip => {}
+        Offered::Repair { gap } => {
+            if gap {
+                bump(&inner.counters.fanout_gaps);
+            }
+            spawn_repair(inner, &feed);
+        }
     }
-    if seq <= st.last {
-        return;
-    }
-    if seq == st.last + 1 {
-        st.last = seq;
-        st.last_id = Some(p.id.clone());
-        let msg = Message {
-            channel: ch.clone(),
-            seq: Some(seq),
-            id: p.id,
-            ts: p.ts,
-            epoch,
-            frame: p.frame,
-            closes: p.closes,
-        };
-        bump(&inner.counters.fanout_delivered);
-        deliver(inner, Arc::new(msg));
-        return;
-    }
-    st.max_seen = st.max_seen.max(seq);
-    if !st.busy {
-        bump(&inner.counters.fanout_gaps);
-    }
-    start_worker(inner, &feed, &mut st);
 }
 
-/// Start the feed's worker unless one runs (which then makes another round
-/// if `again` or `max_seen` ask for it).
-fn start_worker(inner: &Arc<Inner>, feed: &Arc<Feed>, st: &mut FeedState) {
-    if st.busy {
-        return;
-    }
-    st.busy = true;
+/// Run the feed's repair, which the feed just asked for (so none runs).
+fn spawn_repair(inner: &Arc<Inner>, feed: &Arc<ChannelFeed>) {
     let (inner2, feed) = (inner.clone(), feed.clone());
     inner.fanout.tasks.spawn(async move {
         let cancel = inner2.fanout.cancel.clone();
         tokio::select! {
             () = cancel.cancelled() => {}
-            () = run_worker(&inner2, &feed) => {}
+            () = run_repair(&inner2, &feed) => {}
         }
     });
 }
 
-/// Bring the feed up to the log: initialize it, fill gaps, follow an epoch
-/// change, notice lost data. Ends with `busy = false` on every path.
-async fn run_worker(inner: &Arc<Inner>, feed: &Arc<Feed>) {
-    struct NotBusy<'a>(&'a Feed);
-    impl Drop for NotBusy<'_> {
+/// Bring the feed up to the log: start it, fill gaps, follow an epoch
+/// change, start a new epoch when Redis lost data. The feed's repair ends
+/// on every path (also when the task is cancelled).
+async fn run_repair(inner: &Arc<Inner>, feed: &Arc<ChannelFeed>) {
+    struct Ended<'a>(&'a ChannelFeed);
+    impl Drop for Ended<'_> {
         fn drop(&mut self) {
-            self.0.state.lock().unwrap_or_else(|e| e.into_inner()).busy = false;
+            self.0.lock().feed.end_repair();
         }
     }
-    let _permit = match inner.fanout.permits.acquire().await {
-        Ok(p) => p,
-        Err(_) => {
-            drop(NotBusy(feed));
-            return;
-        }
-    };
-    let _guard = NotBusy(feed);
+    let _ended = Ended(feed);
+    let Ok(_permit) = inner.fanout.permits.acquire().await else { return };
     let ch = &feed.channel;
     // Bounded: each round either delivers, changes the epoch, or ends.
     for _round in 0..10_000 {
-        let (epoch, last, last_id) = {
-            let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.again = false;
-            (st.epoch.clone(), st.last, st.last_id.clone())
-        };
-        // Read from one before `last` to see that the message at `last` is
-        // still the one handed out.
-        let after = last.saturating_sub(1);
-        let page = match inner.read_raw(ch, after, FILL_PAGE, false).await {
+        let round = feed.lock().feed.round(FILL_PAGE);
+        let page = match inner.read_raw(ch, round.after, round.limit, false).await {
             Ok(p) => p,
             Err(e) => {
                 tracing::debug!(channel = %ch, error = %e, "fan-out read failed; the next check retries");
@@ -528,101 +469,71 @@ async fn run_worker(inner: &Arc<Inner>, feed: &Arc<Feed>) {
             }
         };
         let pos = &page.position;
-        let Some(epoch) = epoch else {
-            let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.epoch = Some(pos.epoch.clone());
-            st.last = pos.head.saturating_sub(1);
-            continue;
-        };
-        if pos.epoch != epoch {
-            bump(&inner.counters.epoch_changes);
-            if pos.head < last {
-                bump(&inner.counters.data_loss_detected);
-                tracing::warn!(channel = %ch, old_epoch = %epoch, new_epoch = %pos.epoch, delivered = last,
-                    head = pos.head, "redis lost data of a watched channel; clients resync to the new epoch");
-            } else {
-                tracing::info!(channel = %ch, old_epoch = %epoch, new_epoch = %pos.epoch, "channel epoch changed");
-            }
-            let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.epoch = Some(pos.epoch.clone());
-            // Tell the sink now (the channel may stay quiet), then hand out
-            // the head message of the new epoch, if any.
-            st.last = pos.head.saturating_sub(1);
-            st.last_id = None;
-            st.max_seen = 0;
-            announce_epoch(inner, ch, &pos.epoch);
-            continue;
-        }
-        let at_last = page.messages.iter().find(|m| m.seq == Some(last));
-        let rewritten = match (at_last, &last_id) {
-            (Some(m), Some(id)) => m.id != *id,
-            _ => false,
-        };
-        if pos.head < last || rewritten {
-            // The log lost what was already handed out, under the same
-            // epoch: start a new one so nobody trusts the old seqs.
-            bump(&inner.counters.data_loss_detected);
-            let new = Uuid::now_v7().hyphenated().to_string();
-            let mut inv = scripts::BUMP_EPOCH.prepare_invoke();
-            inv.key(inner.keys.meta(ch)).arg(epoch.as_str()).arg(&new);
-            let r: Result<(i64, String), _> = inner
-                .redis
-                .call_unchecked("bump epoch", |mut c| async move { inv.invoke_async(&mut c).await })
-                .await;
-            let current = match r {
-                Ok((won, current)) => {
-                    if won == 1 {
-                        tracing::warn!(channel = %ch, old_epoch = %epoch, new_epoch = %current, delivered = last,
-                            head = pos.head, "redis lost data of a watched channel; started a new epoch (clients resync)");
+        let lost = {
+            let mut st = feed.lock();
+            match st.feed.on_page(&round, pos, &page.messages, |m| deliver(inner, m.clone())) {
+                Step::Started | Step::Stale => None,
+                Step::NewEpoch { epoch, previous, lost } => {
+                    bump(&inner.counters.epoch_changes);
+                    if lost {
+                        bump(&inner.counters.data_loss_detected);
+                        tracing::warn!(channel = %ch, old_epoch = %previous, new_epoch = %epoch, delivered = round.last(),
+                            head = pos.head, "redis lost data of a watched channel; clients resync to the new epoch");
+                    } else {
+                        tracing::info!(channel = %ch, old_epoch = %previous, new_epoch = %epoch, "channel epoch changed");
                     }
-                    current
+                    // Tell the sink now (the channel may stay quiet); the
+                    // next round hands out the head message of the new epoch.
+                    announce_epoch(inner, ch, &epoch);
+                    None
                 }
-                Err(e) => {
-                    tracing::warn!(channel = %ch, error = %e, "could not start a new epoch; retrying at the next check");
-                    return;
+                Step::Lost { epoch, head } => Some((epoch, head)),
+                Step::Released { count, done } => {
+                    add(&inner.counters.fanout_filled, count);
+                    st.active_at = Instant::now();
+                    st.suspect = false;
+                    if done {
+                        return;
+                    }
+                    None
                 }
-            };
-            if !current.is_empty() {
-                // Follow the epoch that now stands (ours or another node's)
-                // and hand out its head message.
-                bump(&inner.counters.epoch_changes);
-                let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-                let current = Epoch::new(current);
-                st.epoch = Some(current.clone());
-                st.last = pos.head.saturating_sub(1);
-                st.last_id = None;
-                st.max_seen = 0;
-                announce_epoch(inner, ch, &current);
             }
-            continue;
-        }
-        let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.epoch.as_ref() != Some(&epoch) {
-            continue;
-        }
-        let mut filled = 0;
-        for m in &page.messages {
-            let Some(seq) = m.seq else { continue };
-            if seq <= st.last {
-                continue;
+        };
+        let Some((epoch, head)) = lost else { continue };
+        // The log lost what was handed out, under the same epoch: start a
+        // new one so nobody trusts the old seqs.
+        bump(&inner.counters.data_loss_detected);
+        let new = Uuid::now_v7().hyphenated().to_string();
+        let mut inv = scripts::BUMP_EPOCH.prepare_invoke();
+        inv.key(inner.keys.meta(ch)).arg(epoch.as_str()).arg(&new);
+        let r: Result<(i64, String), _> = inner
+            .redis
+            .call_unchecked("bump epoch", |mut c| async move { inv.invoke_async(&mut c).await })
+            .await;
+        let current = match r {
+            Ok((won, current)) => {
+                if won == 1 {
+                    tracing::warn!(channel = %ch, old_epoch = %epoch, new_epoch = %current, delivered = round.last(),
+                        head, "redis lost data of a watched channel; started a new epoch (clients resync)");
+                }
+                current
             }
-            // `seq > last + 1` only when retention removed the range in
-            // between: sessions see the jump and report the truncation.
-            st.last = seq;
-            st.last_id = Some(m.id.clone());
-            filled += 1;
-            deliver(inner, m.clone());
-        }
-        add(&inner.counters.fanout_filled, filled);
-        st.active_at = Instant::now();
-        st.suspect = false;
-        let complete = page.messages.len() < FILL_PAGE;
-        if complete && st.max_seen <= st.last && !st.again {
-            st.max_seen = 0;
-            return;
+            Err(e) => {
+                tracing::warn!(channel = %ch, error = %e, "could not start a new epoch; retrying at the next check");
+                return;
+            }
+        };
+        if !current.is_empty() {
+            // Follow the epoch that now stands (ours or another node's) and
+            // hand out its head message.
+            bump(&inner.counters.epoch_changes);
+            let current = Epoch::new(current);
+            let mut st = feed.lock();
+            st.feed.follow(current.clone(), head);
+            announce_epoch(inner, ch, &current);
         }
     }
-    tracing::warn!(channel = %ch, "fan-out worker stopped after its round limit; the next check resumes");
+    tracing::warn!(channel = %ch, "fan-out repair stopped after its round limit; the next check resumes");
 }
 
 /// The periodic loop: keep the pub/sub connection alive, retry what
@@ -673,18 +584,20 @@ pub(crate) async fn run_checker(inner: Arc<Inner>) {
                     return;
                 }
                 let last = {
-                    let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-                    if st.busy {
+                    let mut st = feed.lock();
+                    if st.feed.is_repairing() {
                         return;
                     }
-                    if st.epoch.is_none() {
-                        start_worker(&inner, &feed, &mut st);
+                    if !st.feed.is_started() {
+                        if st.feed.request_repair() {
+                            spawn_repair(&inner, &feed);
+                        }
                         return;
                     }
                     if !st.suspect && now.duration_since(st.active_at) < fan.interval {
                         return;
                     }
-                    st.last
+                    st.feed.last()
                 };
                 check(&inner, &feed, last).await;
             }
@@ -694,30 +607,29 @@ pub(crate) async fn run_checker(inner: Arc<Inner>) {
     }
 }
 
-/// Compare the channel in Redis with the feed; start the worker if they
-/// differ.
-async fn check(inner: &Arc<Inner>, feed: &Arc<Feed>, last: Seq) {
+/// Compare the channel in Redis with the feed (which was at `last`); start
+/// the repair if they differ.
+async fn check(inner: &Arc<Inner>, feed: &Arc<ChannelFeed>, last: Seq) {
     let ch = &feed.channel;
     let mut inv = scripts::CHECK.prepare_invoke();
     inv.key(inner.keys.meta(ch)).key(inner.keys.log(ch)).arg(last);
     let r: Result<(String, u64, String), _> =
         inner.redis.call_unchecked("check", |mut c| async move { inv.invoke_async(&mut c).await }).await;
     let Ok((epoch, head, id)) = r else { return };
-    let mut st = feed.state.lock().unwrap_or_else(|e| e.into_inner());
-    let same_epoch = st.epoch.as_ref().is_some_and(|e| e.as_str() == epoch);
-    let same_id = id.is_empty() || st.last_id.as_deref().is_none_or(|l| *l == *id);
-    if st.last != last {
-        // Moved meanwhile: it is flowing.
-        return;
+    let mut st = feed.lock();
+    match st.feed.on_head(last, &epoch, head, &id) {
+        HeadCheck::Moving => {}
+        HeadCheck::InSync => {
+            st.active_at = Instant::now();
+            st.suspect = false;
+        }
+        HeadCheck::Differs { gap, start } => {
+            if gap {
+                bump(&inner.counters.fanout_gaps);
+            }
+            if start {
+                spawn_repair(inner, feed);
+            }
+        }
     }
-    if same_epoch && head == last && same_id {
-        st.active_at = Instant::now();
-        st.suspect = false;
-        return;
-    }
-    if same_epoch && head > last {
-        bump(&inner.counters.fanout_gaps);
-    }
-    st.again = true;
-    start_worker(inner, feed, &mut st);
 }

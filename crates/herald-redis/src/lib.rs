@@ -28,7 +28,9 @@
 //! # Fan-out
 //!
 //! Published by the script, in seq order, received by the nodes that watch
-//! the channel and made gap-free with the log: see `fanout.rs`.
+//! the channel and made gap-free with the log: a
+//! [`Feed`](herald_core::feed::Feed) per watched channel decides, `fanout.rs`
+//! is the transport around it.
 //!
 //! # Epochs and lost data
 //!
@@ -69,7 +71,7 @@
 //! Every call is bounded by the command timeout. A timeout or a connection
 //! error marks Redis down: calls then fail at once with
 //! [`EngineError::Unavailable`](herald_core::EngineError::Unavailable) and
-//! [`health`](herald_core::Engine::health) says so, until a probe (every
+//! [`health`](herald_core::Lifecycle::health) says so, until a probe (every
 //! `head_check_interval`) gets an answer. A connection whose call timed
 //! out is replaced by a freshly dialled one (`dial.rs`: a connection stuck
 //! in TCP retransmission backoff would stay silent long after the network
@@ -101,7 +103,7 @@ mod stats;
 mod val;
 
 pub use config::{
-    RedisConfig, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_FANOUT_QUEUE,
+    RedisConfig, RedisSettings, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_FANOUT_QUEUE,
     DEFAULT_FILL_CONCURRENCY, DEFAULT_HEAD_CHECK_INTERVAL, DEFAULT_KEY_PREFIX, DEFAULT_LEASE_TTL,
 };
 pub use engine::RedisEngine;

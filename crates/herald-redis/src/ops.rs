@@ -332,14 +332,16 @@ impl Inner {
         limit: usize,
     ) -> Result<Vec<(SubscriberId, CursorState)>, EngineError> {
         let mut out = Vec::new();
-        let mut cursor = 0u64;
+        // HSCAN's own position in the hash (not an ack cursor); 0 starts
+        // and ends a scan.
+        let mut scan_at = 0u64;
         let key = self.keys.cursors(ch);
         while out.len() < limit {
             let (k, count) = (key.clone(), limit.clamp(10, 1000));
             let (next, items): (u64, Vec<(String, String)>) = self
                 .redis
                 .call("cursors", |mut c| async move {
-                    redis::cmd("HSCAN").arg(k).arg(cursor).arg("COUNT").arg(count).query_async(&mut c).await
+                    redis::cmd("HSCAN").arg(k).arg(scan_at).arg("COUNT").arg(count).query_async(&mut c).await
                 })
                 .await?;
             for (field, value) in items {
@@ -351,7 +353,7 @@ impl Inner {
             if next == 0 {
                 break;
             }
-            cursor = next;
+            scan_at = next;
         }
         out.truncate(limit);
         Ok(out)

@@ -439,7 +439,7 @@ return {'left', rec}
 });
 
 /// Rejoin: bring back a removed lease for the holder of its token, unless
-/// anything newer happened to the member (see `Engine::presence_rejoin`).
+/// anything newer happened to the member (see `Presence::presence_rejoin`).
 ///
 /// KEYS: meta, presence, presence:exp, presence:keys, presence:gone,
 /// presence:gone:exp. ARGV: member key, member JSON, token, ttl ms.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use herald_core::conformance::{request, RecordingSink};
-use herald_core::Engine;
+use herald_core::{Lifecycle, Log};
 use herald_proto::ChannelName;
 use support::{eventually, RedisServer};
 

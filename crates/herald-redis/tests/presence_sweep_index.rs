@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use herald_core::conformance::LONG_TTL;
-use herald_core::{Engine, Joined, Lease, Member};
+use herald_core::{Engine, Joined, Lease, Lifecycle, Member, Presence};
 use herald_proto::ChannelName;
 use support::{eventually, RedisServer};
 

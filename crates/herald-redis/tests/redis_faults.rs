@@ -327,6 +327,6 @@ async fn every_redis_socket_has_keepalive() {
         (l.len() == expected && l.iter().all(|l| l.contains("timer:(keepalive"))).then_some(())
     })
     .await;
-    use herald_core::Engine;
+    use herald_core::Lifecycle;
     engine.close().await;
 }

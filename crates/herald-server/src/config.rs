@@ -10,6 +10,10 @@ use std::time::Duration;
 use herald_core::Namespaces;
 use serde::{Deserialize, Serialize};
 
+/// The engines' own settings, embedded as `[redis]` and `[storage]`.
+pub use herald_redis::RedisSettings;
+pub use herald_store::StoreSettings;
+
 /// Default listen address.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8700";
 /// Default data directory of the embedded engine.
@@ -38,7 +42,7 @@ pub struct Config {
     pub api_keys: Vec<String>,
     pub jwt: JwtConfig,
     pub limits: Limits,
-    pub storage: StorageConfig,
+    pub storage: StoreSettings,
     pub presence: PresenceConfig,
     /// How long idempotency receipts are kept.
     #[serde(with = "humantime_serde")]
@@ -61,7 +65,7 @@ impl Default for Config {
             api_keys: Vec::new(),
             jwt: JwtConfig::default(),
             limits: Limits::default(),
-            storage: StorageConfig::default(),
+            storage: StoreSettings::default(),
             presence: PresenceConfig::default(),
             idempotency_ttl: Duration::from_secs(24 * 3600),
             console: ConsoleSetting::Auto,
@@ -182,74 +186,11 @@ impl PresenceConfig {
     }
 }
 
-/// Embedded engine settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StorageConfig {
-    /// `always`: a publish is answered after its batch is fsynced (default).
-    /// `never`: answered after the write reaches the OS; a machine crash can
-    /// lose the last moments of acknowledged publishes.
-    pub fsync: FsyncSetting,
-    /// Most appends sharing one fsync.
-    pub max_batch: usize,
-}
-
-impl Default for StorageConfig {
-    fn default() -> Self {
-        Self { fsync: FsyncSetting::Always, max_batch: 512 }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EngineKind {
     Embedded,
     Redis,
-}
-
-/// Redis engine settings (used with `engine = "redis"`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RedisSettings {
-    /// Longest a Redis command may take; past it the call fails (503).
-    #[serde(with = "humantime_serde")]
-    pub command_timeout: Duration,
-    /// Command connections per Redis node (multiplexed), plus one for pub/sub.
-    pub connections: usize,
-    /// How often watched channels that were quiet are checked against
-    /// their head (catches a lost pub/sub message).
-    #[serde(with = "humantime_serde")]
-    pub head_check_interval: Duration,
-    /// Life of the node's lease key in Redis.
-    #[serde(with = "humantime_serde")]
-    pub lease_ttl: Duration,
-    /// The node's id (its lease is `<key_prefix>:node:{id}`); default: random.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub node_id: Option<String>,
-    /// Every Redis key and pub/sub channel starts with `<key_prefix>:`.
-    /// Nodes serving the same channels share it; separate deployments on
-    /// one Redis use different ones.
-    pub key_prefix: String,
-}
-
-impl Default for RedisSettings {
-    fn default() -> Self {
-        Self {
-            command_timeout: Duration::from_secs(2),
-            connections: 2,
-            head_check_interval: Duration::from_secs(1),
-            lease_ttl: Duration::from_secs(10),
-            node_id: None,
-            key_prefix: "herald".into(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FsyncSetting {
-    Always,
-    Never,
 }
 
 impl Config {
@@ -293,19 +234,10 @@ impl Config {
             );
         }
         if self.engine == EngineKind::Redis {
-            let r = &self.redis;
             if self.redis_url.split(',').all(|u| u.trim().is_empty()) {
                 return Err("redis_url must name at least one Redis".into());
             }
-            if r.command_timeout.is_zero() || r.head_check_interval.is_zero() {
-                return Err("redis.command_timeout and redis.head_check_interval must be positive".into());
-            }
-            if r.connections == 0 || r.connections > 64 {
-                return Err("redis.connections must be 1..=64".into());
-            }
-            if r.lease_ttl < Duration::from_secs(1) {
-                return Err("redis.lease_ttl must be at least 1s".into());
-            }
+            self.redis.validate()?;
         }
         let p = &self.presence;
         if p.lease_ttl < Duration::from_millis(300) || p.sweep_interval.is_zero() || p.max_members_listed == 0
@@ -315,9 +247,7 @@ impl Config {
                     .into(),
             );
         }
-        if self.storage.max_batch == 0 {
-            return Err("storage.max_batch must be at least 1".into());
-        }
+        self.storage.validate()?;
         if self.idempotency_ttl.is_zero() {
             return Err("idempotency_ttl must be positive".into());
         }

@@ -50,26 +50,21 @@ impl Hub {
         &self.shards[(h as usize) % SHARDS]
     }
 
-    /// Add a subscriber. Returns `true` when it is the channel's first local
-    /// subscriber (the caller then asks the engine to watch the channel).
-    pub fn add(&self, channel: &ChannelName, conn: ConnHandle) -> bool {
+    /// Add a subscriber. Watching the channel is the engine's business: the
+    /// session calls `Log::watch` for each subscription, and the engine
+    /// counts them (`herald_core::feed::Watches`).
+    pub fn add(&self, channel: &ChannelName, conn: ConnHandle) {
         let mut map = self.shard(channel).write().expect("hub lock poisoned");
-        let subs = map.entry(channel.clone()).or_default();
-        subs.push(conn);
-        subs.len() == 1
+        map.entry(channel.clone()).or_default().push(conn);
     }
 
-    /// Remove a subscriber. Returns `true` when the channel has no local
-    /// subscriber left (the caller then unwatches it).
-    pub fn remove(&self, channel: &ChannelName, conn_id: u64) -> bool {
+    /// Remove a subscriber (the session then calls `Log::unwatch`).
+    pub fn remove(&self, channel: &ChannelName, conn_id: u64) {
         let mut map = self.shard(channel).write().expect("hub lock poisoned");
-        let Some(subs) = map.get_mut(channel) else { return false };
+        let Some(subs) = map.get_mut(channel) else { return };
         subs.retain(|c| c.id != conn_id);
         if subs.is_empty() {
             map.remove(channel);
-            true
-        } else {
-            false
         }
     }
 

@@ -133,16 +133,15 @@ impl Registrations {
     }
 
     /// Drop the hub entry of a subscription already taken out of `subs`, and
-    /// unwatch the channel if it was the node's last local subscriber.
+    /// balance its `watch` (the engine counts them).
     fn release(&self, channel: ChannelName) {
         self.state.metrics.subscriptions.dec();
-        if self.state.hub.remove(&channel, self.conn_id) {
-            let engine = self.state.engine.clone();
-            // The runtime may be gone at process exit; then there is nothing
-            // left to unwatch.
-            if let Ok(rt) = tokio::runtime::Handle::try_current() {
-                rt.spawn(async move { engine.unwatch(&channel).await });
-            }
+        self.state.hub.remove(&channel, self.conn_id);
+        let engine = self.state.engine.clone();
+        // The runtime may be gone at process exit; then there is nothing
+        // left to unwatch.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { engine.unwatch(&channel).await });
         }
     }
 }

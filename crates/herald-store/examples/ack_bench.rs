@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use herald_core::{AppendRequest, Engine, Retention, SubscriberId};
+use herald_core::{AppendRequest, Cursors, Lifecycle, Log, Retention, SubscriberId};
 use herald_proto::ChannelName;
 use herald_store::{EmbeddedEngine, FsyncMode, StoreConfig};
 use serde_json::value::RawValue;

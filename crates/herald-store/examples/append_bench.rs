@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use herald_core::{AppendRequest, Engine, Retention};
+use herald_core::{AppendRequest, Lifecycle, Log, Retention};
 use herald_proto::ChannelName;
 use herald_store::{EmbeddedEngine, FsyncMode, StoreConfig};
 use serde_json::value::RawValue;

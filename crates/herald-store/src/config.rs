@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::StoreError;
 
 /// Appends committed together (one storage batch, one fsync) at most.
@@ -17,7 +19,8 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_ACK_SYNC_INTERVAL: Duration = Duration::from_secs(1);
 
 /// When an append counts as durable.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FsyncMode {
     /// The reply waits for an fsync of the journal (shared by every append of
     /// one group commit). An acknowledged append survives a power loss.
@@ -48,6 +51,37 @@ impl fmt::Display for FsyncMode {
             Self::Always => "always",
             Self::Never => "never",
         })
+    }
+}
+
+/// What an operator sets of the embedded engine: the `[storage]` section
+/// of `herald.toml` (the data dir is the top-level `data_dir`). The rest of
+/// [`StoreConfig`] keeps its defaults in a deployment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreSettings {
+    /// `always`: a publish is answered after its batch is fsynced (default).
+    /// `never`: answered after the write reaches the OS; a machine crash can
+    /// lose the last moments of acknowledged publishes.
+    pub fsync: FsyncMode,
+    /// Most appends sharing one fsync.
+    pub max_batch: usize,
+}
+
+impl Default for StoreSettings {
+    fn default() -> Self {
+        Self { fsync: FsyncMode::default(), max_batch: DEFAULT_MAX_BATCH }
+    }
+}
+
+impl StoreSettings {
+    /// Check the settings; the error is one line for the operator, naming
+    /// the key.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_batch == 0 {
+            return Err("storage.max_batch must be at least 1".into());
+        }
+        Ok(())
     }
 }
 
@@ -85,6 +119,11 @@ impl StoreConfig {
         }
     }
 
+    /// The defaults, with the given data dir and an operator's settings.
+    pub fn with_settings(data_dir: impl Into<PathBuf>, settings: &StoreSettings) -> Self {
+        Self { fsync: settings.fsync, max_batch: settings.max_batch, ..Self::new(data_dir) }
+    }
+
     pub(crate) fn validate(&self) -> Result<(), StoreError> {
         let invalid = |m: &str| Err(StoreError::Config(m.to_owned()));
         if self.max_batch == 0 {
@@ -118,5 +157,19 @@ mod tests {
         assert!(StoreConfig { ack_sync_interval: Duration::ZERO, ..c }.validate().is_err());
         assert_eq!("never".parse::<FsyncMode>(), Ok(FsyncMode::Never));
         assert!("sometimes".parse::<FsyncMode>().is_err());
+    }
+
+    #[test]
+    fn settings_fill_the_config_and_zero_batches_are_refused() {
+        let s = StoreSettings { fsync: FsyncMode::Never, max_batch: 8 };
+        let c = StoreConfig::with_settings("/tmp/x", &s);
+        assert_eq!((c.fsync, c.max_batch, c.queue_capacity), (FsyncMode::Never, 8, DEFAULT_QUEUE_CAPACITY));
+        assert!(StoreSettings::default().validate().is_ok());
+        assert_eq!(
+            StoreConfig::with_settings("/tmp/x", &StoreSettings::default()),
+            StoreConfig::new("/tmp/x")
+        );
+        let zero = StoreSettings { max_batch: 0, ..s };
+        assert_eq!(zero.validate(), Err("storage.max_batch must be at least 1".to_owned()));
     }
 }

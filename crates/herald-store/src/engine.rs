@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_core::{
-    AckError, AppendRequest, CursorState, Engine, EngineError, Epoch, FanoutSink, FenceToken, Health, Joined,
-    Lease, Member, Page, Position, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Seq,
-    SubscriberId, UserCursor,
+    AckError, AppendRequest, CursorState, Cursors, EngineError, EngineMetric, Epoch, FanoutSink, FenceToken,
+    Health, Joined, Lease, Lifecycle, Log, Member, Page, Position, Presence, Receipt, Rejoined, Renewed,
+    Room, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
@@ -132,7 +132,7 @@ impl EmbeddedEngine {
 }
 
 #[async_trait]
-impl Engine for EmbeddedEngine {
+impl Log for EmbeddedEngine {
     fn set_sink(&self, sink: Arc<dyn FanoutSink>) {
         self.shared.set_sink(sink);
     }
@@ -154,7 +154,10 @@ impl Engine for EmbeddedEngine {
         let channel = channel.clone();
         self.read_blocking(move |storage| read::read_page(storage, &channel, after, limit)).await
     }
+}
 
+#[async_trait]
+impl Cursors for EmbeddedEngine {
     /// Goes through the writer and its group commit, like an append, but
     /// never costs an fsync of its own: with `FsyncMode::Always` a batch of
     /// acks only is written to the OS (so an `Ok` ack survives `kill -9`)
@@ -195,7 +198,10 @@ impl Engine for EmbeddedEngine {
         let user = user.to_owned();
         self.read_blocking(move |storage| read::user_cursors(storage, &user, limit)).await
     }
+}
 
+#[async_trait]
+impl Presence for EmbeddedEngine {
     /// Through the writer, like an ack: no fsync of its own (see
     /// `presence.rs`). Refused with [`EngineError::Closed`] on a sealed
     /// channel: a closed room has no members.
@@ -273,7 +279,10 @@ impl Engine for EmbeddedEngine {
     async fn presence_expire(&self, limit: usize) -> Result<Vec<(ChannelName, Lease)>, EngineError> {
         self.submit(|reply| Command::Presence(PresenceCmd::Expire { limit, reply })).await?
     }
+}
 
+#[async_trait]
+impl Rooms for EmbeddedEngine {
     /// Runs inline: one point read.
     async fn room(&self, channel: &ChannelName) -> Result<Option<Room>, EngineError> {
         read::room(&self.shared.storage, channel).map_err(|e| self.read_failed(e))
@@ -296,32 +305,13 @@ impl Engine for EmbeddedEngine {
         let after = after.cloned();
         self.read_blocking(move |storage| read::rooms_active(storage, after.as_ref(), limit)).await
     }
+}
 
-    fn metrics(&self) -> Vec<herald_core::EngineMetric> {
-        use herald_core::EngineMetric as M;
-        let s = self.stats();
-        vec![
-            M::counter("appends", "Durable messages appended to the embedded log", s.appends),
-            M::counter("group_commits", "Group commits carrying at least one request", s.batches),
-            M::counter("group_commit_requests", "Requests carried by group commits", s.batch_requests),
-            M::counter("fsyncs", "Journal fsyncs", s.fsyncs),
-            M::counter("trimmed", "Messages removed by max_len retention", s.trimmed),
-            M::counter("expired", "Messages removed by max_age retention", s.expired),
-            M::counter(
-                "receipts_expired",
-                "Idempotency receipts removed after their TTL",
-                s.receipts_expired,
-            ),
-            M::counter("closed_refused", "Writes refused because the channel is closed", s.closed_refused),
-            M::counter(
-                "presence_writes",
-                "Presence joins, renews and leaves that changed a lease",
-                s.presence_writes,
-            ),
-            M::counter("room_conflicts", "Room writes refused by the version check", s.room_conflicts),
-            M::counter("failed", "Requests failed by a storage error (fail-stop)", s.failed),
-            M::gauge("queue_depth", "Requests waiting for the writer", s.queue_depth),
-        ]
+#[async_trait]
+impl Lifecycle for EmbeddedEngine {
+    /// Every named counter of [`StoreStats`], and the queue depth.
+    fn metrics(&self) -> Vec<EngineMetric> {
+        self.stats().metrics()
     }
 
     fn health(&self) -> Health {

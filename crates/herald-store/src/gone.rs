@@ -1,5 +1,5 @@
 //! What the writer remembers of removed leases, for
-//! [`presence_rejoin`](herald_core::Engine::presence_rejoin): per member,
+//! [`presence_rejoin`](herald_core::Presence::presence_rejoin): per member,
 //! the token of its last removed lease and whether its holder left (a
 //! leave) or was swept (expired while it could not renew).
 //!

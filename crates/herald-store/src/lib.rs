@@ -13,7 +13,8 @@
 //! # How an append flows
 //!
 //! `append` puts the request on a bounded queue (full queue: the caller
-//! waits) and awaits a oneshot reply. One writer thread (`writer.rs`) owns
+//! waits) and awaits a oneshot reply. One writer thread (`writer.rs`, the
+//! batch loop; an append is staged by `append.rs`) owns
 //! every mutation: it takes all queued requests (up to
 //! [`StoreConfig::max_batch`]), and for each one checks dedup (requests of
 //! the same batch first, then the `idem` space; an expired receipt counts as
@@ -112,7 +113,7 @@
 //! - Any storage error (commit, fsync, read, corruption) puts the engine into
 //!   fail-stop: the requests of the failing batch and every later append get
 //!   [`EngineError::Failed`](herald_core::EngineError::Failed) and
-//!   [`health`](herald_core::Engine::health) reports
+//!   [`health`](herald_core::Lifecycle::health) reports
 //!   [`Health::Failed`](herald_core::Health::Failed) until restart. An append
 //!   answered `Failed` has an unknown outcome: its journal write may or may
 //!   not be recovered after the restart (as with any database after a failed
@@ -176,6 +177,7 @@
 //! embedded store could replace it; the properties it must keep are listed
 //! there.
 
+mod append;
 mod codec;
 mod config;
 mod cursors;
@@ -192,8 +194,8 @@ mod sweep;
 mod writer;
 
 pub use config::{
-    FsyncMode, StoreConfig, DEFAULT_ACK_SYNC_INTERVAL, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_CAPACITY,
-    DEFAULT_SWEEP_INTERVAL,
+    FsyncMode, StoreConfig, StoreSettings, DEFAULT_ACK_SYNC_INTERVAL, DEFAULT_MAX_BATCH,
+    DEFAULT_QUEUE_CAPACITY, DEFAULT_SWEEP_INTERVAL,
 };
 pub use engine::EmbeddedEngine;
 pub use error::StoreError;

@@ -58,7 +58,7 @@ impl Writer {
         event.durable = true;
         event.seal = closing;
         event.dedup = None;
-        let (receipt, msg) = self.stage(event, ws, pending_idem, tally)?;
+        let (receipt, msg) = self.stage_append(event, ws, pending_idem, tally)?;
         let key = channel.as_str().as_bytes().to_vec();
         ws.put(Space::Rooms, key.clone(), codec::encode_room(&room));
         if closing {

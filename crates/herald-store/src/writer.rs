@@ -1,8 +1,9 @@
-//! The writer thread: the only code that mutates the store.
+//! The writer thread: the only code that mutates the store. This file is
+//! the batch loop; what each request stages is beside it.
 //!
 //! It takes every queued request (up to `max_batch`), stages them into one
 //! [`WriteSet`] (appends: seal check, dedup check, seq assignment, frame
-//! encoding, trimming, receipt; acks: compare-and-raise of a cursor, see
+//! encoding, trimming, receipt, see `append.rs`; acks: compare-and-raise of a cursor, see
 //! `cursors.rs`; presence: lease changes with fencing tokens, see
 //! `presence.rs`; rooms: compare-and-set plus the event's append, see
 //! `rooms.rs`), commits that set atomically, then answers every request,
@@ -38,20 +39,19 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use herald_core::{
-    AckError, AppendRequest, CursorState, EngineError, Epoch, Message, Receipt, RoomWrite, RoomWritten, Seq,
+    AckError, AppendRequest, CursorState, EngineError, Message, Receipt, RoomWrite, RoomWritten, Seq,
     SubscriberId,
 };
-use herald_proto::{encode_frame, ChannelName};
+use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
-use uuid::Uuid;
 
-use crate::codec::{self, ChannelMeta, IdemRecord, LogHeader};
+use crate::codec::{ChannelMeta, IdemRecord};
 use crate::cursors::CursorBook;
 use crate::presence::{PresenceCmd, PresenceDone};
 use crate::shared::Shared;
 use crate::stats::bump;
+pub(crate) use crate::stats::Tally;
 use crate::storage::{Space, StorageError, WriteSet};
 use crate::sweep::SweepState;
 use crate::FsyncMode;
@@ -60,11 +60,6 @@ use crate::FsyncMode;
 /// cache is dropped after a batch and reloaded on demand (it only saves a
 /// point read per batch and channel).
 const CHANNEL_CACHE_CAP: usize = 65_536;
-
-/// Log entries one append deletes for `max_len` at most. Normally one; more
-/// only after `max_len` shrank, and then the excess goes over a few appends
-/// instead of stalling one batch.
-const TRIM_BUDGET_PER_APPEND: u64 = 1024;
 
 pub(crate) type AppendReply = oneshot::Sender<Result<Receipt, EngineError>>;
 pub(crate) type AckReply = oneshot::Sender<Result<CursorState, AckError>>;
@@ -88,7 +83,7 @@ pub(crate) enum Command {
     Close,
 }
 
-/// `Engine::ack`'s arguments.
+/// `Cursors::ack`'s arguments.
 pub(crate) struct AckRequest {
     pub channel: ChannelName,
     pub subscriber: SubscriberId,
@@ -193,24 +188,6 @@ impl From<StorageError> for StageError {
     fn from(e: StorageError) -> Self {
         Self::Storage(e)
     }
-}
-
-#[derive(Default)]
-pub(crate) struct Tally {
-    appends: u64,
-    volatile: u64,
-    dedup_hits: u64,
-    dedup_mismatches: u64,
-    trimmed: u64,
-    pub unacked_trimmed: u64,
-    pub acks: u64,
-    pub acks_unchanged: u64,
-    pub acks_beyond_head: u64,
-    pub closed_refused: u64,
-    pub presence_writes: u64,
-    pub presence_expired: u64,
-    pub room_writes: u64,
-    pub room_conflicts: u64,
 }
 
 pub(crate) struct Writer {
@@ -408,7 +385,7 @@ impl Writer {
             match op {
                 Op::Append(req, reply) => {
                     let before = ws.len();
-                    let result = self.stage(req, &mut ws, &mut pending_idem, &mut tally);
+                    let result = self.stage_append(req, &mut ws, &mut pending_idem, &mut tally);
                     // Every append that writes puts a key no other request
                     // of the batch wrote (a new log entry or receipt).
                     appended |= ws.len() > before;
@@ -472,20 +449,7 @@ impl Writer {
             return;
         }
         self.cursors.end_batch();
-        bump(&counters.appends, tally.appends);
-        bump(&counters.volatile, tally.volatile);
-        bump(&counters.dedup_hits, tally.dedup_hits);
-        bump(&counters.dedup_mismatches, tally.dedup_mismatches);
-        bump(&counters.trimmed, tally.trimmed);
-        bump(&counters.unacked_trimmed, tally.unacked_trimmed);
-        bump(&counters.acks, tally.acks);
-        bump(&counters.acks_unchanged, tally.acks_unchanged);
-        bump(&counters.acks_beyond_head, tally.acks_beyond_head);
-        bump(&counters.closed_refused, tally.closed_refused);
-        bump(&counters.presence_writes, tally.presence_writes);
-        bump(&counters.presence_expired, tally.presence_expired);
-        bump(&counters.room_writes, tally.room_writes);
-        bump(&counters.room_conflicts, tally.room_conflicts);
+        counters.add(&tally);
         if self.channels.len() > CHANNEL_CACHE_CAP {
             self.channels.clear();
         }
@@ -500,119 +464,6 @@ impl Writer {
                 sink.deliver(msg);
             }
         }
-    }
-
-    /// Stage one request into `ws`: dedup check, seal check, then append
-    /// (durable) or broadcast (volatile), then the receipt. Refusals stage
-    /// nothing.
-    pub(crate) fn stage(
-        &mut self,
-        req: AppendRequest,
-        ws: &mut WriteSet,
-        pending_idem: &mut HashMap<Arc<str>, IdemRecord>,
-        tally: &mut Tally,
-    ) -> Result<(Receipt, Option<Arc<Message>>), StageError> {
-        let now = self.shared.clock.now_ms();
-        let epoch = self.shared.storage.epoch().clone();
-        // The expiry-index entry of an expired receipt this append replaces.
-        let mut stale_exp_key = None;
-        if let Some(dedup) = &req.dedup {
-            let found = match pending_idem.get(&dedup.key) {
-                Some(rec) => Some(rec.clone()),
-                None => match self.shared.storage.get(Space::Idem, dedup.key.as_bytes())? {
-                    None => None,
-                    Some(v) => {
-                        let rec = IdemRecord::decode(&v).map_err(StorageError::from)?;
-                        if rec.is_expired(now) {
-                            stale_exp_key = Some(codec::idem_exp_key(rec.expires_at, dedup.key.as_bytes()));
-                            None
-                        } else {
-                            Some(rec)
-                        }
-                    }
-                },
-            };
-            if let Some(rec) = found {
-                if rec.fingerprint != dedup.fingerprint {
-                    tally.dedup_mismatches += 1;
-                    return Err(StageError::Refused(EngineError::IdempotencyMismatch));
-                }
-                tally.dedup_hits += 1;
-                return Ok((receipt_from_record(&rec, &epoch)?, None));
-            }
-        }
-
-        let channel = &req.channel;
-        // After the dedup check: a retry of an append made before the seal
-        // still gets its receipt.
-        if self.channel_meta(channel)?.closed {
-            tally.closed_refused += 1;
-            return Err(StageError::Refused(EngineError::Closed));
-        }
-        let id = Uuid::now_v7();
-        let id_str: Arc<str> = Arc::from(id.hyphenated().to_string());
-        let ts = now;
-        let seq = if req.durable { Some(self.channel_meta(channel)?.head + 1) } else { None };
-        // Only a durable append can seal (there is no final seq otherwise).
-        let seal = req.seal && req.durable;
-        let frame =
-            Bytes::from(encode_frame(req.kind, channel, seq, &id_str, ts, &req.data, req.meta.as_ref()));
-        if let Some(seq) = seq {
-            ws.put(
-                Space::Log,
-                codec::log_key(channel.as_str(), seq),
-                codec::encode_log_value(&LogHeader { ts, id }, &frame),
-            );
-            let meta = self.channel_meta(channel)?;
-            // For a channel whose log was empty, `first` is already `seq`.
-            meta.head = seq;
-            meta.max_age = req.retention.max_age;
-            meta.closed = seal;
-            let old_first = meta.first;
-            let trimmed = trim_to_len(channel.as_str(), meta, req.retention.max_len, ws);
-            ws.put(Space::Channels, channel.as_str().as_bytes().to_vec(), meta.encode());
-            if trimmed > 0 {
-                tally.trimmed += trimmed;
-                tally.unacked_trimmed += self.cursors.unacked_in(
-                    &self.shared.storage,
-                    channel,
-                    old_first,
-                    old_first + trimmed - 1,
-                )?;
-            }
-            tally.appends += 1;
-        } else {
-            tally.volatile += 1;
-        }
-        if let Some(dedup) = &req.dedup {
-            let ttl_ms = u64::try_from(dedup.ttl.as_millis()).unwrap_or(u64::MAX);
-            let rec = IdemRecord {
-                fingerprint: dedup.fingerprint,
-                channel: channel.as_str().to_owned(),
-                seq,
-                id,
-                ts,
-                epoch: epoch.as_str().to_owned(),
-                expires_at: ts.saturating_add(ttl_ms),
-            };
-            // Delete before put: if both keys are equal the put must win.
-            if let Some(k) = stale_exp_key {
-                ws.delete(Space::IdemExp, k);
-            }
-            ws.put(Space::Idem, dedup.key.as_bytes().to_vec(), rec.encode());
-            ws.put(Space::IdemExp, codec::idem_exp_key(rec.expires_at, dedup.key.as_bytes()), Vec::new());
-            pending_idem.insert(dedup.key.clone(), rec);
-        }
-        let receipt = Receipt {
-            channel: channel.clone(),
-            seq,
-            id: id_str.clone(),
-            epoch: epoch.clone(),
-            ts,
-            duplicate: false,
-        };
-        let msg = Message { channel: channel.clone(), seq, id: id_str, ts, epoch, frame, closes: seal };
-        Ok((receipt, Some(Arc::new(msg))))
     }
 
     /// The channel's head/first, from the cache or the store.
@@ -652,37 +503,6 @@ fn collect(cmd: Command, batch: &mut Vec<Op>) -> bool {
         }
         Command::Close => true,
     }
-}
-
-/// Delete the oldest entries beyond `max_len` (0 = no limit), at most
-/// [`TRIM_BUDGET_PER_APPEND`]; returns how many. Deletes a prefix only, so
-/// the log stays gap-free.
-fn trim_to_len(channel: &str, meta: &mut ChannelMeta, max_len: u64, ws: &mut WriteSet) -> u64 {
-    let len = meta.head + 1 - meta.first;
-    if max_len == 0 || len <= max_len {
-        return 0;
-    }
-    let excess = (len - max_len).min(TRIM_BUDGET_PER_APPEND);
-    for seq in meta.first..meta.first + excess {
-        ws.delete(Space::Log, codec::log_key(channel, seq));
-    }
-    meta.first += excess;
-    excess
-}
-
-fn receipt_from_record(rec: &IdemRecord, store_epoch: &Epoch) -> Result<Receipt, StorageError> {
-    let channel = ChannelName::new(&rec.channel)
-        .map_err(|e| StorageError::Corrupt(format!("receipt with a bad channel name: {e}")))?;
-    let epoch =
-        if rec.epoch == store_epoch.as_str() { store_epoch.clone() } else { Epoch::new(rec.epoch.as_str()) };
-    Ok(Receipt {
-        channel,
-        seq: rec.seq,
-        id: Arc::from(rec.id.hyphenated().to_string()),
-        epoch,
-        ts: rec.ts,
-        duplicate: true,
-    })
 }
 
 struct DoneGuard(Arc<Shared>);

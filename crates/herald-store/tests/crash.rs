@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use common::{channel, open, req};
-use herald_core::{Engine, SubscriberId};
+use herald_core::{Cursors, Lifecycle, Log, Presence, SubscriberId};
 
 const CHILD_ENV: &str = "HERALD_STORE_CRASH_CHILD_DIR";
 const CHANNELS: usize = 4;

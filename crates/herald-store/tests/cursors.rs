@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{channel, eventually, open, req};
-use herald_core::{AckError, AppendRequest, Engine, EngineError, Retention, SubscriberId};
+use herald_core::{
+    AckError, AppendRequest, Cursors, Engine, EngineError, Lifecycle, Log, Retention, SubscriberId,
+};
 use herald_proto::ChannelName;
 
 const DEADLINE: Duration = Duration::from_secs(20);

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{channel, open, req};
-use herald_core::{AppendRequest, Engine, EngineError, Health};
+use herald_core::{AppendRequest, EngineError, Health, Lifecycle, Log};
 
 fn is_failed<T: std::fmt::Debug>(r: &Result<T, EngineError>) -> bool {
     matches!(r, Err(EngineError::Failed(_)))

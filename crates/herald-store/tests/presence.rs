@@ -9,7 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::{channel, eventually, open};
 use herald_core::conformance::room_write;
-use herald_core::{Engine, EngineError, Joined, Lease, Member, Renewed, Room, RoomReason, RoomStatus};
+use herald_core::{
+    Engine, EngineError, Joined, Lease, Lifecycle, Member, Presence, Renewed, Room, RoomReason, RoomStatus,
+    Rooms,
+};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const LONG: Duration = Duration::from_secs(3600);

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{channel, dedup, open, req};
-use herald_core::{AppendRequest, Engine, Retention};
+use herald_core::{AppendRequest, Lifecycle, Log, Retention};
 use herald_store::StoreError;
 
 #[tokio::test]

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{channel, dedup, eventually, open, req};
-use herald_core::{AppendRequest, Engine, Retention};
+use herald_core::{AppendRequest, Lifecycle, Log, Retention};
 use herald_store::FsyncMode;
 
 const DEADLINE: Duration = Duration::from_secs(20);

@@ -8,7 +8,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::{channel, open, req};
 use herald_core::conformance::room_write;
-use herald_core::{Engine, EngineError, Room, RoomReason, RoomStatus, RoomWrite, RoomWritten};
+use herald_core::{
+    Engine, EngineError, Lifecycle, Log, Room, RoomReason, RoomStatus, RoomWrite, RoomWritten, Rooms,
+};
 use herald_proto::ChannelName;
 
 fn now_ms() -> u64 {

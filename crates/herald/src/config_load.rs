@@ -98,8 +98,8 @@ pub fn load(flags: &ServeFlags) -> Result<Config, String> {
     }
     if let Some(mode) = &flags.fsync {
         config.storage.fsync = match mode.as_str() {
-            "always" => herald_server::config::FsyncSetting::Always,
-            "never" => herald_server::config::FsyncSetting::Never,
+            "always" => herald_store::FsyncMode::Always,
+            "never" => herald_store::FsyncMode::Never,
             other => return Err(format!("--fsync / HERALD_FSYNC: `{other}` is not `always` or `never`")),
         };
     }

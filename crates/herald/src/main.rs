@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use config_load::ServeFlags;
-use herald_server::config::{EngineKind, FsyncSetting};
+use herald_server::config::EngineKind;
 use herald_server::Server;
-use herald_store::{EmbeddedEngine, FsyncMode, StoreConfig};
+use herald_store::{EmbeddedEngine, StoreConfig};
 
 #[derive(Parser)]
 #[command(
@@ -141,27 +141,14 @@ async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
 async fn open_engine(config: &herald_server::Config) -> anyhow::Result<Arc<dyn herald_core::Engine>> {
     Ok(match config.engine {
         EngineKind::Embedded => {
-            let mut store = StoreConfig::new(&config.data_dir);
-            store.fsync = match config.storage.fsync {
-                FsyncSetting::Always => FsyncMode::Always,
-                FsyncSetting::Never => FsyncMode::Never,
-            };
-            store.max_batch = config.storage.max_batch;
+            let store = StoreConfig::with_settings(&config.data_dir, &config.storage);
             let engine = EmbeddedEngine::open(store).map_err(|e| {
                 anyhow::anyhow!("cannot open the data dir {}: {e}", config.data_dir.display())
             })?;
             Arc::new(engine)
         }
         EngineKind::Redis => {
-            let r = &config.redis;
-            let mut redis = herald_redis::RedisConfig::new(&config.redis_url);
-            redis.command_timeout = r.command_timeout;
-            redis.connect_timeout = r.command_timeout;
-            redis.connections = r.connections;
-            redis.head_check_interval = r.head_check_interval;
-            redis.lease_ttl = r.lease_ttl;
-            redis.node_id = r.node_id.clone();
-            redis.key_prefix = r.key_prefix.clone();
+            let redis = herald_redis::RedisConfig::with_settings(&config.redis_url, &config.redis);
             Arc::new(herald_redis::RedisEngine::open(redis).await?)
         }
     })

@@ -53,7 +53,7 @@ impl Session {
         };
         // Register before reading the position: anything committed after
         // this point reaches the outbox, anything before is in the log.
-        let first_local = state.hub.add(channel, self.handle.clone());
+        state.hub.add(channel, self.handle.clone());
         state.metrics.subscriptions.inc();
         let durable = ns.is_durable();
         self.regs.subs.insert(
@@ -63,7 +63,7 @@ impl Session {
                 presence: None,
             },
         );
-        let mut result = self.start_subscription(req, channel, since, ns, first_local).await;
+        let mut result = self.start_subscription(req, channel, since, ns).await;
         if let Ok(ok) = &mut result {
             if ns.presence && !room_closed {
                 if let Err(e) = self.join_presence(channel, ok, presence).await {
@@ -218,11 +218,9 @@ impl Session {
         channel: &ChannelName,
         since: Option<herald_proto::Since>,
         ns: &NamespaceOptions,
-        first_local: bool,
     ) -> Result<OkFrame, ApiError> {
-        if first_local {
-            self.state.engine.watch(channel).await?;
-        }
+        // Once per subscription, balanced by the `unwatch` of its release.
+        self.state.engine.watch(channel).await?;
         let mut ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
         if !ns.is_durable() {
             return Ok(ok);
