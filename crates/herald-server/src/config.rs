@@ -168,7 +168,7 @@ impl Default for Limits {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(30),
             http_idle_timeout: Duration::from_secs(120),
-            max_header_bytes: 32 * 1024,
+            max_header_bytes: 16 * 1024,
             max_message_bytes: 64 * 1024,
             max_body_bytes: 256 * 1024,
             outbox_capacity: 1024,
