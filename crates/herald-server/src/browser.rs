@@ -126,7 +126,10 @@ pub(crate) fn cors_layer(origins: &Origins) -> Option<CorsLayer> {
         AllowOrigin::any()
     } else {
         AllowOrigin::list(
-            origins.exact.iter().map(|o| HeaderValue::from_str(o).expect("a normalised origin is a header value")),
+            origins
+                .exact
+                .iter()
+                .map(|o| HeaderValue::from_str(o).expect("a normalised origin is a header value")),
         )
     };
     Some(
@@ -158,7 +161,8 @@ mod tests {
 
     #[test]
     fn origins_parse_and_normalise() {
-        let o = Origins::parse(&["https://App.Example.com:443".into(), "http://localhost:3000".into()]).unwrap();
+        let o =
+            Origins::parse(&["https://App.Example.com:443".into(), "http://localhost:3000".into()]).unwrap();
         assert_eq!(o.exact, ["https://app.example.com", "http://localhost:3000"]);
         assert!(o.allows("https://app.example.com") && !o.allows("https://app.example.com:8443"));
         for bad in ["app.example.com", "https://a.example/path", "null", "ftp://x", "https://"] {
@@ -172,8 +176,11 @@ mod tests {
     fn ws_origin_is_checked_against_the_host_and_the_list() {
         let none = Origins::default();
         assert!(check_ws_origin(false, &none, &headers("http://127.0.0.1:8700", "127.0.0.1:8700")).is_ok());
-        assert!(check_ws_origin(false, &none, &headers("https://herald.example", "herald.example:443")).is_ok());
-        let e = check_ws_origin(false, &none, &headers("https://evil.example", "herald.example")).unwrap_err();
+        assert!(
+            check_ws_origin(false, &none, &headers("https://herald.example", "herald.example:443")).is_ok()
+        );
+        let e =
+            check_ws_origin(false, &none, &headers("https://evil.example", "herald.example")).unwrap_err();
         assert_eq!(e.code, ErrorCode::OriginNotAllowed);
         assert!(check_ws_origin(false, &none, &headers("http://127.0.0.1:8701", "127.0.0.1:8700")).is_err());
         assert!(check_ws_origin(false, &none, &headers("null", "herald.example")).is_err());

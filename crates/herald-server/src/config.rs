@@ -309,7 +309,7 @@ impl Config {
         }
         if l.header_read_timeout.is_zero() || l.body_read_timeout.is_zero() || l.http_idle_timeout.is_zero() {
             return Err(
-                "limits.header_read_timeout, body_read_timeout and http_idle_timeout must be positive".into()
+                "limits.header_read_timeout, body_read_timeout and http_idle_timeout must be positive".into(),
             );
         }
         // Above 64 KiB hyper answers a long URI with a bare 414; below, every

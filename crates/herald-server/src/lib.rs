@@ -33,9 +33,9 @@ use axum::routing::{get, post};
 use axum::Router;
 use herald_core::Engine;
 use tokio::net::TcpListener;
-use tower_http::set_header::SetResponseHeaderLayer;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower_http::set_header::SetResponseHeaderLayer;
 
 pub use config::Config;
 pub use error::ApiError;
@@ -184,7 +184,10 @@ impl Server {
         let http_tasks = TaskTracker::new();
         let limits = &state.config.limits;
         let serving = listener::Serving {
-            connections: Arc::new(listener::Connections::new(state.max_http_connections, state.metrics.clone())),
+            connections: Arc::new(listener::Connections::new(
+                state.max_http_connections,
+                state.metrics.clone(),
+            )),
             http: listener::Serving::http_builder(limits),
             router: self.router(),
             timeouts: listener::Timeouts::from_limits(limits),

@@ -52,8 +52,11 @@ pub(crate) async fn guard(AxState(state): AxState<Arc<State>>, req: Request, nex
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return ApiError::new(ErrorCode::PayloadTooLarge, format!("request body is larger than {limit} bytes"))
-            .into_response();
+        return ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("request body is larger than {limit} bytes"),
+        )
+        .into_response();
     }
     if req.body().is_end_stream() {
         return next.run(req).await;
@@ -78,7 +81,10 @@ impl HttpBody for Deadline {
     type Data = Bytes;
     type Error = axum::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = &mut *self;
         if this.expired {
             return Poll::Ready(Some(Err(axum::Error::new(BodyTimeout))));

@@ -71,7 +71,11 @@ impl<T: AsyncWrite + Unpin> GuardedIo<T> {
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for GuardedIo<T> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
         if buf.filled().len() > before {

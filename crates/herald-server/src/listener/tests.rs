@@ -102,7 +102,8 @@ fn the_registry_evicts_at_the_cap_and_rejects_when_all_are_busy() {
 
 #[test]
 fn only_hypers_own_bodiless_error_answers_are_replaced() {
-    let auto = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: Mon, 01 Jan 2024 00:00:00 GMT\r\n\r\n";
+    let auto =
+        b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: Mon, 01 Jan 2024 00:00:00 GMT\r\n\r\n";
     let out = io::problem_answer(auto).expect("replaced");
     let text = std::str::from_utf8(&out).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
@@ -112,7 +113,8 @@ fn only_hypers_own_bodiless_error_answers_are_replaced() {
     assert!(head.contains(&format!("content-length: {}", body.len())));
     let problem: serde_json::Value = serde_json::from_str(body).unwrap();
     assert_eq!(problem["code"], "bad_request");
-    let big = b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
+    let big =
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
     assert!(std::str::from_utf8(&io::problem_answer(big).unwrap()).unwrap().contains("headers_too_large"));
     for ours in [
         &b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/problem+json\r\ncontent-length: 0\r\n\r\n"[..],

@@ -364,7 +364,12 @@ async fn cors_preflights_and_answers_for_configured_origins() {
         assert!(allowed.contains(name), "{allowed}");
     }
     let post = srv
-        .call("POST", path, Some(json!({ "data": 1 })), &[("Origin", "https://app.example"), ("Idempotency-Key", "k")])
+        .call(
+            "POST",
+            path,
+            Some(json!({ "data": 1 })),
+            &[("Origin", "https://app.example"), ("Idempotency-Key", "k")],
+        )
         .await;
     assert_eq!(post.status, 201);
     assert_eq!(h(&post, "access-control-allow-origin").as_deref(), Some("https://app.example"));
