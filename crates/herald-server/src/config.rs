@@ -410,6 +410,25 @@ mod tests {
     }
 
     #[test]
+    fn connection_bounds_and_origins_are_validated() {
+        let mut c = Config::default();
+        c.limits.header_read_timeout = Duration::ZERO;
+        assert!(c.validate().unwrap_err().contains("header_read_timeout"));
+        let mut c = Config::default();
+        c.limits.max_header_bytes = 100_000;
+        assert!(c.validate().unwrap_err().contains("max_header_bytes"));
+        let mut c = Config::default();
+        c.limits.max_http_connections = 1;
+        assert!(c.validate().unwrap_err().contains("max_http_connections"));
+        let c = Config { cors_origins: vec!["app.example.com".into()], ..Default::default() };
+        assert!(c.validate().unwrap_err().contains("cors_origins"));
+        let c: Config =
+            toml::from_str("allowed_origins = [\"*\"]\n[limits]\nhttp_idle_timeout = \"90s\"\n").unwrap();
+        assert_eq!(c.limits.http_idle_timeout, Duration::from_secs(90));
+        c.validate().unwrap();
+    }
+
+    #[test]
     fn redis_engine_settings_parse_and_validate() {
         let c: Config = toml::from_str(
             "engine = \"redis\"\nredis_url = \"redis://a:1,redis://b:2\"\n[redis]\ncommand_timeout = \"500ms\"\nconnections = 4\n",
