@@ -48,8 +48,16 @@ pub enum ErrorCode {
     TokenExpired,
     /// Authenticated, but not allowed to do this.
     Forbidden,
+    /// A browser page on an origin that is not allowed opened `/ws`.
+    OriginNotAllowed,
     /// No such resource.
     NotFound,
+    /// The resource exists but not with this HTTP method.
+    MethodNotAllowed,
+    /// The request's body did not arrive in time.
+    RequestTimeout,
+    /// The request line and headers are larger than the configured limit.
+    HeadersTooLarge,
     /// Body or frame above the configured size limit.
     PayloadTooLarge,
     /// The namespace requires an `Idempotency-Key`.
@@ -97,7 +105,11 @@ impl ErrorCode {
             Self::Unauthorized => "unauthorized",
             Self::TokenExpired => "token_expired",
             Self::Forbidden => "forbidden",
+            Self::OriginNotAllowed => "origin_not_allowed",
             Self::NotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::RequestTimeout => "request_timeout",
+            Self::HeadersTooLarge => "headers_too_large",
             Self::PayloadTooLarge => "payload_too_large",
             Self::IdempotencyKeyRequired => "idempotency_key_required",
             Self::IdempotencyKeyInvalid => "idempotency_key_invalid",
@@ -127,15 +139,17 @@ impl ErrorCode {
             | Self::IdempotencyKeyRequired
             | Self::IdempotencyKeyInvalid => 400,
             Self::Unauthorized | Self::TokenExpired => 401,
-            Self::Forbidden => 403,
+            Self::Forbidden | Self::OriginNotAllowed => 403,
             Self::NotFound | Self::UnknownNamespace => 404,
-            Self::NotSupported => 405,
+            Self::NotSupported | Self::MethodNotAllowed => 405,
+            Self::RequestTimeout => 408,
             Self::AlreadySubscribed | Self::NotSubscribed | Self::IdempotencyKeyInFlight | Self::Conflict => {
                 409
             }
             Self::ChannelClosed => 410,
             Self::PreconditionFailed => 412,
             Self::PayloadTooLarge => 413,
+            Self::HeadersTooLarge => 431,
             Self::IdempotencyKeyReused => 422,
             Self::TooManySubscriptions | Self::RateLimited => 429,
             Self::Internal => 500,
@@ -146,7 +160,7 @@ impl ErrorCode {
     /// The close code used when this error ends a WebSocket connection.
     pub const fn close_code(self) -> u16 {
         match self {
-            Self::Unauthorized | Self::Forbidden => close::UNAUTHORIZED,
+            Self::Unauthorized | Self::Forbidden | Self::OriginNotAllowed => close::UNAUTHORIZED,
             Self::TokenExpired => close::TOKEN_EXPIRED,
             Self::PayloadTooLarge => close::MESSAGE_TOO_BIG,
             Self::RateLimited | Self::TooManySubscriptions => close::RATE_LIMITED,
@@ -166,7 +180,11 @@ impl ErrorCode {
             Self::Unauthorized => "Unauthorized",
             Self::TokenExpired => "Token expired",
             Self::Forbidden => "Forbidden",
+            Self::OriginNotAllowed => "Origin not allowed",
             Self::NotFound => "Not found",
+            Self::MethodNotAllowed => "Method not allowed",
+            Self::RequestTimeout => "Request timeout",
+            Self::HeadersTooLarge => "Request headers too large",
             Self::PayloadTooLarge => "Payload too large",
             Self::IdempotencyKeyRequired => "Idempotency-Key required",
             Self::IdempotencyKeyInvalid => "Invalid Idempotency-Key",

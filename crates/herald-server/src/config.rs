@@ -50,6 +50,16 @@ pub struct Config {
     /// The web console at `/console/`: `auto` (served with `dev = true`
     /// only), `on` or `off`. Outside dev mode its page asks for the API key.
     pub console: ConsoleSetting,
+    /// Origins a browser page may open `/ws` from, besides the server's own
+    /// (an `Origin` whose host:port is the request's `Host`): exact origins
+    /// (`https://app.example.com`) or `*` for any. Requests without an
+    /// `Origin` (non-browser clients) are not checked; dev mode allows every
+    /// origin.
+    pub allowed_origins: Vec<String>,
+    /// Origins allowed to call `/api/v1` from a browser (CORS): exact
+    /// origins or `*`. Empty: no CORS headers, so browsers allow only the
+    /// server's own pages.
+    pub cors_origins: Vec<String>,
     pub namespaces: Namespaces,
 }
 
@@ -69,6 +79,8 @@ impl Default for Config {
             presence: PresenceConfig::default(),
             idempotency_ttl: Duration::from_secs(24 * 3600),
             console: ConsoleSetting::Auto,
+            allowed_origins: Vec::new(),
+            cors_origins: Vec::new(),
             namespaces: Namespaces::default(),
         }
     }
@@ -109,6 +121,24 @@ pub struct Limits {
     /// Most concurrent WebSocket connections. Capped at start to stay below
     /// the open-files limit; upgrades above it get 503.
     pub max_connections: usize,
+    /// Most open connections that are not WebSocket sessions (HTTP requests,
+    /// keep-alive, handshakes not yet upgraded). At the cap a new connection
+    /// closes the oldest one that is not in the middle of a request.
+    pub max_http_connections: usize,
+    /// From accept (or the first byte after a keep-alive pause) until a
+    /// request's headers are complete; past it the connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: Duration,
+    /// From the end of a request's headers until its whole body has arrived;
+    /// past it the request gets 408.
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: Duration,
+    /// A keep-alive HTTP connection waiting this long for its next request
+    /// is closed.
+    #[serde(with = "humantime_serde")]
+    pub http_idle_timeout: Duration,
+    /// Largest request head (request line and headers), in bytes (431 above).
+    pub max_header_bytes: usize,
     /// Largest WebSocket frame a client may send, in bytes (close 1009 above).
     pub max_message_bytes: usize,
     /// Largest HTTP request body, in bytes (413 above).
@@ -138,6 +168,11 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             max_connections: 100_000,
+            max_http_connections: 4096,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            http_idle_timeout: Duration::from_secs(120),
+            max_header_bytes: 16 * 1024,
             max_message_bytes: 64 * 1024,
             max_body_bytes: 256 * 1024,
             outbox_capacity: 1024,
@@ -210,6 +245,19 @@ impl Config {
         if l.max_connections == 0 {
             return Err("limits.max_connections must be at least 1".into());
         }
+        if l.max_http_connections < 16 {
+            return Err("limits.max_http_connections must be at least 16".into());
+        }
+        if l.header_read_timeout.is_zero() || l.body_read_timeout.is_zero() || l.http_idle_timeout.is_zero() {
+            return Err(
+                "limits.header_read_timeout, body_read_timeout and http_idle_timeout must be positive".into(),
+            );
+        }
+        // Above 64 KiB hyper answers a long URI with a bare 414; below, every
+        // oversized head is a 431 problem document.
+        if !(1024..=65_535).contains(&l.max_header_bytes) {
+            return Err("limits.max_header_bytes must be 1024..=65535".into());
+        }
         if l.max_message_bytes < 256 {
             return Err("limits.max_message_bytes must be at least 256".into());
         }
@@ -260,6 +308,8 @@ impl Config {
             }
         }
         crate::auth::JwtVerifier::new(&self.jwt).map_err(|e| format!("jwt: {e}"))?;
+        crate::browser::Origins::parse(&self.allowed_origins).map_err(|e| format!("allowed_origins: {e}"))?;
+        crate::browser::Origins::parse(&self.cors_origins).map_err(|e| format!("cors_origins: {e}"))?;
         Ok(())
     }
 }
@@ -287,6 +337,25 @@ mod tests {
         assert!(c.validate().unwrap_err().contains("idle_timeout"));
         let c = Config { api_keys: vec!["short".into()], ..Default::default() };
         assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn connection_bounds_and_origins_are_validated() {
+        let mut c = Config::default();
+        c.limits.header_read_timeout = Duration::ZERO;
+        assert!(c.validate().unwrap_err().contains("header_read_timeout"));
+        let mut c = Config::default();
+        c.limits.max_header_bytes = 100_000;
+        assert!(c.validate().unwrap_err().contains("max_header_bytes"));
+        let mut c = Config::default();
+        c.limits.max_http_connections = 1;
+        assert!(c.validate().unwrap_err().contains("max_http_connections"));
+        let c = Config { cors_origins: vec!["app.example.com".into()], ..Default::default() };
+        assert!(c.validate().unwrap_err().contains("cors_origins"));
+        let c: Config =
+            toml::from_str("allowed_origins = [\"*\"]\n[limits]\nhttp_idle_timeout = \"90s\"\n").unwrap();
+        assert_eq!(c.limits.http_idle_timeout, Duration::from_secs(90));
+        c.validate().unwrap();
     }
 
     #[test]

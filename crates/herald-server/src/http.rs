@@ -49,6 +49,8 @@ pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> R
     body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(ErrorCode::PayloadTooLarge, format!("request body is larger than {limit} bytes"))
+        } else if crate::listener::body::is_body_timeout(&e) {
+            ApiError::new(ErrorCode::RequestTimeout, "the request body did not arrive in time")
         } else {
             ApiError::new(ErrorCode::BadRequest, format!("could not read the body: {e}"))
         }
@@ -440,4 +442,9 @@ pub async fn metrics(AxState(state): St) -> Response {
 
 pub async fn not_found() -> ApiError {
     ApiError::new(ErrorCode::NotFound, "no such endpoint")
+}
+
+/// The path exists, not with this method (axum adds `Allow`).
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(ErrorCode::MethodNotAllowed, "this endpoint does not take this method")
 }

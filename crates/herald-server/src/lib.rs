@@ -7,12 +7,14 @@
 //! await a slow peer while holding shared state, or queue without a bound.
 
 pub mod auth;
+pub mod browser;
 pub mod config;
 mod console;
 mod error;
 mod http;
 mod http_rooms;
 pub mod hub;
+mod listener;
 pub mod metrics;
 mod publish;
 mod rooms;
@@ -26,14 +28,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
+use axum::http::header;
 use axum::routing::{get, post};
 use axum::Router;
 use herald_core::Engine;
-use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower_http::set_header::SetResponseHeaderLayer;
 
 pub use config::Config;
 pub use error::ApiError;
@@ -55,6 +57,12 @@ pub struct State {
     /// Effective WebSocket connection cap (config, lowered to fit the
     /// open-files limit).
     pub max_connections: usize,
+    /// Effective cap on connections that are not WebSocket sessions.
+    pub max_http_connections: usize,
+    /// `allowed_origins`, parsed.
+    ws_origins: browser::Origins,
+    /// `cors_origins`, parsed.
+    cors_origins: browser::Origins,
     next_conn_id: AtomicU64,
     /// Heartbeat period of a connection holding presence leases: pings,
     /// idle and token checks, and lease renewals (at most a third of the
@@ -62,12 +70,21 @@ pub struct State {
     pub presence_tick: Duration,
 }
 
-/// Raise the soft open-files limit to the hard one and return the connection
-/// cap that keeps us clear of EMFILE (a reserve for HTTP, storage and logs).
-pub fn fit_connection_cap(configured: usize) -> usize {
+/// Raise the soft open-files limit to the hard one and return the
+/// (WebSocket, HTTP) connection caps that keep us clear of EMFILE: a reserve
+/// for storage, logs and the listener (5% of the limit, at least 256), the
+/// HTTP cap at most half of the rest, and the WebSocket cap within what is
+/// left. Every accepted socket counts against one of the two caps.
+pub fn fit_connection_caps(ws: usize, http: usize) -> (usize, usize) {
     let limit = rlimit::increase_nofile_limit(u64::MAX).unwrap_or(1024) as usize;
+    fit_caps(limit, ws, http)
+}
+
+fn fit_caps(limit: usize, ws: usize, http: usize) -> (usize, usize) {
     let reserve = (limit / 20).max(256);
-    configured.min(limit.saturating_sub(reserve).max(1))
+    let available = limit.saturating_sub(reserve).max(2);
+    let http = http.min(available / 2).max(1);
+    (ws.min(available - http).max(1), http)
 }
 
 pub struct Server {
@@ -85,9 +102,20 @@ impl Server {
         let jwt = auth::JwtVerifier::new(&config.jwt)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let presence_tick = config.limits.ping_interval.min(config.presence.renew_interval());
+        let origins = |key: &str, list: &[String]| {
+            browser::Origins::parse(list)
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{key}: {e}")))
+        };
+        let ws_origins = origins("allowed_origins", &config.allowed_origins)?;
+        let cors_origins = origins("cors_origins", &config.cors_origins)?;
+        let (max_connections, max_http_connections) =
+            fit_connection_caps(config.limits.max_connections, config.limits.max_http_connections);
         let state = Arc::new(State {
             presence_tick,
-            max_connections: fit_connection_cap(config.limits.max_connections),
+            max_connections,
+            max_http_connections,
+            ws_origins,
+            cors_origins,
             api_keys: auth::ApiKeys::new(&config.api_keys),
             config,
             engine,
@@ -112,8 +140,9 @@ impl Server {
     }
 
     fn router(&self) -> Router {
-        Router::new()
-            .route("/ws", get(ws::upgrade))
+        // The 405 fallback is set before the CORS layer so that preflights
+        // (OPTIONS) reach the layer.
+        let api = Router::new()
             .route("/api/v1/channels/{channel}/messages", post(http::publish_one).get(http::history))
             .route("/api/v1/publish", post(http::publish_batch))
             .route("/api/v1/channels/{channel}/cursors", get(http::cursors))
@@ -126,11 +155,23 @@ impl Server {
                     .patch(http_rooms::patch_room)
                     .delete(http_rooms::delete_room),
             )
+            .method_not_allowed_fallback(http::method_not_allowed);
+        let api = match browser::cors_layer(&self.state.cors_origins) {
+            Some(cors) => api.layer(cors),
+            None => api,
+        };
+        Router::new()
+            .route("/ws", get(ws::upgrade))
+            .merge(api)
             .route("/healthz", get(http::healthz))
             .route("/readyz", get(http::readyz))
             .route("/metrics", get(http::metrics))
             .merge(console::router())
             .fallback(http::not_found)
+            .method_not_allowed_fallback(http::method_not_allowed)
+            .layer(axum::middleware::from_fn_with_state(self.state.clone(), listener::body::guard))
+            .layer(SetResponseHeaderLayer::overriding(header::X_CONTENT_TYPE_OPTIONS, browser::NOSNIFF))
+            .layer(SetResponseHeaderLayer::if_not_present(header::CACHE_CONTROL, browser::NO_STORE))
             .layer(DefaultBodyLimit::max(self.state.config.limits.max_body_bytes))
             .with_state(self.state.clone())
     }
@@ -139,10 +180,21 @@ impl Server {
     /// accepting, close every WebSocket with 1001, let HTTP requests finish,
     /// wait up to the grace period, and close the engine (flush).
     pub async fn run(self, signal: impl Future<Output = ()>) -> std::io::Result<()> {
-        let router = self.router();
         let state = self.state.clone();
         let http_tasks = TaskTracker::new();
-        let http = hyper::server::conn::http1::Builder::new();
+        let limits = &state.config.limits;
+        let serving = listener::Serving {
+            connections: Arc::new(listener::Connections::new(
+                state.max_http_connections,
+                state.metrics.clone(),
+            )),
+            http: listener::Serving::http_builder(limits),
+            router: self.router(),
+            timeouts: listener::Timeouts::from_limits(limits),
+            shutdown: state.shutdown.clone(),
+            metrics: state.metrics.clone(),
+            tasks: http_tasks.clone(),
+        };
         let keeper = tokio::spawn(rooms::keeper(state.clone()));
         tokio::pin!(signal);
         loop {
@@ -150,26 +202,7 @@ impl Server {
                 () = &mut signal => break,
                 () = state.shutdown.cancelled() => break,
                 accepted = self.listener.accept() => match accepted {
-                    Ok((stream, _peer)) => {
-                        let _ = stream.set_nodelay(true);
-                        let service = TowerToHyperService::new(router.clone());
-                        let conn = http.serve_connection(TokioIo::new(stream), service).with_upgrades();
-                        let shutdown = state.shutdown.clone();
-                        http_tasks.spawn(async move {
-                            tokio::pin!(conn);
-                            let result = tokio::select! {
-                                r = conn.as_mut() => r,
-                                () = shutdown.cancelled() => {
-                                    // Finish the request in progress, then close.
-                                    conn.as_mut().graceful_shutdown();
-                                    conn.await
-                                }
-                            };
-                            if let Err(e) = result {
-                                tracing::debug!(error = %e, "http connection ended with an error");
-                            }
-                        });
-                    }
+                    Ok((stream, _peer)) => serving.serve(stream),
                     Err(e) => {
                         // EMFILE and friends: back off instead of spinning.
                         tracing::warn!(error = %e, "accept failed");
@@ -197,5 +230,18 @@ impl Server {
         state.engine.close().await;
         tracing::info!("shutdown complete");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn caps_fit_the_open_files_limit() {
+        // Plenty of descriptors: as configured.
+        assert_eq!(super::fit_caps(1_048_576, 100_000, 4096), (100_000, 4096));
+        // 20000: a reserve of 1000, HTTP as configured, WebSockets the rest.
+        assert_eq!(super::fit_caps(20_000, 100_000, 4096), (14_904, 4096));
+        // 1024: a reserve of 256, HTTP at most half of the rest.
+        assert_eq!(super::fit_caps(1024, 100_000, 4096), (384, 384));
     }
 }

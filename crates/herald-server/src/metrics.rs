@@ -3,6 +3,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
@@ -49,6 +50,15 @@ pub struct Metrics {
     pub connections_total: Counter,
     /// Upgrades refused at the connection cap.
     pub connections_rejected: Counter,
+    /// Open connections that are not WebSocket sessions.
+    pub http_connections: Gauge,
+    pub http_connections_opened: Counter,
+    /// HTTP connections closed by the server before a request completed,
+    /// by reason (`header_timeout`, `idle_timeout`, `body_timeout`,
+    /// `evicted`, `rejected`).
+    pub http_connections_dropped: Family<[(&'static str, &'static str); 1], Counter>,
+    /// WebSocket upgrades refused for their `Origin`.
+    pub origin_refused: Counter,
     /// Active subscriptions over all connections.
     pub subscriptions: Gauge,
     /// Messages appended (or broadcast, for volatile) by publishes.
@@ -99,6 +109,10 @@ impl Default for Metrics {
             connections: Gauge::default(),
             connections_total: Counter::default(),
             connections_rejected: Counter::default(),
+            http_connections: Gauge::default(),
+            http_connections_opened: Counter::default(),
+            http_connections_dropped: Family::default(),
+            origin_refused: Counter::default(),
             subscriptions: Gauge::default(),
             published: Counter::default(),
             dedup_hits: Counter::default(),
@@ -127,6 +141,26 @@ impl Default for Metrics {
             "connections_rejected",
             "WebSocket upgrades refused at the connection cap",
             m.connections_rejected.clone(),
+        );
+        registry.register(
+            "http_connections",
+            "Open connections that are not WebSocket sessions",
+            m.http_connections.clone(),
+        );
+        registry.register(
+            "http_connections_opened",
+            "Connections accepted (HTTP; each WebSocket starts as one)",
+            m.http_connections_opened.clone(),
+        );
+        registry.register(
+            "http_connections_dropped",
+            "HTTP connections closed by the server, by reason",
+            m.http_connections_dropped.clone(),
+        );
+        registry.register(
+            "origin_refused",
+            "WebSocket upgrades refused for their Origin",
+            m.origin_refused.clone(),
         );
         registry.register("subscriptions", "Active subscriptions", m.subscriptions.clone());
         registry.register("presence_joins", "Presence members that joined", m.presence_joins.clone());
@@ -177,6 +211,11 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Count an HTTP connection closed (or refused) by the server.
+    pub fn http_dropped(&self, reason: &'static str) {
+        self.http_connections_dropped.get_or_create(&[("reason", reason)]).inc();
+    }
+
     /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();

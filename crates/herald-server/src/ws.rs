@@ -1,6 +1,6 @@
-//! `GET /ws`: authentication and the WebSocket upgrade. Auth and the
-//! connection cap are checked before the 101, so a refused client gets a
-//! plain HTTP status with a problem document.
+//! `GET /ws`: authentication and the WebSocket upgrade. The page's
+//! `Origin`, auth and the connection cap are checked before the 101, so a
+//! refused client gets a plain HTTP status with a problem document.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -116,6 +116,11 @@ pub async fn upgrade(
 ) -> Response {
     if state.shutdown.is_cancelled() {
         return ApiError::new(ErrorCode::ShuttingDown, "server is shutting down").into_response();
+    }
+    // First: a page on another site gets nothing else from this endpoint.
+    if let Err(e) = crate::browser::check_ws_origin(state.config.dev, &state.ws_origins, req.headers()) {
+        state.metrics.origin_refused.inc();
+        return e.into_response();
     }
     let q = match query {
         Ok(Query(q)) => q,

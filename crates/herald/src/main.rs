@@ -119,6 +119,7 @@ async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
         listen = %addr,
         storage = %storage,
         max_connections = server.state().max_connections,
+        max_http_connections = server.state().max_http_connections,
         "herald is serving"
     );
     println!("herald listening on http://{addr}");

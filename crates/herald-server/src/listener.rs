@@ -1,0 +1,379 @@
+//! Every accepted TCP connection, from `accept` until it is a WebSocket
+//! session or closed: the HTTP connection cap, the timeouts that bound a
+//! connection before its request is complete, and the HTTP/1 serving.
+//!
+//! A connection moves through phases (see [`Phase`]); each phase has one
+//! clock and one deadline, enforced by a watchdog in the connection's task:
+//!
+//! | phase | from | deadline |
+//! |---|---|---|
+//! | `Fresh` | accept | `header_read_timeout` after accept |
+//! | `Head` | a request's first byte | `header_read_timeout` (after accept for the first request) |
+//! | `Busy` | headers complete (request dispatched) | none here: the body has `body_read_timeout` ([`body`]), handlers are bounded by the engine |
+//! | `Idle` | the response | `http_idle_timeout`, restarted while the response is still being written |
+//! | `Upgraded` | the 101 | none: the WebSocket session has its own pings and idle timeout |
+//!
+//! hyper's own `header_read_timeout` is not used: its clock starts when hyper
+//! begins waiting for a head (at accept, and again right after each
+//! response), so one value would bound both a slow head and a keep-alive
+//! pause; we want a short bound on the first and a long one on the second.
+//!
+//! The cap: at most `max_http_connections` connections are open outside
+//! WebSocket sessions (those have their own cap). At the cap a new connection
+//! evicts the oldest one that has never had a request dispatched and is not
+//! busy (silent or slow sockets), else the oldest keep-alive connection that
+//! is not busy; if every connection is busy, the new one is closed. So
+//! pre-request sockets can never hold more than `max_http_connections`
+//! descriptors, and a new connection (a health check) always gets a place
+//! unless every place holds a request in progress, which the body and handler
+//! bounds end.
+
+pub(crate) mod body;
+mod io;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::{Request, Response, StatusCode};
+use axum::Router;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Limits;
+use crate::metrics::Metrics;
+
+/// Where a connection is in its life; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Phase {
+    Fresh = 0,
+    Head = 1,
+    Busy = 2,
+    Idle = 3,
+    Upgraded = 4,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Phase {
+        match v {
+            0 => Phase::Fresh,
+            1 => Phase::Head,
+            2 => Phase::Busy,
+            3 => Phase::Idle,
+            _ => Phase::Upgraded,
+        }
+    }
+}
+
+/// One accepted connection's shared state: written by its own task (the IO
+/// wrapper, the service, the watchdog), read by the acceptor to pick whom
+/// to evict.
+pub(crate) struct Conn {
+    id: u64,
+    phase: AtomicU8,
+    /// A request has been dispatched on this connection.
+    served: AtomicBool,
+    /// Start of the current phase's clock, in ms since `epoch`.
+    since_ms: AtomicU64,
+    epoch: Instant,
+    /// Cancelled when the connection is evicted at the cap.
+    evicted: CancellationToken,
+}
+
+impl Conn {
+    fn new(id: u64, epoch: Instant) -> Conn {
+        let c = Conn {
+            id,
+            phase: AtomicU8::new(Phase::Fresh as u8),
+            served: AtomicBool::new(false),
+            since_ms: AtomicU64::new(0),
+            epoch,
+            evicted: CancellationToken::new(),
+        };
+        c.restart_clock();
+        c
+    }
+
+    fn phase(&self) -> Phase {
+        Phase::from_u8(self.phase.load(Ordering::Acquire))
+    }
+
+    fn set_phase(&self, p: Phase) {
+        self.phase.store(p as u8, Ordering::Release);
+    }
+
+    fn restart_clock(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.since_ms.store(ms, Ordering::Release);
+    }
+
+    fn since(&self) -> Instant {
+        self.epoch + Duration::from_millis(self.since_ms.load(Ordering::Acquire))
+    }
+
+    /// Bytes arrived. Between requests they start a head (and its clock);
+    /// the first request's head is timed from accept.
+    fn on_read(&self) {
+        match self.phase() {
+            Phase::Fresh => self.set_phase(Phase::Head),
+            Phase::Idle => {
+                self.restart_clock();
+                self.set_phase(Phase::Head);
+            }
+            Phase::Head | Phase::Busy | Phase::Upgraded => {}
+        }
+    }
+
+    /// Bytes went out: a response still being written keeps the idle clock
+    /// from running out under a slow but reading client.
+    fn on_write(&self) {
+        if self.phase() == Phase::Idle {
+            self.restart_clock();
+        }
+    }
+
+    /// hyper dispatched a request (its headers are complete).
+    fn begin_request(&self) {
+        self.served.store(true, Ordering::Release);
+        self.set_phase(Phase::Busy);
+    }
+
+    /// The service answered; a 101 hands the connection to a WebSocket session.
+    fn end_request(&self, upgraded: bool) {
+        if upgraded {
+            self.set_phase(Phase::Upgraded);
+        } else {
+            self.restart_clock();
+            self.set_phase(Phase::Idle);
+        }
+    }
+
+    /// Whether the IO wrapper may be looking at hyper's own answer to a
+    /// request head it could not parse.
+    fn reading_head(&self) -> bool {
+        self.phase() == Phase::Head
+    }
+
+    fn upgraded(&self) -> bool {
+        self.phase() == Phase::Upgraded
+    }
+
+    /// The current phase's deadline and what it is called, if it has one.
+    fn deadline(&self, t: &Timeouts) -> Option<(Instant, &'static str)> {
+        match self.phase() {
+            Phase::Fresh | Phase::Head => Some((self.since() + t.header_read, "header_timeout")),
+            Phase::Idle => Some((self.since() + t.idle, "idle_timeout")),
+            Phase::Busy | Phase::Upgraded => None,
+        }
+    }
+}
+
+/// The connection timeouts, from `limits`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub header_read: Duration,
+    pub idle: Duration,
+}
+
+impl Timeouts {
+    pub fn from_limits(l: &Limits) -> Timeouts {
+        Timeouts { header_read: l.header_read_timeout, idle: l.http_idle_timeout }
+    }
+}
+
+/// Resolves when the connection's phase deadline passes, with the reason.
+async fn watchdog(conn: &Conn, t: &Timeouts) -> &'static str {
+    loop {
+        match conn.deadline(t) {
+            Some((at, reason)) if Instant::now() >= at => return reason,
+            Some((at, _)) => tokio::time::sleep_until(at).await,
+            // Busy or upgraded: nothing to enforce now; look again later.
+            None => tokio::time::sleep(t.header_read).await,
+        }
+    }
+}
+
+/// The open HTTP connections, in accept order, and their cap.
+pub(crate) struct Connections {
+    cap: usize,
+    open: Mutex<BTreeMap<u64, Arc<Conn>>>,
+    next_id: AtomicU64,
+    epoch: Instant,
+    metrics: Arc<Metrics>,
+}
+
+impl Connections {
+    pub fn new(cap: usize, metrics: Arc<Metrics>) -> Connections {
+        Connections {
+            cap,
+            open: Mutex::new(BTreeMap::new()),
+            next_id: AtomicU64::new(1),
+            epoch: Instant::now(),
+            metrics,
+        }
+    }
+
+    /// A place for a new connection, evicting another at the cap; `None`
+    /// when every place holds a request in progress.
+    fn admit(&self) -> Option<Arc<Conn>> {
+        let conn = Arc::new(Conn::new(self.next_id.fetch_add(1, Ordering::Relaxed), self.epoch));
+        let mut open = self.open.lock().expect("connection registry lock");
+        if open.len() >= self.cap {
+            let Some(victim) = victim(&open) else {
+                self.metrics.http_dropped("rejected");
+                return None;
+            };
+            let victim = open.remove(&victim).expect("victim is registered");
+            victim.evicted.cancel();
+            self.metrics.http_dropped("evicted");
+        }
+        open.insert(conn.id, conn.clone());
+        self.metrics.http_connections.set(i64::try_from(open.len()).unwrap_or(i64::MAX));
+        self.metrics.http_connections_opened.inc();
+        Some(conn)
+    }
+
+    fn release(&self, id: u64) {
+        let mut open = self.open.lock().expect("connection registry lock");
+        open.remove(&id);
+        self.metrics.http_connections.set(i64::try_from(open.len()).unwrap_or(i64::MAX));
+    }
+}
+
+/// The connection to evict: the oldest that never had a request dispatched
+/// and is not busy, else the oldest that is between requests.
+fn victim(open: &BTreeMap<u64, Arc<Conn>>) -> Option<u64> {
+    let mut idle = None;
+    for (id, c) in open {
+        match c.phase() {
+            Phase::Fresh | Phase::Head if !c.served.load(Ordering::Acquire) => return Some(*id),
+            Phase::Fresh | Phase::Head | Phase::Idle => {
+                idle.get_or_insert(*id);
+            }
+            Phase::Busy | Phase::Upgraded => {}
+        }
+    }
+    idle
+}
+
+/// Removes the connection from the registry on every exit path of its task.
+struct Registered(Arc<Connections>, u64);
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.0.release(self.1);
+    }
+}
+
+/// The router as a hyper service that tells the connection when a request
+/// is dispatched and when it is answered.
+#[derive(Clone)]
+struct Tracked {
+    inner: TowerToHyperService<Router>,
+    conn: Arc<Conn>,
+}
+
+type BoxedResponse = Pin<Box<dyn Future<Output = Result<Response<axum::body::Body>, Infallible>> + Send>>;
+
+impl hyper::service::Service<Request<Incoming>> for Tracked {
+    type Response = Response<axum::body::Body>;
+    type Error = Infallible;
+    type Future = BoxedResponse;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        self.conn.begin_request();
+        let answer = self.inner.call(req);
+        let conn = self.conn.clone();
+        Box::pin(async move {
+            let resp = answer.await?;
+            conn.end_request(resp.status() == StatusCode::SWITCHING_PROTOCOLS);
+            Ok(resp)
+        })
+    }
+}
+
+/// What every connection task needs, built once by the accept loop.
+pub(crate) struct Serving {
+    pub connections: Arc<Connections>,
+    pub http: http1::Builder,
+    pub router: Router,
+    pub timeouts: Timeouts,
+    pub shutdown: CancellationToken,
+    pub metrics: Arc<Metrics>,
+    pub tasks: TaskTracker,
+}
+
+impl Serving {
+    /// The hyper HTTP/1 settings.
+    pub fn http_builder(limits: &Limits) -> http1::Builder {
+        let mut http = http1::Builder::new();
+        // No timer: heads are timed by the watchdog (module docs).
+        http.max_header_size(limits.max_header_bytes);
+        http
+    }
+
+    /// Take an accepted socket: find it a place under the cap (or close it)
+    /// and serve it in its own task.
+    pub fn serve(&self, stream: TcpStream) {
+        let Some(conn) = self.connections.admit() else {
+            // Every place holds a request in progress: closing is all that
+            // keeps descriptors for the requests being served.
+            drop(stream);
+            return;
+        };
+        let _ = stream.set_nodelay(true);
+        let io = TokioIo::new(io::GuardedIo::new(stream, conn.clone()));
+        let service = Tracked { inner: TowerToHyperService::new(self.router.clone()), conn: conn.clone() };
+        let http = self.http.serve_connection(io, service).with_upgrades();
+        let registered = Registered(self.connections.clone(), conn.id);
+        let (timeouts, shutdown, metrics) = (self.timeouts, self.shutdown.clone(), self.metrics.clone());
+        self.tasks.spawn(async move {
+            let _registered = registered;
+            tokio::pin!(http);
+            let closed = async {
+                tokio::select! {
+                    reason = watchdog(&conn, &timeouts) => Some(reason),
+                    // Counted by the acceptor that evicted it.
+                    () = conn.evicted.cancelled() => None,
+                }
+            };
+            tokio::pin!(closed);
+            let result = tokio::select! {
+                r = http.as_mut() => r,
+                reason = &mut closed => return dropped(&metrics, reason),
+                () = shutdown.cancelled() => {
+                    // Finish the request in progress, then close; a
+                    // connection that never completes one is still bounded.
+                    http.as_mut().graceful_shutdown();
+                    tokio::select! {
+                        r = http.as_mut() => r,
+                        reason = &mut closed => return dropped(&metrics, reason),
+                    }
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "http connection ended with an error");
+            }
+        });
+    }
+}
+
+fn dropped(metrics: &Metrics, reason: Option<&'static str>) {
+    if let Some(reason) = reason {
+        tracing::debug!(reason, "closing an http connection");
+        metrics.http_dropped(reason);
+    }
+}
