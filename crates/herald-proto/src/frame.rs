@@ -455,7 +455,34 @@ pub fn mark_redelivered(frame: &[u8], attempt: u32) -> Vec<u8> {
     out
 }
 
-/// Any server frame, read back (by clients and the HTTP history endpoint).
+/// The fields of a stored frame (`message` or `room`) that the history
+/// endpoint serves, borrowed from the stored bytes: `data` is the exact
+/// text inside the frame, never re-parsed into a value. Unknown fields
+/// (`channel`, `member`) are skipped. Serialised, it is one message of a
+/// history page, `data` written back byte for byte.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StoredFrame<'a> {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub seq: Option<u64>,
+    pub id: String,
+    pub ts: u64,
+    #[serde(default, borrow)]
+    pub data: Option<&'a RawValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Meta>,
+}
+
+impl<'a> StoredFrame<'a> {
+    /// Read a frame made by [`encode_frame`]. A stored value that does not
+    /// read is corruption: an error for the caller, never a panic.
+    pub fn parse(frame: &'a [u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(frame)
+    }
+}
+
+/// Any server frame, read back (by clients).
 /// Fields absent from a frame type are `None`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct MessageView {
