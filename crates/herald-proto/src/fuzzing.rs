@@ -112,7 +112,8 @@ fn served_as_published(channel: &ChannelName, data: &RawValue, meta: Option<&Met
     let redelivered = StoredFrame::parse(&again).expect("a redelivered frame reads back");
     assert_eq!(redelivered.data.map(RawValue::get), Some(data.get()));
 
-    let page = HistoryPage { channel: channel.as_str(), epoch: "e", first: 7, head: 7, messages: vec![stored] };
+    let page =
+        HistoryPage { channel: channel.as_str(), epoch: "e", first: 7, head: 7, messages: vec![stored] };
     let bytes = page.encode();
     #[derive(Deserialize)]
     struct Page<'a> {

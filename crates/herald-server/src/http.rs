@@ -8,7 +8,9 @@ use axum::extract::{Path, Query, State as AxState};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use herald_core::{Health, NamespaceOptions, Receipt};
-use herald_proto::{check_id, BatchBody, BodyError, ChannelName, ErrorCode, HistoryPage, PublishBody, StoredFrame};
+use herald_proto::{
+    check_id, BatchBody, BodyError, ChannelName, ErrorCode, HistoryPage, PublishBody, StoredFrame,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
