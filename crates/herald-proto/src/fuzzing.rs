@@ -70,14 +70,14 @@ pub fn channel_name(bytes: &[u8]) {
     }
 }
 
-/// `check_data` agrees with serde_json: where serde_json reads `data` into
-/// a value, the depth it reports is the value's, and a lone surrogate is
-/// something serde_json refuses too.
+/// `check_data` agrees with serde_json: where serde_json decodes every
+/// string of `data` (so it has no lone surrogate) the depth it walks is the
+/// one `check_data` measures, and a lone surrogate is something serde_json
+/// refuses too.
 fn data_invariants(data: &RawValue) {
-    let verdict = check_data(data, MAX_DATA_DEPTH_LIMIT);
-    match serde_json::from_str::<serde_json::Value>(data.get()) {
-        Ok(v) => {
-            let depth = depth(&v);
+    match serde_json::from_str::<Depth>(data.get()) {
+        Ok(Depth(depth)) => {
+            let verdict = check_data(data, MAX_DATA_DEPTH_LIMIT);
             assert!(verdict.is_ok() == (depth <= MAX_DATA_DEPTH_LIMIT), "{verdict:?} at depth {depth}");
             assert_eq!(check_data(data, depth), Ok(()));
             if depth > 0 {
@@ -87,16 +87,58 @@ fn data_invariants(data: &RawValue) {
         Err(_) => {} // 1e400, or deeper than serde_json's own limit
     }
     if let Err(DataError::LoneSurrogate { at }) = check_data(data, usize::MAX) {
-        assert!(serde_json::from_str::<serde_json::Value>(data.get()).is_err());
+        assert!(serde_json::from_str::<Depth>(data.get()).is_err());
         assert!(data.get()[at..].starts_with("\\u"), "points at the escape");
     }
 }
 
-fn depth(v: &serde_json::Value) -> usize {
-    match v {
-        serde_json::Value::Array(a) => 1 + a.iter().map(depth).max().unwrap_or(0),
-        serde_json::Value::Object(o) => 1 + o.values().map(depth).max().unwrap_or(0),
-        _ => 0,
+/// The nesting depth of a JSON text, walked by serde_json: every key and
+/// every element counts (a JSON value would keep only the last of duplicate
+/// keys), and every string is decoded (so a lone surrogate is an error).
+struct Depth(usize);
+
+impl<'de> Deserialize<'de> for Depth {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Depth;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_unit<E>(self) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Depth, A::Error> {
+                let mut max = 0;
+                while let Some(Depth(d)) = seq.next_element()? {
+                    max = max.max(d);
+                }
+                Ok(Depth(max + 1))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Depth, A::Error> {
+                let mut max = 0;
+                while let Some((_, Depth(d))) = map.next_entry::<std::borrow::Cow<'de, str>, Depth>()? {
+                    max = max.max(d);
+                }
+                Ok(Depth(max + 1))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 

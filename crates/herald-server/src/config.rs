@@ -367,6 +367,14 @@ mod tests {
         assert!(c.validate().unwrap_err().contains("idle_timeout"));
         let c = Config { api_keys: vec!["short".into()], ..Default::default() };
         assert!(c.validate().is_err());
+        for depth in [0, herald_proto::MAX_DATA_DEPTH_LIMIT + 1] {
+            let mut c = Config::default();
+            c.limits.max_data_depth = depth;
+            assert!(c.validate().unwrap_err().contains("max_data_depth"), "{depth}");
+        }
+        let mut c = Config::default();
+        c.limits.max_data_depth = herald_proto::MAX_DATA_DEPTH_LIMIT;
+        c.validate().unwrap();
     }
 
     #[test]
