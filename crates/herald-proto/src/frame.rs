@@ -669,6 +669,23 @@ mod tests {
     }
 
     #[test]
+    fn stored_frames_read_in_place_and_garbage_is_an_error() {
+        let ch = ChannelName::new("chat:1").unwrap();
+        let data = RawValue::from_string("{ \"b\" : 1e400, \"a\": 1 }".into()).unwrap();
+        let frame = encode_message_frame(&ch, Some(3), "i", 9, &data, None);
+        let f = StoredFrame::parse(&frame).unwrap();
+        assert_eq!((f.kind.as_str(), f.seq, f.ts), ("message", Some(3), 9));
+        assert_eq!(f.data.unwrap().get(), data.get());
+        assert_eq!(
+            serde_json::to_string(&f).unwrap(),
+            format!(r#"{{"type":"message","seq":3,"id":"i","ts":9,"data":{}}}"#, data.get())
+        );
+        for garbage in [&b""[..], b"{", b"\xff", br#"{"type":"message"}"#, br#"[1]"#] {
+            assert!(StoredFrame::parse(garbage).is_err());
+        }
+    }
+
+    #[test]
     fn ok_frame_omits_irrelevant_fields() {
         let ok = OkFrame { req: Some(1), seq: Some(8), duplicate: Some(false), ..Default::default() };
         assert_eq!(

@@ -205,3 +205,44 @@ impl State {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_owned()).unwrap()
+    }
+
+    fn chans(names: &[&str]) -> Vec<ChannelName> {
+        names.iter().map(|n| ChannelName::new(n).unwrap()).collect()
+    }
+
+    #[test]
+    fn the_fingerprint_compares_channels_data_and_meta_only() {
+        let meta = |pairs: &[(&str, &str)]| {
+            Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Meta>())
+        };
+        let fp = |c: &[&str], d: &str, m: Option<Meta>| fingerprint(&chans(c), &raw(d), m.as_ref());
+        let base = fp(&["a:1"], "{\"x\":1}", meta(&[("k", "v"), ("j", "w")]));
+        assert_eq!(base, fp(&["a:1"], "{\"x\":1}", meta(&[("j", "w"), ("k", "v")])), "meta is a map");
+        assert_eq!(fp(&["a:1"], "1", None), fp(&["a:1"], "1", meta(&[])), "no meta is {{}}");
+        assert_ne!(base, fp(&["a:1"], "{\"x\": 1}", meta(&[("k", "v"), ("j", "w")])), "data byte for byte");
+        assert_ne!(fp(&["a:1", "a:2"], "1", None), fp(&["a:2", "a:1"], "1", None), "channels in order");
+        // Length prefixes: no two field lists hash alike.
+        assert_ne!(fp(&["a:1"], "1", meta(&[("a=b", "c")])), fp(&["a:1"], "1", meta(&[("a", "b=c")])));
+        assert_ne!(fp(&["a:1", "a:2"], "1", None), fp(&["a:1"], "1", None));
+    }
+
+    #[test]
+    fn keys_are_scoped_by_credential_and_anchored_per_request() {
+        let k = ScopedKey::new("api:1", "key");
+        assert_eq!(k.anchor(), ScopedKey::new("api:1", "key").anchor());
+        assert_ne!(k.anchor(), ScopedKey::new("api:2", "key").anchor());
+        assert_ne!(ScopedKey::new("api:1", "k\ney").anchor(), ScopedKey::new("api:1\nk", "ey").anchor());
+        let ch = ChannelName::new("a:1").unwrap();
+        assert_ne!(k.for_channel(&ch), k.anchor());
+        assert_ne!(k.for_channel(&ch), k.for_channel(&ChannelName::new("a:2").unwrap()));
+        assert!(!k.anchor().contains("key"), "never the raw key");
+    }
+}

@@ -431,3 +431,32 @@ async fn identity_fields_follow_one_rule() {
         assert_eq!(got, status, "{user}: {body}");
     }
 }
+
+#[tokio::test]
+async fn the_cli_publishes_and_tails_data_as_written() {
+    const BIN: &str = env!("CARGO_BIN_EXE_herald");
+    let srv = TestServer::start().await;
+    let data = r#"{"b":1,"a":[1e400, 123456789012345678901234567890]}"#;
+    let out = tokio::process::Command::new(BIN)
+        .args(["publish", "chat:cli", data, "--url", &srv.url, "--api-key", API_KEY])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(history_raw(&srv, "chat:cli").await[0].2, data, "published as written");
+
+    let tail = tokio::process::Command::new(BIN)
+        .args(["tail", "chat:cli", "--since", "0", "--user", "me", "--count", "1", "--url", &srv.url])
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(WAIT, tail).await.expect("tail ends after one message").unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    #[derive(Deserialize)]
+    struct Line<'a> {
+        #[serde(borrow)]
+        data: &'a RawValue,
+    }
+    let text = String::from_utf8(out.stdout).unwrap();
+    let line: Line<'_> = serde_json::from_str(text.trim_end()).expect("one JSON line");
+    assert_eq!(line.data.get(), data, "printed as received");
+}
