@@ -270,7 +270,7 @@ async fn the_depth_limit_is_a_setting() {
     assert_eq!(status, 400, "{body}");
 }
 
-fn publish_headers<'a>(key: &'a str) -> Vec<(&'a str, &'a str)> {
+fn publish_headers(key: &str) -> Vec<(&str, &str)> {
     vec![("idempotency-key", key)]
 }
 
