@@ -253,6 +253,13 @@ async fn data_breaking_the_publish_rules_is_refused_everywhere_and_stores_nothin
     let (status, body) = raw("PUT", &srv, "/api/v1/rooms/room:deep", Some(&deep_attrs), &[]).await;
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("bad_data"), "{body}");
+    // Attributes are read as a JSON value: what it cannot hold is refused.
+    for attrs in [r#"{"x":1e400}"#, r#"{"x":"\ud800"}"#] {
+        let body = format!(r#"{{"host":"h","attributes":{attrs}}}"#);
+        let (status, body) = raw("PUT", &srv, "/api/v1/rooms/room:deep", Some(&body), &[]).await;
+        assert_eq!(status, 400, "{attrs}: {body}");
+        assert!(body.contains("\"bad_json\""), "{attrs}: {body}");
+    }
     let ok_attrs = format!(r#"{{"host":"h","attributes":{{"x":{}}}}}"#, nested(62));
     assert_eq!(raw("PUT", &srv, "/api/v1/rooms/room:deep", Some(&ok_attrs), &[]).await.0, 201);
     let req = c.next_req();
