@@ -82,7 +82,8 @@ struct RawClientFrame {
     channel: Option<String>,
     #[serde(default)]
     since: Option<Since>,
-    #[serde(default)]
+    /// `"data":null` is data (`null`), as in an HTTP publish.
+    #[serde(default, deserialize_with = "present_raw_owned")]
     data: Option<Box<RawValue>>,
     #[serde(default)]
     meta: Option<Meta>,
@@ -468,10 +469,21 @@ pub struct StoredFrame<'a> {
     pub seq: Option<u64>,
     pub id: String,
     pub ts: u64,
-    #[serde(default, borrow)]
+    /// `Some` whenever the frame has the field, `null` included.
+    #[serde(default, borrow, deserialize_with = "present_raw")]
     pub data: Option<&'a RawValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<Meta>,
+}
+
+/// A field present as raw JSON, `null` included (serde's `Option` would
+/// make `"data":null` indistinguishable from a missing field).
+fn present_raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+fn present_raw_owned<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 impl<'a> StoredFrame<'a> {
@@ -498,7 +510,8 @@ pub struct MessageView {
     pub id: Option<String>,
     #[serde(default)]
     pub ts: Option<u64>,
-    #[serde(default)]
+    /// `Some` whenever the frame has the field, `null` included.
+    #[serde(default, deserialize_with = "present_raw_owned")]
     pub data: Option<Box<RawValue>>,
     #[serde(default)]
     pub meta: Option<Meta>,
@@ -575,6 +588,10 @@ mod tests {
                 assert_eq!(data.get(), r#"{"a":[1, 2]}"#, "data is kept raw, byte for byte");
                 assert_eq!(idempotency_key.as_deref(), Some("k1"));
             }
+            other => panic!("{other:?}"),
+        }
+        match ClientFrame::parse(r#"{"type":"publish","channel":"chat:1","data":null}"#).unwrap() {
+            ClientFrame::Publish { data, .. } => assert_eq!(data.get(), "null"),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
@@ -680,6 +697,14 @@ mod tests {
             serde_json::to_string(&f).unwrap(),
             format!(r#"{{"type":"message","seq":3,"id":"i","ts":9,"data":{}}}"#, data.get())
         );
+        let null = RawValue::from_string("null".into()).unwrap();
+        let frame = encode_message_frame(&ch, Some(4), "i", 9, &null, None);
+        assert_eq!(StoredFrame::parse(&frame).unwrap().data.map(RawValue::get), Some("null"));
+        assert_eq!(
+            MessageView::parse(&frame).unwrap().data.map(|d| d.get().to_owned()).as_deref(),
+            Some("null")
+        );
+        assert_eq!(MessageView::parse(br#"{"type":"pong"}"#).unwrap().data.map(|d| d.get().to_owned()), None);
         for garbage in [&b""[..], b"{", b"\xff", br#"{"type":"message"}"#, br#"[1]"#] {
             assert!(StoredFrame::parse(garbage).is_err());
         }

@@ -30,6 +30,7 @@ fn kept() -> Vec<String> {
         "{ \"spaced\" : [ 1 , 2.50 ] ,\n  \"nl\" : true }",
         r#""\u00e9\/\n\ud83d\ude00 \u0000 é""#,
         r#"{"dup":1,"dup":2}"#,
+        "null",
     ]
     .iter()
     .map(|s| s.to_string())
