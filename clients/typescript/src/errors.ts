@@ -10,6 +10,7 @@ export type ServerErrorCode =
   | 'bad_request'
   | 'bad_json'
   | 'bad_channel'
+  | 'bad_data'
   | 'idempotency_key_required'
   | 'conflict'
   | 'precondition_failed'

@@ -94,8 +94,8 @@ pub struct HistoryMessage {
 }
 
 #[derive(Serialize)]
-struct PublishBody<'a> {
-    data: &'a serde_json::Value,
+struct PublishBody<'a, D: ?Sized> {
+    data: &'a D,
     #[serde(skip_serializing_if = "Option::is_none")]
     meta: Option<&'a Meta>,
 }
@@ -132,11 +132,12 @@ impl HttpApi {
     }
 
     /// `POST /api/v1/channels/{channel}/messages`. Non-2xx is
-    /// [`ClientError::Api`] with the status and problem document.
-    pub async fn publish(
+    /// [`ClientError::Api`] with the status and problem document. `data` is
+    /// anything serialisable; a [`RawValue`] goes out byte for byte.
+    pub async fn publish<D: Serialize + ?Sized>(
         &self,
         channel: &str,
-        data: &serde_json::Value,
+        data: &D,
         meta: Option<&Meta>,
         idempotency_key: Option<&str>,
     ) -> Result<PublishResult, ClientError> {

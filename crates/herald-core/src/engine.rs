@@ -93,9 +93,10 @@ impl<T: Log + Cursors + Presence + Rooms + Lifecycle + ?Sized> Engine for T {}
 /// cursor; `device: None` is a subscriber of its own, distinct from every
 /// device of the same user.
 ///
-/// Both parts are 1..=[`SubscriberId::MAX_PART_LEN`] bytes of UTF-8 without
-/// control characters (so `\0` can separate a subscriber from what follows
-/// it in a storage key). An empty device counts as no device.
+/// Both parts are ids by the one rule of [`herald_proto::check_id`]
+/// (1..=[`SubscriberId::MAX_PART_LEN`] bytes of UTF-8 without control
+/// characters, so `\0` can separate a subscriber from what follows it in a
+/// storage key). An empty device counts as no device.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SubscriberId {
     user: Arc<str>,
@@ -117,7 +118,7 @@ pub enum InvalidSubscriber {
 
 impl SubscriberId {
     /// Longest user id and longest device id, in bytes.
-    pub const MAX_PART_LEN: usize = 255;
+    pub const MAX_PART_LEN: usize = herald_proto::MAX_ID_LEN;
 
     pub fn new(user: impl Into<Arc<str>>, device: Option<Arc<str>>) -> Result<Self, InvalidSubscriber> {
         let user = user.into();
@@ -193,14 +194,14 @@ impl SubscriberId {
     }
 }
 
+/// A non-empty part, by the shared id rule.
 fn check_part(s: &str, what: &'static str) -> Result<(), InvalidSubscriber> {
-    if s.len() > SubscriberId::MAX_PART_LEN {
-        return Err(InvalidSubscriber::TooLong(what));
+    match herald_proto::check_id(s) {
+        Ok(()) => Ok(()),
+        Err(herald_proto::IdError::Empty) => Err(InvalidSubscriber::EmptyUser),
+        Err(herald_proto::IdError::TooLong) => Err(InvalidSubscriber::TooLong(what)),
+        Err(herald_proto::IdError::ControlChar) => Err(InvalidSubscriber::ControlChar(what)),
     }
-    if s.chars().any(char::is_control) {
-        return Err(InvalidSubscriber::ControlChar(what));
-    }
-    Ok(())
 }
 
 /// Split `{len}:{part}` off the front of `s`.

@@ -40,6 +40,9 @@ pub enum ErrorCode {
     BadJson,
     /// The channel name is not valid.
     BadChannel,
+    /// `data` is JSON but breaks the publish rules (nesting depth, a lone
+    /// UTF-16 surrogate): see `check_data`.
+    BadData,
     /// The channel's namespace is not configured.
     UnknownNamespace,
     /// No or invalid credentials.
@@ -101,6 +104,7 @@ impl ErrorCode {
             Self::BadRequest => "bad_request",
             Self::BadJson => "bad_json",
             Self::BadChannel => "bad_channel",
+            Self::BadData => "bad_data",
             Self::UnknownNamespace => "unknown_namespace",
             Self::Unauthorized => "unauthorized",
             Self::TokenExpired => "token_expired",
@@ -136,6 +140,7 @@ impl ErrorCode {
             Self::BadRequest
             | Self::BadJson
             | Self::BadChannel
+            | Self::BadData
             | Self::IdempotencyKeyRequired
             | Self::IdempotencyKeyInvalid => 400,
             Self::Unauthorized | Self::TokenExpired => 401,
@@ -176,6 +181,7 @@ impl ErrorCode {
             Self::BadRequest => "Bad request",
             Self::BadJson => "Body is not valid JSON",
             Self::BadChannel => "Invalid channel name",
+            Self::BadData => "`data` not accepted",
             Self::UnknownNamespace => "Unknown channel namespace",
             Self::Unauthorized => "Unauthorized",
             Self::TokenExpired => "Token expired",

@@ -82,7 +82,8 @@ struct RawClientFrame {
     channel: Option<String>,
     #[serde(default)]
     since: Option<Since>,
-    #[serde(default)]
+    /// `"data":null` is data (`null`), as in an HTTP publish.
+    #[serde(default, deserialize_with = "present_raw_owned")]
     data: Option<Box<RawValue>>,
     #[serde(default)]
     meta: Option<Meta>,
@@ -455,7 +456,45 @@ pub fn mark_redelivered(frame: &[u8], attempt: u32) -> Vec<u8> {
     out
 }
 
-/// Any server frame, read back (by clients and the HTTP history endpoint).
+/// The fields of a stored frame (`message` or `room`) that the history
+/// endpoint serves, borrowed from the stored bytes: `data` is the exact
+/// text inside the frame, never re-parsed into a value. Unknown fields
+/// (`channel`, `member`) are skipped. Serialised, it is one message of a
+/// history page, `data` written back byte for byte.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StoredFrame<'a> {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub seq: Option<u64>,
+    pub id: String,
+    pub ts: u64,
+    /// `Some` whenever the frame has the field, `null` included.
+    #[serde(default, borrow, deserialize_with = "present_raw")]
+    pub data: Option<&'a RawValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Meta>,
+}
+
+/// A field present as raw JSON, `null` included (serde's `Option` would
+/// make `"data":null` indistinguishable from a missing field).
+fn present_raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+fn present_raw_owned<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
+}
+
+impl<'a> StoredFrame<'a> {
+    /// Read a frame made by [`encode_frame`]. A stored value that does not
+    /// read is corruption: an error for the caller, never a panic.
+    pub fn parse(frame: &'a [u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(frame)
+    }
+}
+
+/// Any server frame, read back (by clients).
 /// Fields absent from a frame type are `None`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct MessageView {
@@ -471,7 +510,8 @@ pub struct MessageView {
     pub id: Option<String>,
     #[serde(default)]
     pub ts: Option<u64>,
-    #[serde(default)]
+    /// `Some` whenever the frame has the field, `null` included.
+    #[serde(default, deserialize_with = "present_raw_owned")]
     pub data: Option<Box<RawValue>>,
     #[serde(default)]
     pub meta: Option<Meta>,
@@ -548,6 +588,10 @@ mod tests {
                 assert_eq!(data.get(), r#"{"a":[1, 2]}"#, "data is kept raw, byte for byte");
                 assert_eq!(idempotency_key.as_deref(), Some("k1"));
             }
+            other => panic!("{other:?}"),
+        }
+        match ClientFrame::parse(r#"{"type":"publish","channel":"chat:1","data":null}"#).unwrap() {
+            ClientFrame::Publish { data, .. } => assert_eq!(data.get(), "null"),
             other => panic!("{other:?}"),
         }
         assert!(matches!(
@@ -639,6 +683,31 @@ mod tests {
         let v = MessageView::parse(&mark_redelivered(&frame, 3)).unwrap();
         assert_eq!((v.seq, v.redelivered, v.attempt), (Some(7), Some(true), Some(3)));
         assert_eq!(v.data.unwrap().get(), r#"{"n":1}"#);
+    }
+
+    #[test]
+    fn stored_frames_read_in_place_and_garbage_is_an_error() {
+        let ch = ChannelName::new("chat:1").unwrap();
+        let data = RawValue::from_string("{ \"b\" : 1e400, \"a\": 1 }".into()).unwrap();
+        let frame = encode_message_frame(&ch, Some(3), "i", 9, &data, None);
+        let f = StoredFrame::parse(&frame).unwrap();
+        assert_eq!((f.kind.as_str(), f.seq, f.ts), ("message", Some(3), 9));
+        assert_eq!(f.data.unwrap().get(), data.get());
+        assert_eq!(
+            serde_json::to_string(&f).unwrap(),
+            format!(r#"{{"type":"message","seq":3,"id":"i","ts":9,"data":{}}}"#, data.get())
+        );
+        let null = RawValue::from_string("null".into()).unwrap();
+        let frame = encode_message_frame(&ch, Some(4), "i", 9, &null, None);
+        assert_eq!(StoredFrame::parse(&frame).unwrap().data.map(RawValue::get), Some("null"));
+        assert_eq!(
+            MessageView::parse(&frame).unwrap().data.map(|d| d.get().to_owned()).as_deref(),
+            Some("null")
+        );
+        assert_eq!(MessageView::parse(br#"{"type":"pong"}"#).unwrap().data.map(|d| d.get().to_owned()), None);
+        for garbage in [&b""[..], b"{", b"\xff", br#"{"type":"message"}"#, br#"[1]"#] {
+            assert!(StoredFrame::parse(garbage).is_err());
+        }
     }
 
     #[test]

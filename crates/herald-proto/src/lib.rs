@@ -4,17 +4,29 @@
 //! This crate is pure data and (de)serialisation. It must never do IO, depend
 //! on tokio, or know about storage. Every wire-visible string (frame types,
 //! error codes, close codes) is defined here once; the server maps them to
-//! HTTP statuses and close frames through [`ErrorCode`].
+//! HTTP statuses and close frames through [`ErrorCode`]. Whatever it parses
+//! comes from untrusted peers: no input may make it panic (the `fuzz/`
+//! targets check that).
 
+mod body;
 mod channel;
 mod code;
+mod data;
 mod frame;
+mod id;
 
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
+
+pub use body::{parse_json, BatchBody, BodyError, HistoryPage, PublishBody};
 pub use channel::{ChannelName, ChannelNameError, MAX_CHANNEL_LEN};
 pub use code::{close, ErrorCode, Problem};
+pub use data::{check_data, DataError, MAX_DATA_DEPTH_LIMIT};
 pub use frame::{
     encode_frame, encode_message_frame, encode_pong, encode_unsubscribed, mark_redelivered,
     validate_client_id, validate_meta, ClientFrame, ClientFrameError, DisconnectFrame, ErrorFrame, FrameKind,
-    Member, MessageView, Meta, OkFrame, Since, MAX_CLIENT_ID_LEN, MAX_MEMBER_INFO_LEN, MAX_META_ENTRIES,
-    MAX_META_VALUE_LEN,
+    Member, MessageView, Meta, OkFrame, Since, StoredFrame, MAX_CLIENT_ID_LEN, MAX_MEMBER_INFO_LEN,
+    MAX_META_ENTRIES, MAX_META_VALUE_LEN,
 };
+pub use id::{check_id, IdError, MAX_ID_LEN};

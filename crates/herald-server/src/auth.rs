@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use herald_proto::{ChannelName, ErrorCode};
+use herald_proto::{check_id, ChannelName, ErrorCode};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -171,8 +171,18 @@ impl JwtVerifier {
             _ => AuthError::new(ErrorCode::Unauthorized, "invalid token"),
         })?;
         let c = data.claims;
-        if c.sub.is_empty() || c.sub.len() > 200 {
-            return Err(AuthError::new(ErrorCode::Unauthorized, "token `sub` must be 1..=200 bytes"));
+        // Ids by the one rule of `herald_proto::check_id` (SubscriberId's).
+        if check_id(&c.sub).is_err() {
+            return Err(AuthError::new(
+                ErrorCode::Unauthorized,
+                "token `sub` must be 1..=255 bytes without control characters",
+            ));
+        }
+        if c.device.as_deref().is_some_and(|d| check_id(d).is_err()) {
+            return Err(AuthError::new(
+                ErrorCode::Unauthorized,
+                "token `device` must be 1..=255 bytes without control characters",
+            ));
         }
         // A device claim in the token wins over the query parameter.
         let device = c.device.as_deref().or(device_param).map(Arc::from);

@@ -151,6 +151,9 @@ pub struct Limits {
     pub max_batch_channels: usize,
     /// Messages one history request may return.
     pub max_history_limit: usize,
+    /// Deepest nesting of arrays/objects a published `data` may have
+    /// (400 `bad_data` above); at most `herald_proto::MAX_DATA_DEPTH_LIMIT`.
+    pub max_data_depth: usize,
     /// Client frames per second per connection (burst of the same size).
     pub client_frames_per_sec: u32,
     /// Interval of server WebSocket pings.
@@ -179,6 +182,7 @@ impl Default for Limits {
             max_subscriptions: 256,
             max_batch_channels: 100,
             max_history_limit: 1000,
+            max_data_depth: 64,
             client_frames_per_sec: 100,
             ping_interval: Duration::from_secs(25),
             idle_timeout: Duration::from_secs(60),
@@ -273,6 +277,12 @@ impl Config {
                     .into(),
             );
         }
+        if l.max_data_depth == 0 || l.max_data_depth > herald_proto::MAX_DATA_DEPTH_LIMIT {
+            return Err(format!(
+                "limits.max_data_depth must be 1..={} (deeper data would not parse in common clients)",
+                herald_proto::MAX_DATA_DEPTH_LIMIT
+            ));
+        }
         if l.client_frames_per_sec == 0 {
             return Err("limits.client_frames_per_sec must be at least 1".into());
         }
@@ -337,6 +347,14 @@ mod tests {
         assert!(c.validate().unwrap_err().contains("idle_timeout"));
         let c = Config { api_keys: vec!["short".into()], ..Default::default() };
         assert!(c.validate().is_err());
+        for depth in [0, herald_proto::MAX_DATA_DEPTH_LIMIT + 1] {
+            let mut c = Config::default();
+            c.limits.max_data_depth = depth;
+            assert!(c.validate().unwrap_err().contains("max_data_depth"), "{depth}");
+        }
+        let mut c = Config::default();
+        c.limits.max_data_depth = herald_proto::MAX_DATA_DEPTH_LIMIT;
+        c.validate().unwrap();
     }
 
     #[test]

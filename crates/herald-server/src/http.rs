@@ -8,12 +8,13 @@ use axum::extract::{Path, Query, State as AxState};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use herald_core::{Health, NamespaceOptions, Receipt};
-use herald_proto::{validate_meta, ChannelName, ErrorCode, MessageView, Meta};
+use herald_proto::{
+    check_id, BatchBody, BodyError, ChannelName, ErrorCode, HistoryPage, PublishBody, StoredFrame,
+};
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 
 use crate::error::ApiError;
-use crate::publish::{fingerprint, scoped_key, validate_idempotency_key, Publish};
+use crate::publish::{fingerprint, validate_idempotency_key, Publish, ScopedKey};
 use crate::State;
 
 type St = AxState<Arc<State>>;
@@ -58,31 +59,29 @@ pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> R
 }
 
 pub(crate) fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        let code = if e.is_syntax() || e.is_eof() { ErrorCode::BadJson } else { ErrorCode::BadRequest };
-        ApiError::new(code, format!("invalid body: {e}"))
-    })
+    herald_proto::parse_json(bytes).map_err(body_error)
 }
 
+fn body_error(e: BodyError) -> ApiError {
+    ApiError::new(e.code, e.message)
+}
+
+/// The `Idempotency-Key` header. A key names one request: two headers are a
+/// malformed request (400), never "the first wins".
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    match headers.get("idempotency-key") {
-        None => Ok(None),
-        Some(v) => {
-            let key = v.to_str().map_err(|_| {
-                ApiError::new(ErrorCode::IdempotencyKeyInvalid, "Idempotency-Key must be printable ASCII")
-            })?;
-            validate_idempotency_key(key)?;
-            Ok(Some(key.to_owned()))
-        }
+    let mut values = headers.get_all("idempotency-key").iter();
+    let Some(v) = values.next() else { return Ok(None) };
+    if values.next().is_some() {
+        return Err(ApiError::new(
+            ErrorCode::IdempotencyKeyInvalid,
+            "more than one Idempotency-Key header: send exactly one",
+        ));
     }
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PublishBody {
-    data: Box<RawValue>,
-    #[serde(default)]
-    meta: Option<Meta>,
+    let key = v.to_str().map_err(|_| {
+        ApiError::new(ErrorCode::IdempotencyKeyInvalid, "Idempotency-Key must be printable ASCII")
+    })?;
+    validate_idempotency_key(key)?;
+    Ok(Some(key.to_owned()))
 }
 
 #[derive(Serialize)]
@@ -130,10 +129,7 @@ pub async fn publish_one(
     let scope = api_auth(&state, &headers)?;
     let (channel, ns) = parse_channel(&state, &channel)?;
     let body = body_bytes(body, state.config.limits.max_body_bytes)?;
-    let PublishBody { data, meta } = parse_json(&body)?;
-    if let Some(meta) = &meta {
-        validate_meta(meta).map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
-    }
+    let PublishBody { data, meta } = PublishBody::parse(&body).map_err(body_error)?;
     let key = idempotency_key(&headers)?;
     if key.is_none() && ns.require_idempotency_key {
         return Err(ApiError::new(
@@ -141,26 +137,21 @@ pub async fn publish_one(
             format!("namespace `{}` requires an Idempotency-Key header", channel.namespace()),
         ));
     }
+    // The same comparison as a batch of one: see `publish::fingerprint`.
     let dedup = key.map(|k| {
-        let fp = fingerprint("publish", std::slice::from_ref(&channel), &data, meta.as_ref());
-        (scoped_key(&scope, &k, None), fp)
+        let fp = fingerprint(std::slice::from_ref(&channel), &data, meta.as_ref());
+        (ScopedKey::new(&scope, &k).anchor(), fp)
     });
     let receipt = state.publish(ns, Publish { channel, data, meta, dedup }).await?;
     Ok(json_response(publish_status(ns.is_durable()), &PublishResult::from(&receipt), receipt.duplicate))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BatchBody {
-    channels: Vec<String>,
-    data: Box<RawValue>,
-    #[serde(default)]
-    meta: Option<Meta>,
-}
-
 /// `POST /api/v1/publish`: one message to several channels. With an
-/// Idempotency-Key each channel's append is deduplicated on its own key, so a
-/// retry of a partly failed batch completes it without doubling any channel.
+/// Idempotency-Key the batch is one request under the key (see
+/// `publish::ScopedKey`): its first channel's append decides whether it is
+/// new, a replay or a mismatch, before any other channel is appended; each
+/// other channel's append is deduplicated on its own, so a retry of a partly
+/// failed batch completes it without doubling any channel.
 pub async fn publish_batch(
     AxState(state): St,
     headers: HeaderMap,
@@ -168,15 +159,12 @@ pub async fn publish_batch(
 ) -> Result<Response, ApiError> {
     let scope = api_auth(&state, &headers)?;
     let body = body_bytes(body, state.config.limits.max_body_bytes)?;
-    let BatchBody { channels, data, meta } = parse_json(&body)?;
+    let BatchBody { channels, data, meta } = BatchBody::parse(&body).map_err(body_error)?;
     if channels.is_empty() || channels.len() > state.config.limits.max_batch_channels {
         return Err(ApiError::new(
             ErrorCode::BadRequest,
             format!("`channels` must name 1..={} channels", state.config.limits.max_batch_channels),
         ));
-    }
-    if let Some(meta) = &meta {
-        validate_meta(meta).map_err(|m| ApiError::new(ErrorCode::BadRequest, m))?;
     }
     // Validate everything before appending anything.
     let mut targets = Vec::with_capacity(channels.len());
@@ -187,6 +175,7 @@ pub async fn publish_batch(
         }
         targets.push((channel, ns));
     }
+    state.check_publish_data(&data)?;
     let key = idempotency_key(&headers)?;
     if key.is_none() && targets.iter().any(|(_, ns)| ns.require_idempotency_key) {
         return Err(ApiError::new(
@@ -194,14 +183,44 @@ pub async fn publish_batch(
             "a channel's namespace requires an Idempotency-Key header",
         ));
     }
+    for (channel, ns) in &targets {
+        if ns.room && state.engine.room(channel).await?.is_none() {
+            return Err(crate::rooms::no_such_room());
+        }
+    }
     let names: Vec<ChannelName> = targets.iter().map(|(c, _)| c.clone()).collect();
-    let fp = fingerprint("batch", &names, &data, meta.as_ref());
-    let appends = targets.iter().map(|(channel, ns)| {
-        let dedup = key.as_ref().map(|k| (scoped_key(&scope, k, Some(channel)), fp));
+    let fp = fingerprint(&names, &data, meta.as_ref());
+    let scoped = key.as_ref().map(|k| ScopedKey::new(&scope, k));
+    let _claim = match &scoped {
+        Some(s) => Some(state.in_flight.claim(&s.anchor())?),
+        None => None,
+    };
+    let publish = |i: usize| {
+        let (channel, ns) = &targets[i];
+        let dedup = scoped.as_ref().map(|s| {
+            let key = if i == 0 { s.anchor() } else { s.for_channel(channel) };
+            (key, fp)
+        });
         let p = Publish { channel: channel.clone(), data: data.clone(), meta: meta.clone(), dedup };
-        state.publish(ns, p)
-    });
-    let outcomes = futures_util::future::join_all(appends).await;
+        state.publish_claimed(ns, p)
+    };
+    // With a key, the first channel goes first: a mismatch there (another
+    // request under this key) appends nothing anywhere, and any other
+    // failure there leaves the rest to the retry.
+    let mut outcomes = Vec::with_capacity(targets.len());
+    if scoped.is_some() {
+        let first = publish(0).await;
+        let skipped = first.as_ref().err().map(|e| {
+            ApiError::new(e.code, format!("not attempted: the batch's first channel failed ({})", e.detail))
+        });
+        outcomes.push(first);
+        match skipped {
+            None => outcomes.extend(futures_util::future::join_all((1..targets.len()).map(publish)).await),
+            Some(e) => outcomes.extend((1..targets.len()).map(|_| Err(e.clone()))),
+        }
+    } else {
+        outcomes.extend(futures_util::future::join_all((0..targets.len()).map(publish)).await);
+    }
 
     let mut results = Vec::with_capacity(outcomes.len());
     let mut first_error: Option<ApiError> = None;
@@ -251,19 +270,6 @@ pub struct HistoryQuery {
     limit: Option<usize>,
 }
 
-#[derive(Serialize)]
-struct HistoryMessage {
-    /// `message`, or `room` for a room's state changes.
-    #[serde(rename = "type")]
-    kind: String,
-    seq: Option<u64>,
-    id: Option<String>,
-    ts: Option<u64>,
-    data: Option<Box<RawValue>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    meta: Option<Meta>,
-}
-
 /// `GET /api/v1/channels/{channel}/messages?after=SEQ&limit=N`
 pub async fn history(
     AxState(state): St,
@@ -283,27 +289,27 @@ pub async fn history(
         return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={max}")));
     }
     let page = state.engine.read(&channel, q.after, limit).await?;
+    // Each message as stored, `data` as the publisher sent it: the frames
+    // are read in place and the page is written straight to bytes, never
+    // through a JSON value (which would reorder keys, round big numbers and
+    // refuse what it cannot represent).
     let mut messages = Vec::with_capacity(page.messages.len());
     for m in &page.messages {
-        let v = MessageView::parse(&m.frame)
-            .map_err(|e| ApiError::new(ErrorCode::Internal, format!("stored frame unreadable: {e}")))?;
-        messages.push(HistoryMessage {
-            kind: v.kind,
-            seq: v.seq,
-            id: v.id,
-            ts: v.ts,
-            data: v.data,
-            meta: v.meta,
-        });
+        let frame = StoredFrame::parse(&m.frame).map_err(|e| {
+            tracing::error!(channel = %channel, seq = ?m.seq, error = %e, "stored frame unreadable");
+            ApiError::new(ErrorCode::Internal, "a stored message is unreadable")
+        })?;
+        messages.push(frame);
     }
-    let body = serde_json::json!({
-        "channel": channel.as_str(),
-        "epoch": page.position.epoch.as_str(),
-        "first": page.position.first,
-        "head": page.position.head,
-        "messages": messages,
-    });
-    Ok(json_response(StatusCode::OK, &body, false))
+    let body = HistoryPage {
+        channel: channel.as_str(),
+        epoch: page.position.epoch.as_str(),
+        first: page.position.first,
+        head: page.position.head,
+        messages,
+    }
+    .encode();
+    Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
 }
 
 #[derive(Deserialize)]
@@ -378,9 +384,7 @@ pub async fn inbox(
 ) -> Result<Response, ApiError> {
     api_auth(&state, &headers)?;
     let limit = cursor_limit(query)?;
-    if user.is_empty() || user.len() > 255 || user.chars().any(char::is_control) {
-        return Err(ApiError::new(ErrorCode::BadRequest, "`user` must be 1..=255 printable characters"));
-    }
+    check_id(&user).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`user` {e}")))?;
     let mut by_channel: std::collections::BTreeMap<ChannelName, Vec<serde_json::Value>> = Default::default();
     if let Ok(own) = ChannelName::new(&format!("user:{user}")) {
         if state.config.namespaces.resolve(&own).is_ok_and(|ns| ns.delivery == herald_core::Delivery::Acked) {

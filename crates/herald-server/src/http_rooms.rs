@@ -154,7 +154,29 @@ fn check_attributes(
             format!("`attributes` is larger than {max} bytes"),
         ));
     }
+    // Every room event carries the attributes one level down in its `data`,
+    // which keeps to the publish rule on depth like any other `data`.
+    let max_depth = state.config.limits.max_data_depth;
+    if 1 + depth(attrs.values()) >= max_depth {
+        return Err(ApiError::new(
+            ErrorCode::BadData,
+            format!("`attributes` nests deeper than {} levels", max_depth.saturating_sub(1)),
+        ));
+    }
     Ok(())
+}
+
+/// The nesting depth of the deepest of `values` (a scalar is 0). Bounded by
+/// the body parser's own recursion limit.
+fn depth<'a>(values: impl Iterator<Item = &'a serde_json::Value>) -> usize {
+    values
+        .map(|v| match v {
+            serde_json::Value::Array(a) => 1 + depth(a.iter()),
+            serde_json::Value::Object(o) => 1 + depth(o.values()),
+            _ => 0,
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// `PUT /api/v1/rooms/{room}`: create; 201, or 409 if it exists.

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use herald_core::{AppendRequest, Dedup, NamespaceOptions, Receipt};
-use herald_proto::{ChannelName, ErrorCode, Meta};
+use herald_proto::{check_data, ChannelName, ErrorCode, Meta};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
@@ -30,37 +30,69 @@ pub fn validate_idempotency_key(key: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The engine-side dedup key: a hash of the credential scope, the client's
-/// key and (for batches) the channel, so raw keys are never stored or logged.
-pub fn scoped_key(scope: &str, key: &str, batch_channel: Option<&ChannelName>) -> Arc<str> {
-    let mut h = Sha256::new();
-    h.update(scope.as_bytes());
-    h.update(b"\n");
-    h.update(key.as_bytes());
-    if let Some(ch) = batch_channel {
-        h.update(b"\nbatch\n");
-        h.update(ch.as_str().as_bytes());
-    }
-    Arc::from(hex::encode(h.finalize()))
+/// An `Idempotency-Key` within its scope: the credential that sent it (an
+/// API key for both HTTP publish endpoints, a token `sub` for socket
+/// publishes), never the route. Raw keys are never stored or logged: the
+/// engine sees only hashes of them.
+///
+/// One request under a key appends to one or more channels. The append to
+/// its first channel carries the [anchor](ScopedKey::anchor), the same for
+/// every request under the key whatever its route or channels; the others
+/// carry a per-channel key. Every append carries the request's
+/// [`fingerprint`]. So the anchor decides: the same request again is a
+/// replay, another request under the key is a mismatch (422) before
+/// anything else is appended.
+pub struct ScopedKey {
+    scope_and_key: Sha256,
 }
 
-/// Fingerprint of a request: what makes a retry "the same request".
-pub fn fingerprint(kind: &str, channels: &[ChannelName], data: &RawValue, meta: Option<&Meta>) -> [u8; 32] {
-    let mut h = Sha256::new();
-    h.update(kind.as_bytes());
-    for ch in channels {
-        h.update(b"\0");
-        h.update(ch.as_str().as_bytes());
+impl ScopedKey {
+    pub fn new(scope: &str, key: &str) -> Self {
+        let mut h = Sha256::new();
+        put(&mut h, scope.as_bytes());
+        put(&mut h, key.as_bytes());
+        Self { scope_and_key: h }
     }
-    h.update(b"\0data\0");
-    h.update(data.get().as_bytes());
-    if let Some(meta) = meta {
-        for (k, v) in meta {
-            h.update(b"\0");
-            h.update(k.as_bytes());
-            h.update(b"=");
-            h.update(v.as_bytes());
-        }
+
+    /// The dedup key of a request's first channel (and the in-flight key of
+    /// the whole request).
+    pub fn anchor(&self) -> Arc<str> {
+        Arc::from(hex::encode(self.scope_and_key.clone().finalize()))
+    }
+
+    /// The dedup key of a later channel of a batch.
+    pub fn for_channel(&self, channel: &ChannelName) -> Arc<str> {
+        let mut h = self.scope_and_key.clone();
+        h.update(b"channel\0");
+        put(&mut h, channel.as_str().as_bytes());
+        Arc::from(hex::encode(h.finalize()))
+    }
+}
+
+/// Hash one length-prefixed field, so no two field lists hash alike.
+fn put(h: &mut Sha256, bytes: &[u8]) {
+    h.update((bytes.len() as u64).to_be_bytes());
+    h.update(bytes);
+}
+
+/// What makes a retry "the same request", whichever endpoint it came
+/// through: the channels in the order given (the single-channel endpoint and
+/// a socket publish count as a list of one), `data` byte for byte as sent,
+/// and `meta` as a map (entry order does not matter; no `meta` and `{}` are
+/// the same).
+pub fn fingerprint(channels: &[ChannelName], data: &RawValue, meta: Option<&Meta>) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update(b"herald publish v2\0");
+    h.update((channels.len() as u64).to_be_bytes());
+    for ch in channels {
+        put(&mut h, ch.as_str().as_bytes());
+    }
+    put(&mut h, data.get().as_bytes());
+    let entries = meta.map_or(0, |m| m.len());
+    h.update((entries as u64).to_be_bytes());
+    for (k, v) in meta.into_iter().flatten() {
+        put(&mut h, k.as_bytes());
+        put(&mut h, v.as_bytes());
     }
     h.finalize().into()
 }
@@ -103,22 +135,43 @@ pub struct Publish {
 }
 
 impl State {
-    /// Append one message through the engine. The caller has checked
-    /// permissions; this checks namespace rules and sizes.
-    pub async fn publish(&self, ns: &NamespaceOptions, p: Publish) -> Result<Receipt, ApiError> {
-        if p.data.get().len() > self.config.limits.max_message_bytes {
+    /// The checks of `data` every publish path applies before anything is
+    /// appended: size, then the rules of [`check_data`] (what is stored must
+    /// be servable to every client as it is).
+    pub fn check_publish_data(&self, data: &RawValue) -> Result<(), ApiError> {
+        let limits = &self.config.limits;
+        if data.get().len() > limits.max_message_bytes {
             return Err(ApiError::new(
                 ErrorCode::PayloadTooLarge,
-                format!("`data` is larger than {} bytes", self.config.limits.max_message_bytes),
+                format!("`data` is larger than {} bytes", limits.max_message_bytes),
             ));
         }
-        if ns.room && self.engine.room(&p.channel).await?.is_none() {
-            return Err(crate::rooms::no_such_room());
-        }
+        check_data(data, limits.max_data_depth).map_err(|e| ApiError::new(ErrorCode::BadData, e.to_string()))
+    }
+
+    /// Append one message through the engine. The caller has checked
+    /// permissions; this checks namespace rules and `data`, and holds the
+    /// in-flight claim of its dedup key while it runs.
+    pub async fn publish(&self, ns: &NamespaceOptions, p: Publish) -> Result<Receipt, ApiError> {
+        self.check_publish_data(&p.data)?;
         let _guard = match &p.dedup {
             Some((key, _)) => Some(self.in_flight.claim(key)?),
             None => None,
         };
+        self.append(ns, p).await
+    }
+
+    /// [`State::publish`] for a caller that holds the in-flight claim of the
+    /// request's key already (a batch holds its anchor for all channels).
+    pub async fn publish_claimed(&self, ns: &NamespaceOptions, p: Publish) -> Result<Receipt, ApiError> {
+        self.check_publish_data(&p.data)?;
+        self.append(ns, p).await
+    }
+
+    async fn append(&self, ns: &NamespaceOptions, p: Publish) -> Result<Receipt, ApiError> {
+        if ns.room && self.engine.room(&p.channel).await?.is_none() {
+            return Err(crate::rooms::no_such_room());
+        }
         let started = Instant::now();
         let req = AppendRequest {
             meta: p.meta,
@@ -150,5 +203,46 @@ impl State {
                 Err(e.into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(s: &str) -> Box<RawValue> {
+        RawValue::from_string(s.to_owned()).unwrap()
+    }
+
+    fn chans(names: &[&str]) -> Vec<ChannelName> {
+        names.iter().map(|n| ChannelName::new(n).unwrap()).collect()
+    }
+
+    #[test]
+    fn the_fingerprint_compares_channels_data_and_meta_only() {
+        let meta = |pairs: &[(&str, &str)]| {
+            Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Meta>())
+        };
+        let fp = |c: &[&str], d: &str, m: Option<Meta>| fingerprint(&chans(c), &raw(d), m.as_ref());
+        let base = fp(&["a:1"], "{\"x\":1}", meta(&[("k", "v"), ("j", "w")]));
+        assert_eq!(base, fp(&["a:1"], "{\"x\":1}", meta(&[("j", "w"), ("k", "v")])), "meta is a map");
+        assert_eq!(fp(&["a:1"], "1", None), fp(&["a:1"], "1", meta(&[])), "no meta is {{}}");
+        assert_ne!(base, fp(&["a:1"], "{\"x\": 1}", meta(&[("k", "v"), ("j", "w")])), "data byte for byte");
+        assert_ne!(fp(&["a:1", "a:2"], "1", None), fp(&["a:2", "a:1"], "1", None), "channels in order");
+        // Length prefixes: no two field lists hash alike.
+        assert_ne!(fp(&["a:1"], "1", meta(&[("a=b", "c")])), fp(&["a:1"], "1", meta(&[("a", "b=c")])));
+        assert_ne!(fp(&["a:1", "a:2"], "1", None), fp(&["a:1"], "1", None));
+    }
+
+    #[test]
+    fn keys_are_scoped_by_credential_and_anchored_per_request() {
+        let k = ScopedKey::new("api:1", "key");
+        assert_eq!(k.anchor(), ScopedKey::new("api:1", "key").anchor());
+        assert_ne!(k.anchor(), ScopedKey::new("api:2", "key").anchor());
+        assert_ne!(ScopedKey::new("api:1", "k\ney").anchor(), ScopedKey::new("api:1\nk", "ey").anchor());
+        let ch = ChannelName::new("a:1").unwrap();
+        assert_ne!(k.for_channel(&ch), k.anchor());
+        assert_ne!(k.for_channel(&ch), k.for_channel(&ChannelName::new("a:2").unwrap()));
+        assert!(!k.anchor().contains("key"), "never the raw key");
     }
 }

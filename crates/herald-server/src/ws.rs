@@ -9,7 +9,7 @@ use axum::extract::{Query, Request, State as AxState};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use herald_proto::ErrorCode;
+use herald_proto::{check_id, ErrorCode};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use tokio_websockets::{Limits, ServerBuilder};
@@ -30,12 +30,7 @@ pub struct WsQuery {
 
 fn authenticate(state: &State, headers: &HeaderMap, q: &WsQuery) -> Result<Identity, ApiError> {
     if let Some(device) = &q.device {
-        if device.is_empty() || device.len() > 128 || device.chars().any(char::is_control) {
-            return Err(ApiError::new(
-                ErrorCode::BadRequest,
-                "`device` must be 1..=128 printable characters",
-            ));
-        }
+        check_id(device).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`device` {e}")))?;
     }
     let bearer = crate::auth::bearer(headers);
     if let Some(token) = bearer.or(q.token.as_deref()) {
@@ -49,12 +44,7 @@ fn authenticate(state: &State, headers: &HeaderMap, q: &WsQuery) -> Result<Ident
     }
     match &q.user {
         Some(user) if state.config.dev => {
-            if user.is_empty() || user.len() > 200 || user.chars().any(char::is_control) {
-                return Err(ApiError::new(
-                    ErrorCode::BadRequest,
-                    "`user` must be 1..=200 printable characters",
-                ));
-            }
+            check_id(user).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`user` {e}")))?;
             Ok(Identity::dev(user, q.device.as_deref()))
         }
         Some(_) => Err(ApiError::new(

@@ -183,6 +183,9 @@ mod config;
 mod cursors;
 mod engine;
 mod error;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod gone;
 mod presence;
 mod read;

@@ -56,7 +56,9 @@ pub struct TailArgs {
 }
 
 pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
-    let data: serde_json::Value = serde_json::from_str(&args.json)
+    // Sent as written (key order, number spelling): the server stores
+    // `data` byte for byte.
+    let data: Box<serde_json::value::RawValue> = serde_json::from_str(&args.json)
         .with_context(|| format!("the message is not valid JSON (quote strings: '\"{}\"')", args.json))?;
     let mut meta = Meta::new();
     for entry in &args.meta {
@@ -68,7 +70,7 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
         None => HttpApi::anonymous(&args.url),
     };
     let meta = (!meta.is_empty()).then_some(meta);
-    let result = api.publish(&args.channel, &data, meta.as_ref(), args.idempotency_key.as_deref()).await?;
+    let result = api.publish(&args.channel, &*data, meta.as_ref(), args.idempotency_key.as_deref()).await?;
     let mut out = serde_json::json!({
         "channel": result.channel,
         "seq": result.seq,
@@ -80,6 +82,20 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
     }
     println!("{out}");
     Ok(())
+}
+
+/// One line of `herald tail`.
+#[derive(serde::Serialize)]
+struct TailLine<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    channel: &'a str,
+    seq: Option<u64>,
+    id: &'a str,
+    ts: u64,
+    data: &'a serde_json::value::RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    meta: Option<&'a herald_proto::Meta>,
 }
 
 pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
@@ -113,17 +129,18 @@ pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
             None => bail!("subscription ended"),
             Some(Err(e)) => return Err(e.into()),
             Some(Ok(Event::Message(m))) => {
-                let mut line = serde_json::json!({
-                    "type": m.kind.as_str(),
-                    "channel": m.channel.as_str(),
-                    "seq": m.seq,
-                    "id": m.id,
-                    "ts": m.ts,
-                    "data": m.data,
-                });
-                if let Some(meta) = &m.meta {
-                    line["meta"] = serde_json::json!(meta);
-                }
+                // `data` printed as received, never through a JSON value
+                // (which would reorder keys, round big numbers and refuse
+                // what it cannot hold, like 1e400).
+                let line = serde_json::to_string(&TailLine {
+                    kind: m.kind.as_str(),
+                    channel: m.channel.as_str(),
+                    seq: m.seq,
+                    id: &m.id,
+                    ts: m.ts,
+                    data: &m.data,
+                    meta: m.meta.as_ref(),
+                })?;
                 let mut lock = stdout.lock();
                 writeln!(lock, "{line}")?;
                 lock.flush()?;

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use super::{ChannelTimers, End, LogCursor, Session, Sub};
 use crate::error::ApiError;
-use crate::publish::{fingerprint, scoped_key, validate_idempotency_key, Publish};
+use crate::publish::{fingerprint, validate_idempotency_key, Publish, ScopedKey};
 use crate::rooms;
 
 /// The presence fields of a subscribe frame.
@@ -97,10 +97,15 @@ impl Session {
     ) -> Result<(), ApiError> {
         // The token's `info` claim wins over the frame's.
         let info = match self.identity.info.as_deref().or(args.info.as_ref().map(|r| r.get())) {
-            Some(text) => Some(
-                serde_json::from_str(text)
-                    .map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("invalid `info`: {e}")))?,
-            ),
+            Some(text) => {
+                let bad = |e: String| ApiError::new(ErrorCode::BadRequest, format!("invalid `info`: {e}"));
+                // The rule of `data` on depth: a member is stored and sent
+                // inside other documents, which must stay readable.
+                let raw: &RawValue = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+                herald_proto::check_data(raw, self.state.config.limits.max_data_depth)
+                    .map_err(|e| ApiError::new(ErrorCode::BadData, format!("`info`: {e}")))?;
+                Some(serde_json::from_str(text).map_err(|e| bad(e.to_string()))?)
+            }
             None => None,
         };
         let member = Member {
@@ -387,9 +392,11 @@ impl Session {
         let dedup = match &idempotency_key {
             Some(key) => {
                 validate_idempotency_key(key)?;
+                // Scoped per user (the token's `sub`); compared as an HTTP
+                // publish to one channel is.
                 let scope = format!("client:{}", self.identity.sub);
-                let fp = fingerprint("publish", std::slice::from_ref(channel), &data, meta.as_ref());
-                Some((scoped_key(&scope, key, None), fp))
+                let fp = fingerprint(std::slice::from_ref(channel), &data, meta.as_ref());
+                Some((ScopedKey::new(&scope, key).anchor(), fp))
             }
             None => None,
         };

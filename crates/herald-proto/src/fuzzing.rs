@@ -1,0 +1,214 @@
+//! Fuzz harnesses: what the server does with untrusted input, and the
+//! properties it must keep (no panic, `data` byte for byte from the request
+//! to every way it is served). The `fuzz/` targets call these, and the tests
+//! below replay every seed and every kept regression input of `fuzz/`
+//! through them, so a crash once found stays fixed without the fuzzer.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::{
+    check_data, encode_message_frame, mark_redelivered, BatchBody, ChannelName, ChannelNameError,
+    ClientFrame, DataError, HistoryPage, Meta, PublishBody, StoredFrame, MAX_CHANNEL_LEN,
+    MAX_DATA_DEPTH_LIMIT,
+};
+
+/// `fuzz/` target `client_frame`: one WebSocket text frame from a client.
+pub fn client_frame(bytes: &[u8]) {
+    let Ok(text) = std::str::from_utf8(bytes) else { return }; // WebSocket text is UTF-8
+    let Ok(frame) = ClientFrame::parse(text) else { return };
+    if let ClientFrame::Publish { channel, data, meta, .. } = frame {
+        data_invariants(&data);
+        served_as_published(&channel, &data, meta.as_ref());
+    }
+}
+
+/// `fuzz/` target `publish_body`: an HTTP publish body, single or batch.
+pub fn publish_body(bytes: &[u8]) {
+    let channel = ChannelName::new("chat:fuzz").expect("valid name");
+    if let Ok(body) = PublishBody::parse(bytes) {
+        data_invariants(&body.data);
+        served_as_published(&channel, &body.data, body.meta.as_ref());
+    }
+    if let Ok(body) = BatchBody::parse(bytes) {
+        data_invariants(&body.data);
+        for name in &body.channels {
+            if let Ok(ch) = ChannelName::new(name) {
+                served_as_published(&ch, &body.data, body.meta.as_ref());
+            }
+        }
+    }
+}
+
+/// `fuzz/` target `channel_name`: a channel name from a path, a frame or a
+/// token pattern.
+pub fn channel_name(bytes: &[u8]) {
+    // As a JSON string (frames, batch bodies): the same rule as a path.
+    if let Ok(ch) = serde_json::from_slice::<ChannelName>(bytes) {
+        let s: String = serde_json::from_slice(bytes).expect("a channel name is a string");
+        assert_eq!(ch.as_str(), s);
+    }
+    let Ok(s) = std::str::from_utf8(bytes) else { return };
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"_-.:@=".contains(&b);
+    match ChannelName::new(s) {
+        Ok(ch) => {
+            assert_eq!(ch.as_str(), s);
+            assert!(!s.is_empty() && s.len() <= MAX_CHANNEL_LEN);
+            assert!(s.bytes().all(allowed), "{s:?}");
+            match s.split_once(':') {
+                Some((ns, local)) => assert_eq!((ch.namespace(), ch.local_part()), (ns, local)),
+                None => assert_eq!((ch.namespace(), ch.local_part()), ("", s)),
+            }
+            assert_eq!(s.parse::<ChannelName>().as_ref(), Ok(&ch));
+        }
+        Err(ChannelNameError::Empty) => assert!(s.is_empty()),
+        Err(ChannelNameError::TooLong) => assert!(s.len() > MAX_CHANNEL_LEN),
+        Err(ChannelNameError::BadChar(at)) => {
+            assert!(s.len() <= MAX_CHANNEL_LEN);
+            assert!(!allowed(s.as_bytes()[at]) && s.as_bytes()[..at].iter().copied().all(allowed));
+        }
+    }
+}
+
+/// `check_data` agrees with serde_json: where serde_json decodes every
+/// string of `data` (so it has no lone surrogate) the depth it walks is the
+/// one `check_data` measures, and a lone surrogate is something serde_json
+/// refuses too.
+fn data_invariants(data: &RawValue) {
+    // serde_json refuses 1e400, and anything deeper than its own limit.
+    if let Ok(Depth(depth)) = serde_json::from_str::<Depth>(data.get()) {
+        let verdict = check_data(data, MAX_DATA_DEPTH_LIMIT);
+        assert!(verdict.is_ok() == (depth <= MAX_DATA_DEPTH_LIMIT), "{verdict:?} at depth {depth}");
+        assert_eq!(check_data(data, depth), Ok(()));
+        if depth > 0 {
+            assert_eq!(check_data(data, depth - 1), Err(DataError::TooDeep { max: depth - 1 }));
+        }
+    }
+    if let Err(DataError::LoneSurrogate { at }) = check_data(data, usize::MAX) {
+        assert!(serde_json::from_str::<Depth>(data.get()).is_err());
+        assert!(data.get()[at..].starts_with("\\u"), "points at the escape");
+    }
+}
+
+/// The nesting depth of a JSON text, walked by serde_json: every key and
+/// every element counts (a JSON value would keep only the last of duplicate
+/// keys), and every string is decoded (so a lone surrogate is an error).
+struct Depth(usize);
+
+impl<'de> Deserialize<'de> for Depth {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Depth;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("JSON")
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_unit<E>(self) -> Result<Depth, E> {
+                Ok(Depth(0))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Depth, A::Error> {
+                let mut max = 0;
+                while let Some(Depth(d)) = seq.next_element()? {
+                    max = max.max(d);
+                }
+                Ok(Depth(max + 1))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Depth, A::Error> {
+                let mut max = 0;
+                while let Some((_, Depth(d))) = map.next_entry::<std::borrow::Cow<'de, str>, Depth>()? {
+                    max = max.max(d);
+                }
+                Ok(Depth(max + 1))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The frame made at append, its redelivered form and a history page all
+/// carry `data` exactly as published.
+fn served_as_published(channel: &ChannelName, data: &RawValue, meta: Option<&Meta>) {
+    let frame = encode_message_frame(channel, Some(7), "0190b2a1-7c3e-7000-8000-000000000001", 5, data, meta);
+    let stored = StoredFrame::parse(&frame).expect("a frame we made reads back");
+    assert_eq!(stored.data.map(RawValue::get), Some(data.get()));
+    assert_eq!((stored.seq, stored.ts, stored.meta.as_ref()), (Some(7), 5, meta));
+
+    let again = mark_redelivered(&frame, 2);
+    let redelivered = StoredFrame::parse(&again).expect("a redelivered frame reads back");
+    assert_eq!(redelivered.data.map(RawValue::get), Some(data.get()));
+
+    let page =
+        HistoryPage { channel: channel.as_str(), epoch: "e", first: 7, head: 7, messages: vec![stored] };
+    let bytes = page.encode();
+    #[derive(Deserialize)]
+    struct Page<'a> {
+        #[serde(borrow)]
+        messages: Vec<Msg<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct Msg<'a> {
+        #[serde(borrow)]
+        data: &'a RawValue,
+    }
+    let read: Page<'_> = serde_json::from_slice(&bytes).expect("a history page reads back");
+    assert_eq!(read.messages[0].data.get(), data.get());
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    /// The seeds and kept regression inputs of a fuzz target.
+    fn inputs(target: &str) -> Vec<PathBuf> {
+        let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
+        let mut out = Vec::new();
+        for dir in ["seeds", "regressions"] {
+            if let Ok(entries) = std::fs::read_dir(fuzz.join(dir).join(target)) {
+                out.extend(entries.map(|e| e.expect("readable dir").path()).filter(|p| p.is_file()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn replay(target: &str, harness: fn(&[u8])) {
+        let files = inputs(target);
+        assert!(!files.is_empty(), "fuzz/seeds/{target} has seeds");
+        for f in files {
+            let bytes = std::fs::read(&f).expect("readable input");
+            // A panic names the input that caused it.
+            let result = std::panic::catch_unwind(|| harness(&bytes));
+            assert!(result.is_ok(), "{} fails", f.display());
+        }
+    }
+
+    #[test]
+    fn client_frame_inputs_pass() {
+        replay("client_frame", super::client_frame);
+    }
+
+    #[test]
+    fn publish_body_inputs_pass() {
+        replay("publish_body", super::publish_body);
+    }
+
+    #[test]
+    fn channel_name_inputs_pass() {
+        replay("channel_name", super::channel_name);
+    }
+}
