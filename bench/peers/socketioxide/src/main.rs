@@ -6,6 +6,8 @@
 //!   joins the room of that name and the ack answers `"ok"`;
 //! - `POST /publish/{channel}` with a JSON body emits `msg` with it to the
 //!   room, answering 201 once the emit returned;
+//! - a client's `publish` event (channel, data) with an ack does the same
+//!   and acks `"ok"` once the emit returned;
 //! - `GET /version` names the versions.
 //!
 //! In-memory adapter, nothing stored, no resume.
@@ -37,6 +39,14 @@ async fn register_listeners(socket: SocketRef) -> Result<(), std::convert::Infal
         socket.join(channel);
         let _ = ack.send("ok");
     });
+    socket.on(
+        "publish",
+        async |socket: SocketRef, Data::<(String, serde_json::Value)>((channel, data)), ack: AckSender| {
+            if socket.broadcast().to(channel).emit("msg", &data).await.is_ok() {
+                let _ = ack.send("ok");
+            }
+        },
+    );
     Ok(())
 }
 
