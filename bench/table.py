@@ -145,10 +145,12 @@ def hot_rows(run):
     belongs in the hot table; the label names the load shape."""
     s = run["scenario"]
     via = run.get("publish_via")
+    conns = run.get("ws_publishers") or 1
     pipelined = (
-        f"pipelined over {n(run.get('ws_publishers') or 1)} WS connection(s), window {n(run.get('window'))}"
+        f"pipelined over {'one WS connection' if conns == 1 else f'{n(conns)} WS connections'}, "
+        f"window {n(run.get('window'))}"
         if via == "ws"
-        else "HTTP, one request in flight"
+        else "HTTP, one request in flight per publisher"
     )
     size = run.get("size")
     if s == "p2p":
@@ -199,6 +201,13 @@ TARGETS = {
 }
 
 
+def ratio(a, b):
+    if a is None or not b:
+        return "–"
+    r = a / b
+    return f"{r:.2f}" if r >= 0.1 else f"{r:.3f}"
+
+
 def hot(path):
     runs = [json.loads(line) for line in open(path) if line.strip()]
     preferred = ["herald chat:", "herald live:", "nats", "ws", "socketio", "socketioxide"]
@@ -217,8 +226,8 @@ def hot(path):
                 continue
             rows.setdefault(key, (label, unit, kind))
             values[(key, column(r))].append(r[field])
-    order = ["p2p", "fanout-max", "fanout-rate", "idle", "publish"]
-    keys = sorted(rows, key=lambda k: (order.index(k[0]) if k[0] in order else 99, str(k)))
+    order = ["p2p", "fanout", "fanout-p99", "idle-kb", "idle-cpu", "http"]
+    keys = sorted(rows, key=lambda k: (order.index(rows[k][2]), str(k)))
     most = max((len(v) for v in values.values()), default=0)
     ratio_cols = [h for h in heralds if "nats" in columns]
     head = ["figure"] + columns + [f"{h}/nats" for h in ratio_cols] + ["target (Herald)"]
@@ -237,7 +246,7 @@ def hot(path):
                 cells.append("–")
         for h in ratio_cols:
             a, b = med.get(h), med.get("nats")
-            cells.append(f"{a / b:.2f}" if a is not None and b else "–")
+            cells.append(ratio(a, b))
         verdicts = []
         for h in heralds:
             target = TARGETS.get((kind, h))

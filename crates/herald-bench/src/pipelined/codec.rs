@@ -262,8 +262,10 @@ fn decode_socketio(bytes: &[u8], out: &mut Vec<Answer>) {
         _ => {
             if let Some(rest) = bytes.strip_prefix(b"43") {
                 let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
-                match std::str::from_utf8(&rest[..digits]).ok().and_then(|d| d.parse().ok()) {
-                    Some(req) => out.push(Answer::Ok(req)),
+                let (id, args) = rest.split_at(digits);
+                match std::str::from_utf8(id).ok().and_then(|d| d.parse().ok()) {
+                    Some(req) if args == br#"["ok"]"# => out.push(Answer::Ok(req)),
+                    Some(req) => out.push(Answer::Refused { req, why: clip(args) }),
                     None => out.push(Answer::Fatal(format!("Socket.IO ack without an id: {}", clip(bytes)))),
                 }
             }
@@ -328,9 +330,11 @@ mod tests {
         assert!(matches!(out.remove(0), Answer::Refused { req: 4, why } if why == "bad json"));
         let mut sio = PubCodec::new(Peer::Socketioxide);
         sio.decode(&Message::text(r#"4312["ok"]"#), &mut out).unwrap();
+        sio.decode(&Message::text(r#"4313["error: buffer full"]"#), &mut out).unwrap();
         sio.decode(&Message::text("2"), &mut out).unwrap();
         sio.decode(&Message::text("6"), &mut out).unwrap();
         assert!(matches!(out.remove(0), Answer::Ok(12)));
+        assert!(matches!(out.remove(0), Answer::Refused { req: 13, why } if why.contains("buffer full")));
         assert!(matches!(out.remove(0), Answer::Reply(m) if m.as_text() == Some("3")));
         assert!(out.is_empty());
     }

@@ -259,6 +259,12 @@ impl Io<'_, '_> {
                     sink.feed(ping).await?;
                 }
                 if plan.interval.is_some() {
+                    // Paced: this publish goes out now, and (NATS) is
+                    // answered on its own.
+                    let ping = self.codec.borrow_mut().before_wait(last_req);
+                    if let Some(ping) = ping {
+                        sink.feed(ping).await?;
+                    }
                     sink.flush().await.context("WebSocket write failed")?;
                 }
             }
