@@ -364,6 +364,27 @@ mod tests {
     }
 
     #[test]
+    fn ws_publishing_is_for_fanout_and_p2p_with_one_fanout_publisher() {
+        let p2p = parse(&["p2p", "--dev", "--publish-via", "ws", "--ws-publishers", "4", "--namespace", "live"]);
+        assert!(p2p.validate().is_ok());
+        assert_eq!((p2p.window, p2p.ws_publishers, p2p.namespace()), (1000, 4, "live"));
+        assert!(parse(&["fanout", "--dev", "--publish-via", "ws"]).validate().is_ok());
+        assert!(parse(&["fanout", "--dev", "--publish-via", "ws", "--ws-publishers", "2"]).validate().is_err());
+        assert!(parse(&["publish", "--dev", "--publish-via", "ws"]).validate().is_err());
+        assert!(parse(&["p2p", "--dev", "--publish-via", "ws", "--window", "0"]).validate().is_err());
+        let http = parse(&["p2p", "--dev"]);
+        assert_eq!((http.publish_via, http.namespace()), (PublishVia::Http, "user"));
+    }
+
+    #[test]
+    fn fanout_defaults_to_chat_and_others_to_user() {
+        assert_eq!(parse(&["fanout", "--dev"]).namespace(), "chat");
+        assert_eq!(parse(&["idle", "--dev"]).namespace(), "user");
+        assert_eq!(parse(&["fanout", "--dev", "--namespace", "live"]).namespace(), "live");
+        assert!(parse(&["fanout", "--dev", "--namespace", "chat:x"]).validate().is_err());
+    }
+
+    #[test]
     fn interval_splits_the_rate_between_publishers() {
         assert_eq!(Rate::PerSec(100.0).interval(1), Some(Duration::from_millis(10)));
         assert_eq!(Rate::PerSec(100.0).interval(4), Some(Duration::from_millis(40)));

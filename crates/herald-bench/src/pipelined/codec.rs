@@ -64,7 +64,9 @@ impl PubCodec {
             Peer::Herald => PubCodec::Herald,
             Peer::Ws => PubCodec::PlainWs,
             Peer::Socketio | Peer::Socketioxide => PubCodec::SocketIo,
-            Peer::Nats => PubCodec::Nats { parser: nats::Parser::default(), pings: VecDeque::new(), covered: None },
+            Peer::Nats => {
+                PubCodec::Nats { parser: nats::Parser::default(), pings: VecDeque::new(), covered: None }
+            }
         }
     }
 
@@ -115,7 +117,12 @@ impl PubCodec {
         let req = req.to_string();
         match self {
             PubCodec::Herald => {
-                put(&[b"{\"type\":\"publish\",\"req\":", req.as_bytes(), b",\"channel\":", target.as_bytes()]);
+                put(&[
+                    b"{\"type\":\"publish\",\"req\":",
+                    req.as_bytes(),
+                    b",\"channel\":",
+                    target.as_bytes(),
+                ]);
                 put(&[b",\"data\":", payload, b"}"]);
             }
             PubCodec::PlainWs => {
@@ -219,15 +226,20 @@ fn decode_herald(bytes: &[u8], out: &mut Vec<Answer>) -> anyhow::Result<()> {
     let code = || f.code.as_ref().map(|c| c.to_string()).unwrap_or_default();
     match (f.kind, f.req) {
         ("ok", Some(req)) => out.push(Answer::Ok(req)),
-        ("error", Some(req)) => {
-            out.push(Answer::Refused { req, why: format!("{} {}", code(), f.message.clone().unwrap_or_default()) })
-        }
-        ("error", None) => {
-            out.push(Answer::Fatal(format!("error frame: {} {}", code(), f.message.clone().unwrap_or_default())))
-        }
-        ("disconnect", _) => {
-            out.push(Answer::Fatal(format!("disconnect {}: {}", code(), f.reason.clone().unwrap_or_default())))
-        }
+        ("error", Some(req)) => out.push(Answer::Refused {
+            req,
+            why: format!("{} {}", code(), f.message.clone().unwrap_or_default()),
+        }),
+        ("error", None) => out.push(Answer::Fatal(format!(
+            "error frame: {} {}",
+            code(),
+            f.message.clone().unwrap_or_default()
+        ))),
+        ("disconnect", _) => out.push(Answer::Fatal(format!(
+            "disconnect {}: {}",
+            code(),
+            f.reason.clone().unwrap_or_default()
+        ))),
         ("pong", _) => {}
         (other, _) => out.push(Answer::Fatal(format!("unexpected frame `{other}`: {}", clip(bytes)))),
     }
@@ -290,12 +302,19 @@ mod tests {
         let f = herald.publish(7, &t, payload);
         assert!(f.is_text());
         let v: serde_json::Value = serde_json::from_str(&text(&f)).unwrap();
-        assert_eq!(v, serde_json::json!({"type":"publish","req":7,"channel":"chat:a","data":{"n":1,"t":2,"p":"x"}}));
+        assert_eq!(
+            v,
+            serde_json::json!({"type":"publish","req":7,"channel":"chat:a","data":{"n":1,"t":2,"p":"x"}})
+        );
         let ws = PubCodec::new(Peer::Ws);
-        let v: serde_json::Value = serde_json::from_str(&text(&ws.publish(3, &ws.target("c"), payload))).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&text(&ws.publish(3, &ws.target("c"), payload))).unwrap();
         assert_eq!(v, serde_json::json!({"pub":"c","req":3,"data":{"n":1,"t":2,"p":"x"}}));
         let sio = PubCodec::new(Peer::Socketio);
-        assert_eq!(text(&sio.publish(12, &sio.target("c"), payload)), r#"4212["publish","c",{"n":1,"t":2,"p":"x"}]"#);
+        assert_eq!(
+            text(&sio.publish(12, &sio.target("c"), payload)),
+            r#"4212["publish","c",{"n":1,"t":2,"p":"x"}]"#
+        );
         let nats = PubCodec::new(Peer::Nats);
         let f = nats.publish(1, &nats.target("chat:a"), payload);
         assert!(f.is_binary());
@@ -307,8 +326,11 @@ mod tests {
         let mut c = PubCodec::new(Peer::Herald);
         let mut out = Vec::new();
         let frame = |s: &'static str| Message::text(s);
-        c.decode(&frame(r#"{"type":"ok","req":4,"channel":"chat:a","seq":9,"id":"x","duplicate":false}"#), &mut out)
-            .unwrap();
+        c.decode(
+            &frame(r#"{"type":"ok","req":4,"channel":"chat:a","seq":9,"id":"x","duplicate":false}"#),
+            &mut out,
+        )
+        .unwrap();
         c.decode(&frame(r#"{"type":"ok","req":5,"channel":"live:a","id":"y"}"#), &mut out).unwrap();
         c.decode(&frame(r#"{"type":"error","req":6,"code":"rate_limited","message":"slow down"}"#), &mut out)
             .unwrap();

@@ -370,3 +370,6 @@ impl Io<'_, '_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

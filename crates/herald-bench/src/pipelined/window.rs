@@ -55,7 +55,14 @@ pub struct Window {
 impl Window {
     /// An empty window whose first request id will be `first_req`.
     pub fn new(cap: usize, first_req: u64) -> Self {
-        Window { cap: cap.max(1), base: first_req, slots: VecDeque::new(), outstanding: 0, acked: 0, refused: 0 }
+        Window {
+            cap: cap.max(1),
+            base: first_req,
+            slots: VecDeque::new(),
+            outstanding: 0,
+            acked: 0,
+            refused: 0,
+        }
     }
 
     /// Another publish may be sent.

@@ -101,7 +101,15 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
             }
             Sender::Ws(publisher) => {
                 let window = args.window;
-                let plan = PipelinePlan { targets: &targets, n0, rounds: m, size: args.size, interval, window, deadline };
+                let plan = PipelinePlan {
+                    targets: &targets,
+                    n0,
+                    rounds: m,
+                    size: args.size,
+                    interval,
+                    window,
+                    deadline,
+                };
                 let stats = publisher.run(plan).await;
                 let error = (!stats.errors.is_empty()).then(|| stats.errors.join(" | "));
                 Phase { sent: stats.acked, elapsed: stats.elapsed, error, answers: Some(stats.latency) }

@@ -284,9 +284,7 @@ pub async fn publish_pipelined(
         let window = ctx.args.window;
         let size = ctx.args.size;
         async move {
-            publisher
-                .run(PipelinePlan { targets: &mine, n0, rounds, size, interval, window, deadline })
-                .await
+            publisher.run(PipelinePlan { targets: &mine, n0, rounds, size, interval, window, deadline }).await
         }
     });
     for lane in futures_util::future::join_all(lanes).await {
