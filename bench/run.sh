@@ -25,7 +25,7 @@
 # (100000), SIZE (100 bytes), WINDOW (1000), FANOUT_SUBS (5000),
 # FANOUT_MESSAGES (1000, back to back), FANOUT_PACED (100), FANOUT_RATE
 # (10,max), IDLE_CONNS (15000), IDLE_HOLD (30s), PUBLISHERS (64),
-# PUBLISH_MESSAGES (20000). compare: the same names with the defaults of
+# PUBLISH_MESSAGES (20000), TIMEOUT (300s, each phase's deadline). compare: the same names with the defaults of
 # the figures in docs/benchmarks.md, plus RECONNECT_CLIENTS, ACKED_USERS,
 # ACKED_MESSAGES and NAMESPACE (of the per-user channels of idle and p2p;
 # default `user`; acked always runs on `user`). `--quick` shrinks them
@@ -82,6 +82,7 @@ case $SUITE in
     IDLE_HOLD=${IDLE_HOLD:-30s}
     PUBLISHERS=${PUBLISHERS:-64}
     PUBLISH_MESSAGES=${PUBLISH_MESSAGES:-20000}
+    TIMEOUT=${TIMEOUT:-300s}
     ;;
   compare)
     REPS=${REPS:-3}
@@ -145,6 +146,9 @@ scenario_args() {
   case $server in
     herald-chat) echo -n "--namespace chat " ;;
     herald-live) echo -n "--namespace live " ;;
+  esac
+  case $SUITE/$scenario in
+    hot/*) echo -n "--timeout $TIMEOUT " ;;
   esac
   case $SUITE/$scenario in
     hot/p2p) echo "--publish-via ws --window $WINDOW --connections $P2P_USERS --messages $P2P_MESSAGES --size $SIZE" ;;

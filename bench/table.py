@@ -267,9 +267,11 @@ def hot(path):
     ]
     if disturbed:
         print()
-        for r in disturbed:
-            print(f"- disturbed: {r['scenario']} {column(r)} (rate {r.get('rate')}, {r.get('label')}): "
-                  f"other processes used {r['other_cpu_pct']:.0f}% CPU during the run")
+        others = sorted(r["other_cpu_pct"] for r in disturbed)
+        print(f"- disturbed: in {len(disturbed)} of {len(runs)} runs other processes used more than "
+              f"{DISTURBED_PCT} % of a core (median {statistics.median(others):.0f} %, max {others[-1]:.0f} %): "
+              + ", ".join(f"{r['scenario']} {column(r)} {r.get('rate') or ''} {r.get('label') or ''} "
+                          f"{r['other_cpu_pct']:.0f} %".replace("  ", " ") for r in disturbed))
 
 
 if __name__ == "__main__":

@@ -365,11 +365,14 @@ mod tests {
 
     #[test]
     fn ws_publishing_is_for_fanout_and_p2p_with_one_fanout_publisher() {
-        let p2p = parse(&["p2p", "--dev", "--publish-via", "ws", "--ws-publishers", "4", "--namespace", "live"]);
+        let p2p =
+            parse(&["p2p", "--dev", "--publish-via", "ws", "--ws-publishers", "4", "--namespace", "live"]);
         assert!(p2p.validate().is_ok());
         assert_eq!((p2p.window, p2p.ws_publishers, p2p.namespace()), (1000, 4, "live"));
         assert!(parse(&["fanout", "--dev", "--publish-via", "ws"]).validate().is_ok());
-        assert!(parse(&["fanout", "--dev", "--publish-via", "ws", "--ws-publishers", "2"]).validate().is_err());
+        assert!(parse(&["fanout", "--dev", "--publish-via", "ws", "--ws-publishers", "2"])
+            .validate()
+            .is_err());
         assert!(parse(&["publish", "--dev", "--publish-via", "ws"]).validate().is_err());
         assert!(parse(&["p2p", "--dev", "--publish-via", "ws", "--window", "0"]).validate().is_err());
         let http = parse(&["p2p", "--dev"]);

@@ -135,5 +135,9 @@ async fn a_refused_publish_stops_the_publisher_and_is_reported() {
     let seen = server.await.unwrap().unwrap();
     assert_eq!(seen.len(), 3, "nothing sent after the refusal");
     assert_eq!((stats.sent, stats.acked, stats.refused), (3, 2, 1));
-    assert!(stats.errors.iter().any(|e| e.contains("req 3 refused") && e.contains("forbidden")), "{:?}", stats.errors);
+    assert!(
+        stats.errors.iter().any(|e| e.contains("req 3 refused") && e.contains("forbidden")),
+        "{:?}",
+        stats.errors
+    );
 }
