@@ -56,7 +56,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --quick) QUICK=1; shift ;;
-    -h|--help) sed -n '2,38p' "$ROOT/bench/run.sh"; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$ROOT/bench/run.sh"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
