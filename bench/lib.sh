@@ -2,6 +2,8 @@
 #
 # start_server NAME sets SERVER_PID (the process whose /proc the bench
 # reads), TARGET (the --target URL) and PEER_ARGS (extra bench flags).
+# Herald runs with bench/herald.toml (the defaults, with a frame budget a
+# pipelined publisher fits in).
 # Every server starts fresh for every run, so RSS baselines are comparable.
 # stop_server stops exactly the process start_server started.
 
@@ -39,11 +41,14 @@ start_server() {
   log=$SERVER_DIR/server.log
   PEER_ARGS=(--peer "$name")
   case $name in
-    herald)
-      HERALD_LOG=warn "$HERALD" serve --dev --data-dir "$SERVER_DIR/data" --listen "127.0.0.1:$HERALD_PORT" >"$log" 2>&1 &
+    herald|herald-chat|herald-live)
+      # herald-chat / herald-live: the same server; bench/run.sh puts the
+      # bench channels on `chat:` (durable) or `live:` (volatile).
+      PEER_ARGS=(--peer herald --dev)
+      HERALD_LOG=warn "$HERALD" serve --dev --config "$ROOT/bench/herald.toml" --data-dir "$SERVER_DIR/data" \
+        --listen "127.0.0.1:$HERALD_PORT" >"$log" 2>&1 &
       SERVER_PID=$!
       TARGET=http://127.0.0.1:$HERALD_PORT
-      PEER_ARGS+=(--dev)
       wait_for curl -sf "$TARGET/healthz"
       ;;
     ws)

@@ -1,22 +1,35 @@
 #!/usr/bin/env bash
 # Run Herald and the peer servers in turn (A B C … A B C …), several
 # repetitions, each run against a freshly started server, and print a
-# table of medians with Herald/peer ratios (bench/table.py).
+# table of medians (bench/table.py).
 #
-#   bench/run.sh [--reps N] [--servers "herald ws socketio socketioxide nats"]
-#                [--scenarios "idle fanout p2p publish reconnect acked"] [--out DIR] [--quick]
-#                [--no-build]
+#   bench/run.sh [--suite hot|compare] [--reps N] [--servers "..."] [--scenarios "..."]
+#                [--out DIR] [--quick] [--no-build]
+#
+# --suite hot (the default): the hot-paths table (docs/benchmarks.md):
+#   servers "herald-chat herald-live nats ws" (Herald with the bench
+#   channels on durable `chat:` and on volatile `live:`; socketio and
+#   socketioxide may be added), scenarios "p2p fanout idle publish":
+#   p2p and fanout with pipelined WebSocket publishers (--publish-via ws),
+#   idle (Herald on `chat:`), HTTP publish (Herald only). Medians of
+#   --reps (default 2), Herald/NATS ratios, and the targets.
+# --suite compare: every scenario against every peer with HTTP publishers
+#   (servers "herald ws socketio socketioxide nats", scenarios "idle fanout
+#   p2p publish reconnect acked", --reps default 3).
 #
 # The herald binary is copied into DIR/bin first and used from there (for
 # the server and the bench), so a rebuild during the run changes nothing.
 # --no-build skips bench/setup.sh and uses the binary as it is.
 #
-# Sizes come from the environment (defaults: the figures in
-# docs/benchmarks.md): IDLE_CONNS, IDLE_HOLD, FANOUT_SUBS, FANOUT_MESSAGES,
-# FANOUT_RATE, P2P_USERS, P2P_MESSAGES, PUBLISHERS, PUBLISH_MESSAGES,
-# RECONNECT_CLIENTS, ACKED_USERS, ACKED_MESSAGES (per user and phase), and
-# NAMESPACE (of the per-user channels of idle and p2p; default `user`;
-# acked always runs on `user`). `--quick` shrinks them for a smoke run.
+# Sizes come from the environment. hot: P2P_USERS (1000), P2P_MESSAGES
+# (100000), SIZE (100 bytes), WINDOW (1000), FANOUT_SUBS (5000),
+# FANOUT_MESSAGES (1000, back to back), FANOUT_PACED (100), FANOUT_RATE
+# (10,max), IDLE_CONNS (15000), IDLE_HOLD (30s), PUBLISHERS (64),
+# PUBLISH_MESSAGES (20000), TIMEOUT (300s, each phase's deadline). compare: the same names with the defaults of
+# the figures in docs/benchmarks.md, plus RECONNECT_CLIENTS, ACKED_USERS,
+# ACKED_MESSAGES and NAMESPACE (of the per-user channels of idle and p2p;
+# default `user`; acked always runs on `user`). `--quick` shrinks them
+# for a smoke run.
 #
 # `reconnect` and `acked` run against Herald only: the peers have no resume,
 # so a dropped client loses what was published meanwhile by design, and no
@@ -27,40 +40,75 @@ ROOT=$PWD
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 
-REPS=3
-SERVERS="herald ws socketio socketioxide nats"
-SCENARIOS="idle fanout p2p publish reconnect acked"
+SUITE=hot
+REPS=
+SERVERS=
+SCENARIOS=
 OUT=
 BUILD=1
+QUICK=0
 while [ $# -gt 0 ]; do
   case $1 in
+    --suite) SUITE=$2; shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
     --servers) SERVERS=$2; shift 2 ;;
     --scenarios) SCENARIOS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
-    --quick)
-      : "${IDLE_CONNS:=2000}" "${IDLE_HOLD:=5s}" "${FANOUT_SUBS:=500}" "${FANOUT_MESSAGES:=50}"
-      : "${P2P_USERS:=200}" "${P2P_MESSAGES:=2000}" "${PUBLISH_MESSAGES:=2000}" "${RECONNECT_CLIENTS:=100}"
-      : "${ACKED_USERS:=200}" "${ACKED_MESSAGES:=20}"
-      shift ;;
-    -h|--help) sed -n '2,23p' "$ROOT/bench/run.sh"; exit 0 ;;
+    --quick) QUICK=1; shift ;;
+    -h|--help) sed -n '2,36p' "$ROOT/bench/run.sh"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
-IDLE_CONNS=${IDLE_CONNS:-15000}
-IDLE_HOLD=${IDLE_HOLD:-30s}
-FANOUT_SUBS=${FANOUT_SUBS:-5000}
-FANOUT_MESSAGES=${FANOUT_MESSAGES:-200}
-FANOUT_RATE=${FANOUT_RATE:-20,max}
-P2P_USERS=${P2P_USERS:-1000}
-P2P_MESSAGES=${P2P_MESSAGES:-20000}
-PUBLISHERS=${PUBLISHERS:-64}
-PUBLISH_MESSAGES=${PUBLISH_MESSAGES:-20000}
-RECONNECT_CLIENTS=${RECONNECT_CLIENTS:-1000}
-ACKED_USERS=${ACKED_USERS:-1000}
-ACKED_MESSAGES=${ACKED_MESSAGES:-50}
-NAMESPACE=${NAMESPACE:-user}
+
+case $SUITE in
+  hot)
+    REPS=${REPS:-2}
+    SERVERS=${SERVERS:-herald-chat herald-live nats ws}
+    SCENARIOS=${SCENARIOS:-p2p fanout idle publish}
+    if [ "$QUICK" = 1 ]; then
+      : "${P2P_USERS:=200}" "${P2P_MESSAGES:=20000}" "${FANOUT_SUBS:=500}" "${FANOUT_MESSAGES:=200}"
+      : "${FANOUT_PACED:=20}" "${IDLE_CONNS:=2000}" "${IDLE_HOLD:=5s}" "${PUBLISH_MESSAGES:=2000}"
+    fi
+    P2P_USERS=${P2P_USERS:-1000}
+    P2P_MESSAGES=${P2P_MESSAGES:-100000}
+    SIZE=${SIZE:-100}
+    WINDOW=${WINDOW:-1000}
+    FANOUT_SUBS=${FANOUT_SUBS:-5000}
+    FANOUT_MESSAGES=${FANOUT_MESSAGES:-1000}
+    FANOUT_PACED=${FANOUT_PACED:-100}
+    FANOUT_RATE=${FANOUT_RATE:-10,max}
+    IDLE_CONNS=${IDLE_CONNS:-15000}
+    IDLE_HOLD=${IDLE_HOLD:-30s}
+    PUBLISHERS=${PUBLISHERS:-64}
+    PUBLISH_MESSAGES=${PUBLISH_MESSAGES:-20000}
+    TIMEOUT=${TIMEOUT:-300s}
+    ;;
+  compare)
+    REPS=${REPS:-3}
+    SERVERS=${SERVERS:-herald ws socketio socketioxide nats}
+    SCENARIOS=${SCENARIOS:-idle fanout p2p publish reconnect acked}
+    if [ "$QUICK" = 1 ]; then
+      : "${IDLE_CONNS:=2000}" "${IDLE_HOLD:=5s}" "${FANOUT_SUBS:=500}" "${FANOUT_MESSAGES:=50}"
+      : "${P2P_USERS:=200}" "${P2P_MESSAGES:=2000}" "${PUBLISH_MESSAGES:=2000}" "${RECONNECT_CLIENTS:=100}"
+      : "${ACKED_USERS:=200}" "${ACKED_MESSAGES:=20}"
+    fi
+    IDLE_CONNS=${IDLE_CONNS:-15000}
+    IDLE_HOLD=${IDLE_HOLD:-30s}
+    FANOUT_SUBS=${FANOUT_SUBS:-5000}
+    FANOUT_MESSAGES=${FANOUT_MESSAGES:-200}
+    FANOUT_RATE=${FANOUT_RATE:-20,max}
+    P2P_USERS=${P2P_USERS:-1000}
+    P2P_MESSAGES=${P2P_MESSAGES:-20000}
+    PUBLISHERS=${PUBLISHERS:-64}
+    PUBLISH_MESSAGES=${PUBLISH_MESSAGES:-20000}
+    RECONNECT_CLIENTS=${RECONNECT_CLIENTS:-1000}
+    ACKED_USERS=${ACKED_USERS:-1000}
+    ACKED_MESSAGES=${ACKED_MESSAGES:-50}
+    NAMESPACE=${NAMESPACE:-user}
+    ;;
+  *) echo "unknown suite: $SUITE (hot or compare)" >&2; exit 2 ;;
+esac
 
 OUT=${OUT:-$ROOT/bench/results/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
@@ -68,8 +116,10 @@ JSON=$OUT/results.jsonl
 LOG=$OUT/run.log
 
 if [ "$BUILD" = 1 ]; then
+  # herald-chat and herald-live are the herald build.
+  setup=$(echo "$SERVERS" | tr ' ' '\n' | sed 's/^herald-.*/herald/' | sort -u | tr '\n' ' ')
   # shellcheck disable=SC2086
-  bash "$ROOT/bench/setup.sh" $SERVERS >>"$LOG" 2>&1 || { echo "setup failed, see $LOG" >&2; exit 1; }
+  bash "$ROOT/bench/setup.sh" $setup >>"$LOG" 2>&1 || { echo "setup failed, see $LOG" >&2; exit 1; }
 fi
 mkdir -p "$OUT/bin"
 cp "$HERALD" "$OUT/bin/herald" || { echo "no herald binary at $HERALD (run bench/setup.sh)" >&2; exit 1; }
@@ -78,14 +128,41 @@ HERALD=$OUT/bin/herald
 trap 'stop_server' EXIT
 trap 'stop_server; exit 130' INT TERM
 
+# Whether this suite runs SCENARIO against SERVER.
+runs() {
+  local scenario=$1 server=$2
+  case $SUITE/$scenario in
+    */reconnect|*/acked) [ "$server" = herald ] ;;
+    # One connection's idle cost does not depend on the namespace.
+    hot/idle) [ "$server" != herald-live ] ;;
+    # The HTTP publish row is Herald's own figure.
+    hot/publish) [ "$server" = herald-chat ] || [ "$server" = herald ] ;;
+    *) true ;;
+  esac
+}
+
 scenario_args() {
-  case $1 in
-    idle) echo "--connections $IDLE_CONNS --hold $IDLE_HOLD --namespace $NAMESPACE" ;;
-    fanout) echo "--connections $FANOUT_SUBS --messages $FANOUT_MESSAGES --rate $FANOUT_RATE" ;;
-    p2p) echo "--connections $P2P_USERS --messages $P2P_MESSAGES --namespace $NAMESPACE" ;;
-    publish) echo "--publishers $PUBLISHERS --messages $PUBLISH_MESSAGES" ;;
-    reconnect) echo "--connections $RECONNECT_CLIENTS" ;;
-    acked) echo "--connections $ACKED_USERS --messages $ACKED_MESSAGES --namespace user" ;;
+  local scenario=$1 server=$2
+  case $server in
+    herald-chat) echo -n "--namespace chat " ;;
+    herald-live) echo -n "--namespace live " ;;
+  esac
+  case $SUITE/$scenario in
+    hot/*) echo -n "--timeout $TIMEOUT " ;;
+  esac
+  case $SUITE/$scenario in
+    hot/p2p) echo "--publish-via ws --window $WINDOW --connections $P2P_USERS --messages $P2P_MESSAGES --size $SIZE" ;;
+    hot/fanout)
+      echo "--publish-via ws --window $WINDOW --connections $FANOUT_SUBS --messages $FANOUT_MESSAGES" \
+        "--paced-messages $FANOUT_PACED --rate $FANOUT_RATE --size $SIZE" ;;
+    hot/idle) echo "--connections $IDLE_CONNS --hold $IDLE_HOLD" ;;
+    hot/publish) echo "--publishers $PUBLISHERS --messages $PUBLISH_MESSAGES --size $SIZE" ;;
+    compare/idle) echo "--connections $IDLE_CONNS --hold $IDLE_HOLD --namespace $NAMESPACE" ;;
+    compare/fanout) echo "--connections $FANOUT_SUBS --messages $FANOUT_MESSAGES --rate $FANOUT_RATE" ;;
+    compare/p2p) echo "--connections $P2P_USERS --messages $P2P_MESSAGES --namespace $NAMESPACE" ;;
+    compare/publish) echo "--publishers $PUBLISHERS --messages $PUBLISH_MESSAGES" ;;
+    compare/reconnect) echo "--connections $RECONNECT_CLIENTS" ;;
+    compare/acked) echo "--connections $ACKED_USERS --messages $ACKED_MESSAGES --namespace user" ;;
   esac
 }
 
@@ -93,9 +170,7 @@ failures=0
 for rep in $(seq 1 "$REPS"); do
   for scenario in $SCENARIOS; do
     for server in $SERVERS; do
-      case $scenario in
-        reconnect|acked) if [ "$server" != herald ]; then continue; fi ;;
-      esac
+      runs "$scenario" "$server" || continue
       echo "== rep $rep/$REPS  $scenario  $server" | tee -a "$LOG"
       if ! start_server "$server" >>"$LOG" 2>&1; then
         echo "   !! $server did not start (see $LOG)" | tee -a "$LOG"
@@ -106,7 +181,7 @@ for rep in $(seq 1 "$REPS"); do
       # pipefail: the pipeline fails when the bench does.
       # shellcheck disable=SC2046
       if ! "$HERALD" bench "$scenario" --target "$TARGET" "${PEER_ARGS[@]}" --server-pid "$SERVER_PID" \
-          --label "rep=$rep" --json "$JSON" $(scenario_args "$scenario") 2>&1 | tee -a "$LOG"; then
+          --label "rep=$rep" --json "$JSON" $(scenario_args "$scenario" "$server") 2>&1 | tee -a "$LOG"; then
         failures=$((failures + 1))
       fi
       stop_server
@@ -116,7 +191,11 @@ for rep in $(seq 1 "$REPS"); do
 done
 
 echo
-python3 "$ROOT/bench/table.py" "$JSON" | tee "$OUT/table.md"
+if [ "$SUITE" = hot ]; then
+  python3 "$ROOT/bench/table.py" --hot "$JSON" | tee "$OUT/table.md"
+else
+  python3 "$ROOT/bench/table.py" "$JSON" | tee "$OUT/table.md"
+fi
 echo
 echo "results: $JSON  log: $LOG  table: $OUT/table.md"
 if [ "$failures" -gt 0 ]; then

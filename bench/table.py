@@ -1,12 +1,20 @@
 #!/usr/bin/env python3
-"""Median table from `herald bench --json` output (one JSON object per line).
+"""Median tables from `herald bench --json` output (one JSON object per line).
 
-    python3 bench/table.py results.jsonl
+    python3 bench/table.py results.jsonl          # every figure, every server
+    python3 bench/table.py --hot results.jsonl    # the hot-paths table
 
-One row per figure and parameter set, one column per server (Herald first),
-each cell the median over the repetitions that passed verification, then
-Herald/peer ratios. Runs that failed verification are counted, not used.
-Standard library only.
+Default: one row per figure and parameter set, one column per server
+(Herald first), each cell the median over the repetitions that passed
+verification, then Herald/peer ratios.
+
+`--hot` (what `bench/run.sh` prints by default): the figures of issue 12's
+table side by side, Herald on durable `chat:` and volatile `live:` channels
+in two columns, then NATS, `ws` and whatever else ran, then Herald/NATS
+ratios and the target each figure is judged against. Every row names its
+load shape.
+
+Runs that failed verification are counted, not used. Standard library only.
 """
 import json
 import statistics
@@ -121,7 +129,160 @@ def main(path):
           "lower is better for memory, CPU, latency and resume time.")
 
 
+def column(run):
+    """The hot table's column of a run: Herald per namespace, peers by name."""
+    if run["peer"] != "herald":
+        return run["peer"]
+    return f"herald {run.get('namespace') or 'chat'}:"
+
+
+def n(v):
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def hot_rows(run):
+    """(row key, label, field, unit, target) for each figure of a run that
+    belongs in the hot table; the label names the load shape."""
+    s = run["scenario"]
+    via = run.get("publish_via")
+    conns = run.get("ws_publishers") or 1
+    pipelined = (
+        f"pipelined over {'one WS connection' if conns == 1 else f'{n(conns)} WS connections'}, "
+        f"window {n(run.get('window'))}"
+        if via == "ws"
+        else "HTTP, one request in flight per publisher"
+    )
+    size = run.get("size")
+    if s == "p2p":
+        label = (
+            f"p2p: {n(run.get('messages'))} × {size} B round-robin to {n(run.get('connections'))} users' "
+            f"channels, {pipelined}: deliveries/s"
+        )
+        yield ("p2p", via, run.get("messages"), run.get("connections")), label, "deliveries_per_s", "", "p2p"
+    elif s == "fanout":
+        subs, msgs = n(run.get("connections")), n(run.get("messages"))
+        if run.get("rate") == "max":
+            label = f"fan-out: {subs} subscribers on one channel, {msgs} messages back to back, {pipelined}: deliveries/s"
+            yield ("fanout-max", via, run.get("messages"), run.get("connections")), label, "deliveries_per_s", "", "fanout"
+        else:
+            rate = run.get("rate")
+            per_s = float(rate) * (run.get("connections") or 0)
+            label = (
+                f"fan-out: same subscribers, {msgs} messages at {rate} msg/s (= {per_s:,.0f} deliveries/s), "
+                f"{pipelined}: p99 publish → deliver"
+            )
+            yield ("fanout-rate", via, rate, run.get("connections")), label, "p99_ms", "ms", "fanout-p99"
+    elif s == "idle":
+        conns = n(run.get("connections"))
+        key = ("idle", run.get("connections"))
+        yield key + ("kb",), f"idle: {conns} connections, each on its own channel: server RSS per connection", \
+            "rss_per_conn_kb", "KB", "idle-kb"
+        yield key + ("cpu",), f"idle: {conns} connections: server CPU over the hold", "server_cpu_pct", "%", "idle-cpu"
+    elif s == "publish":
+        label = (
+            f"HTTP publish: {n(run.get('publishers'))} publishers, one request in flight each, "
+            f"Idempotency-Key on every publish, {size} B: publishes/s"
+        )
+        yield ("publish", run.get("publishers")), label, "publishes_per_s", "", "http"
+
+
+# What later work is judged against (issue 12), as a check on the medians.
+# (kind, column) -> (text, needs a NATS median, check(herald, nats)).
+TARGETS = {
+    ("p2p", "herald live:"): ("≥ 1.0 × NATS", True, lambda h, o: h >= o),
+    ("p2p", "herald chat:"): ("≥ 0.6 × NATS and ≥ 100,000", True, lambda h, o: h >= 0.6 * o and h >= 100_000),
+    ("fanout", "herald chat:"): ("≥ 1.0 × NATS", True, lambda h, o: h >= o),
+    ("fanout", "herald live:"): ("≥ 1.0 × NATS", True, lambda h, o: h >= o),
+    ("fanout-p99", "herald chat:"): ("≤ 25 ms", False, lambda h, o: h <= 25),
+    ("fanout-p99", "herald live:"): ("≤ 25 ms", False, lambda h, o: h <= 25),
+    ("idle-kb", "herald chat:"): ("≤ 3.0 KB", False, lambda h, o: h <= 3.0),
+    ("idle-cpu", "herald chat:"): ("≤ 0.3 %", False, lambda h, o: h <= 0.3),
+    ("http", "herald chat:"): ("≥ 60,000", False, lambda h, o: h >= 60_000),
+}
+
+
+def ratio(a, b):
+    if a is None or not b:
+        return "–"
+    r = a / b
+    return f"{r:.2f}" if r >= 0.1 else f"{r:.3f}"
+
+
+def hot(path):
+    runs = [json.loads(line) for line in open(path) if line.strip()]
+    preferred = ["herald chat:", "herald live:", "nats", "ws", "socketio", "socketioxide"]
+    seen = list(OrderedDict.fromkeys(column(r) for r in runs))
+    columns = [c for c in preferred if c in seen] + [c for c in seen if c not in preferred]
+    heralds = [c for c in columns if c.startswith("herald")]
+    values = defaultdict(list)  # (row key, column) -> [v]
+    rows = OrderedDict()  # row key -> (label, unit, kind)
+    failed = defaultdict(int)
+    for r in runs:
+        for key, label, field, unit, kind in hot_rows(r):
+            if not r.get("ok", False):
+                failed[(label, column(r))] += 1
+                continue
+            if r.get(field) is None:
+                continue
+            rows.setdefault(key, (label, unit, kind))
+            values[(key, column(r))].append(r[field])
+    order = ["p2p", "fanout", "fanout-p99", "idle-kb", "idle-cpu", "http"]
+    keys = sorted(rows, key=lambda k: (order.index(rows[k][2]), str(k)))
+    most = max((len(v) for v in values.values()), default=0)
+    ratio_cols = [h for h in heralds if "nats" in columns]
+    head = ["figure"] + columns + [f"{h}/nats" for h in ratio_cols] + ["target (Herald)"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for key in keys:
+        label, unit, kind = rows[key]
+        cells = [label + (f" ({unit})" if unit else "")]
+        med = {}
+        for c in columns:
+            vs = values.get((key, c), [])
+            if vs:
+                med[c] = statistics.median(vs)
+                cells.append(fmt(med[c]) + (f" (n={len(vs)})" if len(vs) < most else ""))
+            else:
+                cells.append("–")
+        for h in ratio_cols:
+            a, b = med.get(h), med.get("nats")
+            cells.append(ratio(a, b))
+        verdicts = []
+        for h in heralds:
+            target = TARGETS.get((kind, h))
+            if target and h in med:
+                text, needs_nats, check = target
+                if needs_nats and not med.get("nats"):
+                    verdict = "no NATS figure"
+                else:
+                    verdict = "met" if check(med[h], med.get("nats")) else "not met"
+                verdicts.append(f"{h} {text}: {verdict}")
+        cells.append("; ".join(verdicts) or "–")
+        print("| " + " | ".join(cells) + " |")
+    print()
+    print("Medians over the repetitions that passed verification. Ratios: Herald's median divided by NATS's "
+          "(higher is better for deliveries/s and publishes/s, lower for latency, memory and CPU).")
+    if failed:
+        print()
+        for (label, c), count in failed.items():
+            print(f"- {count} run(s) of {c} FAILED verification and are not in the medians: {label}")
+    disturbed = [
+        r for r in runs if (r.get("other_cpu_pct") or 0) > DISTURBED_PCT and r.get("duration_s", 0) >= 2
+    ]
+    if disturbed:
+        print()
+        others = sorted(r["other_cpu_pct"] for r in disturbed)
+        print(f"- disturbed: in {len(disturbed)} of {len(runs)} runs other processes used more than "
+              f"{DISTURBED_PCT} % of a core (median {statistics.median(others):.0f} %, max {others[-1]:.0f} %): "
+              + ", ".join(f"{r['scenario']} {column(r)} {r.get('rate') or ''} {r.get('label') or ''} "
+                          f"{r['other_cpu_pct']:.0f} %".replace("  ", " ") for r in disturbed))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "--hot":
+        hot(args[1])
+    elif len(args) == 1 and not args[0].startswith("-"):
+        main(args[0])
+    else:
         sys.exit(__doc__)
-    main(sys.argv[1])

@@ -3,8 +3,10 @@
 //
 // A client emits "subscribe" with a channel name and an acknowledgement;
 // the server joins the socket to the room of that name and acknowledges.
-// POST /publish/CHANNEL emits "msg" with the parsed body to the room. The
-// in-memory adapter, no connection state recovery: nothing is stored.
+// POST /publish/CHANNEL emits "msg" with the parsed body to the room; so
+// does a client's "publish" event (channel, data, ack), acknowledged once
+// the emit returned. The in-memory adapter, no connection state recovery:
+// nothing is stored.
 'use strict';
 
 const http = require('http');
@@ -26,6 +28,11 @@ io.on('connection', (socket) => {
   socket.on('subscribe', (channel, ack) => {
     if (typeof channel !== 'string') return;
     socket.join(channel);
+    if (typeof ack === 'function') ack('ok');
+  });
+  socket.on('publish', (channel, data, ack) => {
+    if (typeof channel !== 'string') return;
+    io.to(channel).emit('msg', data);
     if (typeof ack === 'function') ack('ok');
   });
 });

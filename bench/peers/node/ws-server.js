@@ -3,8 +3,11 @@
 // WebSocket on /: the client sends {"sub": CHANNEL}; the server adds the
 // socket to the channel's Set and answers {"ok": CHANNEL}. POST
 // /publish/CHANNEL sends the body, unchanged, as one text frame to every
-// socket in the set. No storage, no resume, no ordering guarantee beyond
-// one process handling publishes in arrival order.
+// socket in the set. A socket may also publish: {"pub": CHANNEL, "req": N,
+// "data": ANY} sends JSON.stringify(data) to every socket in the set and
+// answers {"ack": N} (a malformed publish: {"err": N, "why": ...}), the
+// way an app acknowledges a client's message. No storage, no resume, no
+// ordering guarantee beyond one process handling publishes in arrival order.
 'use strict';
 
 const http = require('http');
@@ -32,6 +35,15 @@ wss.on('connection', (ws) => {
       msg = JSON.parse(data);
     } catch {
       ws.close(4000, 'bad json');
+      return;
+    }
+    if (typeof msg.pub === 'string') {
+      if (!('data' in msg)) {
+        ws.send(JSON.stringify({ err: msg.req, why: 'no data' }));
+        return;
+      }
+      publish(msg.pub, JSON.stringify(msg.data));
+      ws.send(`{"ack":${Number(msg.req)}}`);
       return;
     }
     if (typeof msg.sub !== 'string') return;

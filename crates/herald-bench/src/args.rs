@@ -59,7 +59,8 @@ pub enum Peer {
     Socketio,
     /// bench/peers/socketioxide: the Rust Socket.IO server (axum), HTTP publish
     Socketioxide,
-    /// nats-server with its WebSocket listener; publishers use the TCP port
+    /// nats-server with its WebSocket listener; HTTP-mode publishers use the
+    /// TCP port, `--publish-via ws` publishers the WebSocket listener
     Nats,
 }
 
@@ -71,6 +72,27 @@ impl Peer {
             Peer::Socketio => "socketio",
             Peer::Socketioxide => "socketioxide",
             Peer::Nats => "nats",
+        }
+    }
+}
+
+/// How the fan-out and p2p publishers reach the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PublishVia {
+    /// One request in flight per publisher: Herald's HTTP API, the peers'
+    /// `POST /publish`, NATS `PUB` + `PING` on the client port
+    Http,
+    /// Pipelined WebSocket publishers: frames written back to back with at
+    /// most `--window` unacknowledged publishes per connection
+    Ws,
+}
+
+impl PublishVia {
+    pub fn name(self) -> &'static str {
+        match self {
+            PublishVia::Http => "http",
+            PublishVia::Ws => "ws",
         }
     }
 }
@@ -164,14 +186,29 @@ pub struct BenchArgs {
     /// phases. Default: fanout `20,max`, reconnect `50`, others `max`
     #[arg(long)]
     pub rate: Option<String>,
+    /// fanout: messages in each fixed-rate phase (default: `--messages`)
+    #[arg(long)]
+    pub paced_messages: Option<u64>,
     /// Message payload size in bytes (JSON with a timestamp, padded)
     #[arg(long, default_value_t = 64)]
     pub size: usize,
-    /// idle, p2p, acked: namespace of each user's own channel (`user` is
-    /// acked on Herald by default: the bench acks; `chat` is durable; acked
-    /// needs an acked one)
-    #[arg(long, default_value = "user")]
-    pub namespace: String,
+    /// Namespace of the bench channels. idle, p2p, acked: each user's own
+    /// channel (default `user`, acked on Herald: the bench acks; `chat` is
+    /// durable, `live` volatile; acked needs an acked one). fanout: the
+    /// shared channel (default `chat`)
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// fanout, p2p: publish over HTTP (one request in flight per publisher)
+    /// or over pipelined WebSocket connections
+    #[arg(long, value_enum, default_value_t = PublishVia::Http)]
+    pub publish_via: PublishVia,
+    /// `--publish-via ws`: most unacknowledged publishes per connection
+    #[arg(long, default_value_t = 1000)]
+    pub window: usize,
+    /// `--publish-via ws`: publishing connections (p2p shares the users
+    /// between them; fanout needs exactly one)
+    #[arg(long, default_value_t = 1)]
+    pub ws_publishers: usize,
     /// Concurrent HTTP publishers (publish, p2p, acked). Default: 64 (p2p,
     /// acked: 32)
     #[arg(long)]
@@ -225,6 +262,15 @@ impl BenchArgs {
         })
     }
 
+    /// The namespace of the bench channels (see `--namespace`).
+    pub fn namespace(&self) -> &str {
+        match (&self.namespace, self.scenario) {
+            (Some(ns), _) => ns,
+            (None, Scenario::Fanout) => "chat",
+            (None, _) => "user",
+        }
+    }
+
     pub fn rates(&self) -> anyhow::Result<Vec<Rate>> {
         let default = match self.scenario {
             Scenario::Fanout => "20,max",
@@ -255,8 +301,24 @@ impl BenchArgs {
         if self.conns_per_worker == 0 || self.connect_concurrency == 0 {
             bail!("--conns-per-worker and --connect-concurrency must be positive");
         }
-        if self.namespace.is_empty() || self.namespace.contains(':') {
+        if self.namespace().is_empty() || self.namespace().contains(':') {
             bail!("--namespace takes a namespace name without `:`, e.g. user or chat");
+        }
+        if self.publish_via == PublishVia::Ws {
+            if !matches!(self.scenario, Scenario::Fanout | Scenario::P2p) {
+                bail!("--publish-via ws applies to fanout and p2p only");
+            }
+            if self.publish_target.is_some() {
+                bail!("--publish-target applies to HTTP publishers only");
+            }
+            if self.window == 0 || self.ws_publishers == 0 {
+                bail!("--window and --ws-publishers must be positive");
+            }
+            // Subscribers check the publisher's own sequence numbers, in
+            // order: one channel needs one sequential publisher.
+            if self.scenario == Scenario::Fanout && self.ws_publishers != 1 {
+                bail!("fanout publishes to one channel: --ws-publishers must be 1");
+            }
         }
         if self.scenario == Scenario::Acked && self.peer != Peer::Herald {
             bail!("`acked` runs against Herald only: the peers have no acked delivery");
@@ -299,6 +361,30 @@ mod tests {
         assert!(a.validate().is_ok());
         assert_eq!((a.connections(), a.publishers(), a.rates().unwrap()), (1000, 32, vec![Rate::Max]));
         assert!(parse(&["acked", "--peer", "ws"]).validate().is_err());
+    }
+
+    #[test]
+    fn ws_publishing_is_for_fanout_and_p2p_with_one_fanout_publisher() {
+        let p2p =
+            parse(&["p2p", "--dev", "--publish-via", "ws", "--ws-publishers", "4", "--namespace", "live"]);
+        assert!(p2p.validate().is_ok());
+        assert_eq!((p2p.window, p2p.ws_publishers, p2p.namespace()), (1000, 4, "live"));
+        assert!(parse(&["fanout", "--dev", "--publish-via", "ws"]).validate().is_ok());
+        assert!(parse(&["fanout", "--dev", "--publish-via", "ws", "--ws-publishers", "2"])
+            .validate()
+            .is_err());
+        assert!(parse(&["publish", "--dev", "--publish-via", "ws"]).validate().is_err());
+        assert!(parse(&["p2p", "--dev", "--publish-via", "ws", "--window", "0"]).validate().is_err());
+        let http = parse(&["p2p", "--dev"]);
+        assert_eq!((http.publish_via, http.namespace()), (PublishVia::Http, "user"));
+    }
+
+    #[test]
+    fn fanout_defaults_to_chat_and_others_to_user() {
+        assert_eq!(parse(&["fanout", "--dev"]).namespace(), "chat");
+        assert_eq!(parse(&["idle", "--dev"]).namespace(), "user");
+        assert_eq!(parse(&["fanout", "--dev", "--namespace", "live"]).namespace(), "live");
+        assert!(parse(&["fanout", "--dev", "--namespace", "chat:x"]).validate().is_err());
     }
 
     #[test]

@@ -25,6 +25,7 @@ mod fleet;
 mod herald_api;
 mod hist;
 mod payload;
+mod pipelined;
 mod proc_stats;
 mod protocol;
 mod publisher;
@@ -35,7 +36,7 @@ mod worker;
 
 use std::process::ExitCode;
 
-pub use args::{BenchArgs, Peer, Rate, Scenario};
+pub use args::{BenchArgs, Peer, PublishVia, Rate, Scenario};
 
 /// Run `herald bench ...` to completion. The binary must route
 /// `<exe> bench worker` here too: the bench starts its workers that way.

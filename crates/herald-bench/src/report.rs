@@ -50,6 +50,16 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     pub workers: u64,
+    /// fanout, p2p: `http` (one request in flight per publisher) or `ws`
+    /// (pipelined WebSocket publishers).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publish_via: Option<&'static str>,
+    /// `ws` publishing: most unanswered publishes per connection, and the
+    /// number of publishing connections.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ws_publishers: Option<u64>,
     // verification
     pub expected: u64,
     pub delivered: u64,
@@ -77,6 +87,12 @@ pub struct Report {
     pub max_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mean_ms: Option<f64>,
+    /// `ws` publishing: publish → the server's answer, over every publish
+    /// of the phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publish_p50_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub publish_p99_ms: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_rss_before_kb: Option<u64>,
     /// idle: a few seconds after the last connection opened.
@@ -157,6 +173,9 @@ impl Report {
             size: None,
             namespace: None,
             workers: 0,
+            publish_via: None,
+            window: None,
+            ws_publishers: None,
             expected: 0,
             delivered: 0,
             lost: 0,
@@ -173,6 +192,8 @@ impl Report {
             p999_ms: None,
             max_ms: None,
             mean_ms: None,
+            publish_p50_ms: None,
+            publish_p99_ms: None,
             server_rss_before_kb: None,
             server_rss_settled_kb: None,
             server_rss_kb: None,
@@ -236,6 +257,20 @@ impl Report {
         }
     }
 
+    /// The publishing side of a phase: how, and (pipelined) what the
+    /// publishers' answers took.
+    pub fn apply_publishing(&mut self, args: &BenchArgs, answers: Option<&Histogram>) {
+        self.publish_via = Some(args.publish_via.name());
+        if args.publish_via == crate::args::PublishVia::Ws {
+            self.window = Some(args.window as u64);
+            self.ws_publishers = Some(args.ws_publishers as u64);
+        }
+        if let Some(h) = answers {
+            self.publish_p50_ms = h.quantile_ms(0.5);
+            self.publish_p99_ms = h.quantile_ms(0.99);
+        }
+    }
+
     pub fn fail(&mut self, problem: impl Into<String>) {
         self.ok = false;
         self.problems.push(problem.into());
@@ -268,6 +303,9 @@ impl Report {
         s.push_str(&format!("\n   connections {}   workers {}", self.connections, self.workers));
         if let Some(p) = self.publishers {
             s.push_str(&format!("   publishers {p}"));
+        }
+        if let (Some(via), Some(w)) = (self.publish_via, self.window) {
+            s.push_str(&format!("   publish via {via} (window {w})"));
         }
         s.push_str(&format!("   duration {:.1} s\n", self.duration_s));
         if self.expected > 0 {
@@ -303,6 +341,8 @@ impl Report {
         add("p50", self.p50_ms, " ms");
         add("p99", self.p99_ms, " ms");
         add("p99.9", self.p999_ms, " ms");
+        add("publish→answer p50", self.publish_p50_ms, " ms");
+        add("publish→answer p99", self.publish_p99_ms, " ms");
         add("max", self.max_ms, " ms");
         add("all resumed in", self.all_resumed_s, " s");
         add("resume p50", self.resume_p50_ms, " ms");

@@ -6,6 +6,8 @@
 //!   joins the room of that name and the ack answers `"ok"`;
 //! - `POST /publish/{channel}` with a JSON body emits `msg` with it to the
 //!   room, answering 201 once the emit returned;
+//! - a client's `publish` event (channel, data) with an ack does the same
+//!   and acks `"ok"` once the emit returned;
 //! - `GET /version` names the versions.
 //!
 //! In-memory adapter, nothing stored, no resume.
@@ -37,13 +39,27 @@ async fn register_listeners(socket: SocketRef) -> Result<(), std::convert::Infal
         socket.join(channel);
         let _ = ack.send("ok");
     });
+    socket.on(
+        "publish",
+        async |socket: SocketRef, Data::<(String, serde_json::Value)>((channel, data)), ack: AckSender| {
+            // socketioxide runs each event's handler as its own task: a
+            // socket's publishes are not emitted in the order it sent them.
+            match socket.broadcast().to(channel).emit("msg", &data).await {
+                Ok(()) => drop(ack.send("ok")),
+                Err(e) => drop(ack.send(&format!("error: {e}"))),
+            }
+        },
+    );
     Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port: u16 = std::env::args().nth(1).and_then(|p| p.parse().ok()).ok_or("usage: socketioxide-peer PORT")?;
-    let (layer, io) = SocketIo::new_layer();
+    // A socket's send buffer holds as many packets as a Herald outbox
+    // (limits.outbox_capacity, 1,024) instead of 128: beyond it, emit fails
+    // for that socket and the message is lost to it.
+    let (layer, io) = SocketIo::builder().max_buffer_size(1024).build_layer();
     // socketioxide sends the connect reply before it runs the connect
     // handler, in a spawned task: an event the client sends right after
     // connecting can find no listener yet and is dropped (seen here under a

@@ -219,7 +219,7 @@ impl SubConn {
 }
 
 /// TCP connect from `source` and WebSocket upgrade on `path`.
-async fn connect(
+pub(crate) async fn connect(
     ep: &Endpoint,
     source: Option<Ipv4Addr>,
     path: &str,

@@ -22,6 +22,24 @@ use crate::payload::Stamp;
 pub const PATH: &str = "/socket.io/?EIO=4&transport=websocket";
 
 pub async fn subscribe(ws: &mut Ws, channel: &str, deadline: Instant) -> anyhow::Result<Subscribed> {
+    connect(ws, deadline).await?;
+    let event = serde_json::to_string(&("subscribe", channel))?;
+    ws.send(Message::text(format!("420{event}"))).await.context("cannot send subscribe")?;
+    loop {
+        let msg = next_data(ws, deadline, "the subscribe acknowledgement").await?;
+        let p: &[u8] = msg.as_payload();
+        if p.starts_with(b"430") {
+            return Ok(Subscribed::default());
+        }
+        if p == b"2" {
+            ws.send(Message::text("3")).await?;
+        }
+    }
+}
+
+/// The Engine.IO open packet and the Socket.IO connect to the main
+/// namespace, answered by `40{"sid":...}`.
+pub async fn connect(ws: &mut Ws, deadline: Instant) -> anyhow::Result<()> {
     let open = next_data(ws, deadline, "the Engine.IO open packet").await?;
     if !open.as_payload().starts_with(b"0{") {
         bail!("expected an Engine.IO open packet, got {}", clip(open.as_payload()));
@@ -31,22 +49,10 @@ pub async fn subscribe(ws: &mut Ws, channel: &str, deadline: Instant) -> anyhow:
         let msg = next_data(ws, deadline, "the Socket.IO connect reply").await?;
         let p: &[u8] = msg.as_payload();
         if p.starts_with(b"40") {
-            break;
+            return Ok(());
         }
         if p.starts_with(b"44") {
             bail!("Socket.IO connect refused: {}", clip(p));
-        }
-        if p == b"2" {
-            ws.send(Message::text("3")).await?;
-        }
-    }
-    let event = serde_json::to_string(&("subscribe", channel))?;
-    ws.send(Message::text(format!("420{event}"))).await.context("cannot send subscribe")?;
-    loop {
-        let msg = next_data(ws, deadline, "the subscribe acknowledgement").await?;
-        let p: &[u8] = msg.as_payload();
-        if p.starts_with(b"430") {
-            return Ok(Subscribed::default());
         }
         if p == b"2" {
             ws.send(Message::text("3")).await?;

@@ -64,7 +64,7 @@ impl Setup<'_> {
         let mut r = self.ctx.report();
         r.phase = Some(phase);
         r.connections = self.n as u64;
-        r.namespace = Some(self.ctx.args.namespace.clone());
+        r.namespace = Some(self.ctx.args.namespace().to_owned());
         r.publishers = Some(self.publishers as u64);
         r.messages = Some(self.m * self.n as u64);
         r.size = Some(self.ctx.args.size as u64);
@@ -89,7 +89,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     if m == 0 {
         bail!("--messages (per user) must be positive for `acked`");
     }
-    let layout = Layout::PerUser { prefix: format!("{}:", args.namespace) };
+    let layout = Layout::PerUser { prefix: format!("{}:", args.namespace()) };
     let setup = Setup {
         ctx,
         api,
@@ -100,7 +100,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
         channels: (0..n).map(|i| WorkerSpec::channel(&layout, &ctx.run_id, i)).collect(),
     };
     ensure_acked(api, &setup.channels[0]).await.map_err(|e| {
-        e.context(format!("`acked` needs an acked namespace (--namespace {} is not)", args.namespace))
+        e.context(format!("`acked` needs an acked namespace (--namespace {} is not)", args.namespace()))
     })?;
 
     // Fill the offline inboxes (not timed as delivery).

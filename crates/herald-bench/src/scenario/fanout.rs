@@ -1,26 +1,50 @@
-//! `fanout`: N subscribers on one channel and one sequential publisher;
-//! for each `--rate` (default: a fixed rate, then max), M messages of
-//! `--size` bytes. One report per rate: deliveries/s (from the first
-//! publish to the last delivery), publish→deliver latency, server CPU.
+//! `fanout`: N subscribers on one channel (`--namespace`, default `chat:`)
+//! and one sequential publisher; for each `--rate` (default: a fixed rate,
+//! then max), M messages of `--size` bytes (`--paced-messages` in the
+//! fixed-rate phases). The publisher is one HTTP request in flight, or with
+//! `--publish-via ws` one WebSocket connection writing back to back within
+//! `--window`. One report per rate: deliveries/s (from the first publish to
+//! the last delivery), publish→deliver latency, server CPU.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::args::{PublishVia, Rate};
 use crate::fleet::{Fleet, FleetPlan};
+use crate::hist::Histogram;
+use crate::pipelined::{PipelinePlan, WsPublisher};
 use crate::proc_stats::CpuSnapshot;
+use crate::publisher::Publisher;
 use crate::report::{round2, Report};
 use crate::worker::wire::Layout;
 
-use super::{per_second, publish_loop, Ctx, PublishPlan};
+use super::{per_second, publish_loop, ws_publisher, Ctx, PublishPlan};
+
+/// The one publisher of the run.
+enum Sender {
+    Http(Publisher),
+    Ws(WsPublisher),
+}
+
+/// What one phase's publishing did.
+struct Phase {
+    sent: u64,
+    elapsed: Duration,
+    error: Option<String>,
+    answers: Option<Histogram>,
+}
 
 pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     let args = ctx.args;
     let n = args.connections();
     let m = args.messages.unwrap_or(200);
+    let paced = args.paced_messages.unwrap_or(m);
     let rates = args.rates()?;
-    let channel = format!("chat:{}", ctx.run_id);
-    let planned: f64 = rates.iter().filter_map(|r| r.interval(1)).map(|iv| iv.as_secs_f64() * m as f64).sum();
+    let count = |rate: Rate| if matches!(rate, Rate::Max) { m } else { paced };
+    let channel = format!("{}:{}", args.namespace(), ctx.run_id);
+    let planned: f64 =
+        rates.iter().filter_map(|&r| r.interval(1).map(|iv| iv.as_secs_f64() * count(r) as f64)).sum();
     let plan = FleetPlan {
         endpoint: ctx.endpoint.clone(),
         run_id: ctx.run_id.clone(),
@@ -31,13 +55,22 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     };
     let mut fleet = Fleet::start(args, plan).await?;
     println!("   {} subscribers on {channel}", fleet.connected);
-    let mut publisher = ctx.publishers.connect().await?;
+    let mut sender = match args.publish_via {
+        PublishVia::Http => Sender::Http(ctx.publishers.connect().await?),
+        PublishVia::Ws => Sender::Ws(ws_publisher(ctx, 0).await?),
+    };
     let channels = [channel];
+    let targets = match &sender {
+        Sender::Ws(p) => vec![p.target(&channels[0])],
+        Sender::Http(_) => Vec::new(),
+    };
     let mut reports = Vec::new();
     let mut n0 = 0;
     for rate in rates {
+        let m = count(rate);
         let mut report = ctx.report();
         report.connections = n as u64;
+        report.namespace = Some(args.namespace().to_owned());
         report.workers = fleet.len() as u64;
         report.messages = Some(m);
         report.rate = Some(rate.label());
@@ -46,37 +79,64 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
         let w0 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
         let start_us = crate::payload::now_micros();
         let started = Instant::now();
-        let stats = publish_loop(
-            &mut publisher,
-            PublishPlan {
-                channels: &channels,
-                n0,
-                rounds: m,
-                size: args.size,
-                interval: rate.interval(1),
-                deadline: started + args.timeout,
-                keep_acks: false,
-                idempotency_keys: false,
-            },
-        )
-        .await;
+        let deadline = started + args.timeout;
+        let interval = rate.interval(1);
+        let phase = match &mut sender {
+            Sender::Http(publisher) => {
+                let stats = publish_loop(
+                    publisher,
+                    PublishPlan {
+                        channels: &channels,
+                        n0,
+                        rounds: m,
+                        size: args.size,
+                        interval,
+                        deadline,
+                        keep_acks: false,
+                        idempotency_keys: false,
+                    },
+                )
+                .await;
+                Phase { sent: stats.published, elapsed: stats.elapsed, error: stats.error, answers: None }
+            }
+            Sender::Ws(publisher) => {
+                let window = args.window;
+                let plan = PipelinePlan {
+                    targets: &targets,
+                    n0,
+                    rounds: m,
+                    size: args.size,
+                    interval,
+                    window,
+                    deadline,
+                };
+                let stats = publisher.run(plan).await;
+                let error = (!stats.errors.is_empty()).then(|| stats.errors.join(" | "));
+                Phase { sent: stats.acked, elapsed: stats.elapsed, error, answers: Some(stats.latency) }
+            }
+        };
         // A failed publish stops the phase: expect what was acknowledged.
-        let sent = stats.published;
+        let sent = phase.sent;
         report.expected = n as u64 * sent;
-        let tally = fleet.collect(n0 + sent, args.timeout).await?;
+        let wait = if phase.error.is_none() { args.timeout } else { Duration::from_secs(5) };
+        let tally = fleet.collect(n0 + sent, wait).await?;
         let w1 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
         report.duration_s = round2(started.elapsed().as_secs_f64());
         report.apply_tally(&tally);
         report.apply_window(&w0, &w1);
+        report.apply_publishing(args, phase.answers.as_ref());
         report.deliveries_per_s = per_second(tally.delivered, start_us, tally.last_rx_us);
-        report.publishes_per_s = Some(round2(sent as f64 / stats.elapsed.as_secs_f64().max(1e-9)));
-        if let Some(e) = stats.error {
+        report.publishes_per_s = Some(round2(sent as f64 / phase.elapsed.as_secs_f64().max(1e-9)));
+        if let Some(e) = phase.error {
             report.fail(e);
         }
         reports.push(report);
         n0 += sent;
         // Let the sockets drain before the next phase.
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    if let Sender::Ws(p) = sender {
+        p.close().await;
     }
     fleet.stop().await;
     Ok(reports)

@@ -24,7 +24,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let n = args.connections();
     let mut report = ctx.report();
     report.connections = n as u64;
-    report.namespace = Some(args.namespace.clone());
+    report.namespace = Some(args.namespace().to_owned());
     report.checks = "every connection stayed open through the hold";
     let before = maybe_sample(args.server_pid)?;
     report.server_rss_before_kb = before.map(|s| s.rss_kb);
@@ -34,7 +34,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
         endpoint: ctx.endpoint.clone(),
         run_id: ctx.run_id.clone(),
         connections: n,
-        layout: Layout::PerUser { prefix: format!("{}:", args.namespace) },
+        layout: Layout::PerUser { prefix: format!("{}:", args.namespace()) },
         resume: false,
         lifetime: ctx.lifetime(1, Duration::ZERO),
     };

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use crate::args::{BenchArgs, Peer, Rate, Scenario};
 use crate::hist::Histogram;
 use crate::payload;
+use crate::pipelined::{PipelinePlan, PipelineStats, WsPublisher};
 use crate::protocol::{Endpoint, WsAuth};
 use crate::publisher::{Ack, Publisher, PublisherFactory};
 use crate::report::Report;
@@ -244,6 +245,55 @@ pub async fn publish_per_user(
     }
     out.elapsed = started.elapsed();
     Ok(out)
+}
+
+/// Open one pipelined publishing connection (`--publish-via ws`); its
+/// user name `{run_id}-pub{k}` keeps it apart from the subscribers.
+pub async fn ws_publisher(ctx: &Ctx<'_>, k: usize) -> anyhow::Result<WsPublisher> {
+    WsPublisher::connect(&ctx.endpoint, &format!("{}-pub{k}", ctx.run_id)).await
+}
+
+/// Rounds `n0..n0 + rounds` to each of `channels` from `connections`
+/// pipelined publishers (`--publish-via ws`) sharing `rate`. Channel `i`
+/// belongs to connection `i % connections`, so each channel has a single
+/// sequential publisher. The connections run concurrently in this task.
+pub async fn publish_pipelined(
+    ctx: &Ctx<'_>,
+    channels: &[String],
+    (n0, rounds): (u64, u64),
+    rate: Rate,
+    connections: usize,
+    deadline: Instant,
+) -> PipelineStats {
+    let connections = connections.clamp(1, channels.len().max(1));
+    let mut stats = PipelineStats::default();
+    let mut publishers = Vec::with_capacity(connections);
+    for k in 0..connections {
+        match ws_publisher(ctx, k).await {
+            Ok(p) => publishers.push(p),
+            Err(e) => {
+                stats.errors.push(format!("publisher {k}: {e:#}"));
+                return stats;
+            }
+        }
+    }
+    let lanes = publishers.iter_mut().enumerate().map(|(k, publisher)| {
+        let mine: Vec<String> =
+            channels.iter().skip(k).step_by(connections).map(|c| publisher.target(c)).collect();
+        let interval = rate.interval_of(mine.len(), channels.len());
+        let window = ctx.args.window;
+        let size = ctx.args.size;
+        async move {
+            publisher.run(PipelinePlan { targets: &mine, n0, rounds, size, interval, window, deadline }).await
+        }
+    });
+    for lane in futures_util::future::join_all(lanes).await {
+        stats.merge(&lane);
+    }
+    for p in publishers {
+        p.close().await;
+    }
+    stats
 }
 
 /// The `Idempotency-Key` of message `n` to `channel` (channel names carry

@@ -1,8 +1,11 @@
-//! `p2p`: N users, each subscribed to its own `user:` channel, and
-//! `--publishers` concurrent HTTP publishers; every user gets
-//! `ceil(M / N)` messages addressed to it. Users are split between the
-//! publishers so each channel has a single sequential publisher (its order
-//! is then well defined). Deliveries/s and publish→deliver latency.
+//! `p2p`: N users, each subscribed to its own channel (`--namespace`,
+//! default `user:`), every user getting `ceil(M / N)` messages addressed to
+//! it, round-robin. Publishers: `--publishers` concurrent HTTP publishers
+//! (one request in flight each), or with `--publish-via ws`
+//! `--ws-publishers` pipelined WebSocket connections (default one, writing
+//! back to back within `--window`). Users are split between the publishers
+//! so each channel has a single sequential publisher (its order is then
+//! well defined). Deliveries/s and publish→deliver latency.
 
 use std::time::Duration;
 
@@ -13,15 +16,17 @@ use crate::proc_stats::CpuSnapshot;
 use crate::report::{round2, Report};
 use crate::worker::wire::{Layout, WorkerSpec};
 
-use super::{per_second, per_user, publish_per_user, Ctx, Publishing};
+use super::{per_second, per_user, publish_per_user, publish_pipelined, Ctx, Publishing};
+use crate::args::PublishVia;
 
 pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let args = ctx.args;
     let n = args.connections();
     let rounds = per_user(args.messages.unwrap_or(20_000), n);
     let rate = *args.rates()?.first().expect("rates() is never empty");
-    let publishers = args.publishers().min(n);
-    let layout = Layout::PerUser { prefix: format!("{}:", args.namespace) };
+    let ws = args.publish_via == PublishVia::Ws;
+    let publishers = if ws { args.ws_publishers } else { args.publishers() }.min(n);
+    let layout = Layout::PerUser { prefix: format!("{}:", args.namespace()) };
     let planned = rate.interval(1).map_or(Duration::ZERO, |iv| iv.mul_f64((rounds * n as u64) as f64));
     let plan = FleetPlan {
         endpoint: ctx.endpoint.clone(),
@@ -36,7 +41,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
 
     let mut report = ctx.report();
     report.connections = n as u64;
-    report.namespace = Some(args.namespace.clone());
+    report.namespace = Some(args.namespace().to_owned());
     report.workers = fleet.len() as u64;
     report.publishers = Some(publishers as u64);
     report.messages = Some(rounds * n as u64);
@@ -49,10 +54,18 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let start_us = crate::payload::now_micros();
     let started = Instant::now();
     let deadline = started + args.timeout;
-    let Publishing { published, mut errors, .. } =
-        publish_per_user(ctx, &channels, (0, rounds), rate, publishers, false, deadline).await?;
+    let (published, mut errors, answers) = if ws {
+        let stats = publish_pipelined(ctx, &channels, (0, rounds), rate, publishers, deadline).await;
+        (stats.acked, stats.errors, Some(stats.latency))
+    } else {
+        let Publishing { published, errors, .. } =
+            publish_per_user(ctx, &channels, (0, rounds), rate, publishers, false, deadline).await?;
+        (published, errors, None)
+    };
     let publish_secs = started.elapsed().as_secs_f64();
-    let tally = fleet.collect(rounds, args.timeout).await?;
+    // Publishing stopped early: what is missing will not come.
+    let wait = if errors.is_empty() { args.timeout } else { Duration::from_secs(5) };
+    let tally = fleet.collect(rounds, wait).await?;
     let w1 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
     fleet.stop().await;
 
@@ -61,6 +74,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     report.apply_window(&w0, &w1);
     report.deliveries_per_s = per_second(tally.delivered, start_us, tally.last_rx_us);
     report.publishes_per_s = Some(round2(published as f64 / publish_secs.max(1e-9)));
+    report.apply_publishing(args, answers.as_ref());
     if !errors.is_empty() {
         errors.truncate(3);
         report.fail(format!(

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Count Herald's instructions per publish and per delivery with callgrind
+# (`perf stat -e instructions` is not supported on this machine's virtual
+# CPUs; callgrind counts instructions exactly, at ~50× the run time).
+#
+#   bench/callgrind.sh [--namespaces "chat live"] [--p2p "2000 20000"]
+#                      [--fanout "100 1000"] [--subs 200] [--reps 1] [--out DIR] [--herald PATH]
+#
+# For each namespace, four fresh servers run under
+# `valgrind --tool=callgrind`, each taking one fixed workload from
+# `herald bench` (which runs natively, with one pipelined WebSocket
+# publisher, --publish-via ws):
+#
+#   p2p A, p2p B   1 subscriber, N_A and N_B publishes to its channel
+#   fan A, fan B   --subs subscribers on one channel, F_A and F_B messages
+#
+# Each server's total instructions (Ir) include its start, the connections
+# and the shutdown; the differences between the A and B runs cancel them:
+#
+#   per publish with one delivery  P = (Ir p2p B − Ir p2p A) / (N_B − N_A)
+#   per message fanned out to S    F = (Ir fan B − Ir fan A) / (F_B − F_A)
+#   per delivery                   D = (F − P) / (S − 1)
+#   per publish (without delivery)     P − D
+#
+# With --reps N every workload runs N times and its median count is used.
+# Every bench run still verifies its deliveries. Results, the callgrind
+# files and a per-function profile of each p2p B run (callgrind_annotate)
+# go to DIR (default bench/results/callgrind-<time>). Counts move between
+# runs: threads that wake, spin or park depend on timing (the storage
+# engine's group commit above all), and D is a difference of two
+# differences; many subscribers (--subs) keep its share small. Compare
+# figures from the same script and sizes, not to the percent.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+NAMESPACES="chat live"
+P2P="2000 20000"
+FANOUT="100 1000"
+SUBS=200
+REPS=1
+OUT=
+HERALD=${HERALD:-$ROOT/target/release/herald}
+PORT=${CALLGRIND_PORT:-18790}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --namespaces) NAMESPACES=$2; shift 2 ;;
+    --p2p) P2P=$2; shift 2 ;;
+    --fanout) FANOUT=$2; shift 2 ;;
+    --subs) SUBS=$2; shift 2 ;;
+    --reps) REPS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --herald) HERALD=$2; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$ROOT/bench/callgrind.sh"; exit 0 ;;
+    *) echo "unknown option: $1" >&2; exit 2 ;;
+  esac
+done
+command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
+[ -x "$HERALD" ] || { echo "no herald binary at $HERALD (cargo build --release -p herald)" >&2; exit 1; }
+read -r N_A N_B <<<"$P2P"
+read -r F_A F_B <<<"$FANOUT"
+if [ "$N_B" -le "$N_A" ] || [ "$F_B" -le "$F_A" ] || [ "$SUBS" -lt 2 ]; then
+  echo "need N_A < N_B, F_A < F_B and --subs of at least 2" >&2
+  exit 2
+fi
+OUT=${OUT:-$ROOT/bench/results/callgrind-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+mkdir -p "$OUT/bin"
+cp "$HERALD" "$OUT/bin/herald"
+HERALD=$OUT/bin/herald
+LOG=$OUT/run.log
+
+SERVER_PID=
+SERVER_DIR=
+stop_server() {
+  [ -n "$SERVER_PID" ] || return 0
+  # SIGTERM: a clean shutdown, after which callgrind writes its file.
+  kill -TERM "$SERVER_PID" 2>/dev/null || true
+  local i
+  for i in $(seq 1 1200); do
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$SERVER_PID" 2>/dev/null; then
+    echo "   !! server did not stop in 120 s; killed (no count)" | tee -a "$LOG" >&2
+    kill -9 "$SERVER_PID" 2>/dev/null || true
+  fi
+  wait "$SERVER_PID" 2>/dev/null || true
+  SERVER_PID=
+  [ -n "$SERVER_DIR" ] && rm -rf "$SERVER_DIR"
+  SERVER_DIR=
+}
+trap 'stop_server' EXIT
+trap 'stop_server; exit 130' INT TERM
+
+# run NAME SCENARIO BENCH-ARGS...: one server under callgrind, one bench
+# run against it; sets IR to the server's total instructions.
+IR=
+run() {
+  local name=$1 i
+  shift
+  SERVER_DIR=$(mktemp -d /tmp/herald-callgrind.XXXXXX)
+  HERALD_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.callgrind" \
+    "$HERALD" serve --dev --config "$ROOT/bench/herald.toml" --data-dir "$SERVER_DIR/data" \
+    --listen "127.0.0.1:$PORT" >>"$OUT/$name.server.log" 2>&1 &
+  SERVER_PID=$!
+  for i in $(seq 1 1200); do
+    curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+    sleep 0.1
+  done
+  if ! "$HERALD" bench "$@" --target "http://127.0.0.1:$PORT" --dev --publish-via ws --timeout 900s \
+      --label "$name" --json "$OUT/results.jsonl" >>"$LOG" 2>&1; then
+    echo "   !! $name: the bench failed (see $LOG)" >&2
+    stop_server
+    return 1
+  fi
+  stop_server
+  # `totals:` (or `summary:`) is the Ir over every thread.
+  IR=$(awk '/^(totals|summary):/ { print $2; exit }' "$OUT/$name.callgrind")
+  [ -n "$IR" ] || { echo "   !! $name: no instruction count in $OUT/$name.callgrind" >&2; return 1; }
+}
+
+# median_run NAME ARGS...: `run` --reps times (NAME-1, NAME-2, …; the last
+# one keeps NAME for the profile); IR is the median count.
+median_run() {
+  local name=$1 k counts=()
+  shift
+  for k in $(seq 1 "$REPS"); do
+    if [ "$k" = "$REPS" ]; then run "$name" "$@" || return 1; else run "$name-$k" "$@" || return 1; fi
+    counts+=("$IR")
+  done
+  IR=$(printf '%s\n' "${counts[@]}" | sort -n | awk '{ v[NR] = $1 } END { printf "%.0f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+  [ "$REPS" = 1 ] || echo "   $name: ${counts[*]} → median $IR" >>"$LOG"
+}
+
+per() { awk -v a="$1" -v b="$2" -v n="$3" 'BEGIN { printf "%.0f", (b - a) / n }'; }
+
+status=0
+{
+  echo "| namespace | per publish + 1 delivery | per message to $SUBS subscribers | per delivery | per publish (no delivery) |"
+  echo "|---|---|---|---|---|"
+} >"$OUT/summary.md"
+for ns in $NAMESPACES; do
+  echo "== $ns: p2p $N_A and $N_B publishes to 1 subscriber, fan-out $F_A and $F_B messages to $SUBS" | tee -a "$LOG"
+  median_run "$ns-p2p-$N_A" p2p --namespace "$ns" --connections 1 --messages "$N_A" || { status=1; continue; }
+  pa=$IR
+  median_run "$ns-p2p-$N_B" p2p --namespace "$ns" --connections 1 --messages "$N_B" || { status=1; continue; }
+  pb=$IR
+  median_run "$ns-fanout-$F_A" fanout --namespace "$ns" --connections "$SUBS" --messages "$F_A" --rate max \
+    || { status=1; continue; }
+  fa=$IR
+  median_run "$ns-fanout-$F_B" fanout --namespace "$ns" --connections "$SUBS" --messages "$F_B" --rate max \
+    || { status=1; continue; }
+  fb=$IR
+  echo "   Ir: p2p $pa / $pb, fan-out $fa / $fb" | tee -a "$LOG"
+  p=$(per "$pa" "$pb" $((N_B - N_A)))
+  f=$(per "$fa" "$fb" $((F_B - F_A)))
+  d=$(per "$p" "$f" $((SUBS - 1)))
+  pub=$((p - d))
+  echo "   $ns: $p instructions per publish with one delivery; $d per delivery; $pub per publish without delivery" | tee -a "$LOG"
+  echo "| \`$ns:\` | $p | $f | $d | $pub |" >>"$OUT/summary.md"
+  callgrind_annotate --inclusive=no "$OUT/$ns-p2p-$N_B.callgrind" 2>/dev/null | head -60 >"$OUT/$ns-p2p-$N_B.top.txt" || true
+done
+echo
+cat "$OUT/summary.md"
+echo
+echo "results: $OUT (summary.md, *.callgrind, *.top.txt, run.log)"
+exit $status
