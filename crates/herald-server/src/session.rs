@@ -21,36 +21,48 @@
 //! connection that closed or went silent meanwhile brings back no ghost.
 
 use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use herald_core::delivery::{self, Live, Paged, Subscription};
+use herald_core::delivery::{self, AckStep, Live, Paged, Read, Subscription};
 use herald_core::{Message, Seq, SubscriberId};
 use herald_proto::{
     close, encode_unsubscribed, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame,
 };
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
+use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::delay_queue::{DelayQueue, Key};
 use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::hub::ConnHandle;
+use crate::hub::{Charge, ConnBytes, ConnHandle, Outgoing};
 use crate::rooms::Hold;
 use crate::State;
 
+mod budget;
 mod liveness;
 mod requests;
 
 pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
-/// Messages read from the log per catch-up step. Between steps the session
-/// serves its other work, so one long catch-up does not starve the rest.
+/// Most messages read from the log per catch-up step. Between steps the
+/// session serves its other work, so one long catch-up does not starve the
+/// rest. Pages are also sized to about a quarter of `limits.outbox_bytes`
+/// (by the frame sizes seen so far), so a page leaves room in the
+/// connection's byte bound for live messages of its other subscriptions.
 const CATCHUP_PAGE: usize = 256;
+/// Smallest frame size assumed when sizing catch-up pages.
+const MIN_FRAME_ESTIMATE: usize = 64;
+/// Wait before a catch-up step retries when the server is at its queued
+/// bytes ceiling (plus up to as much again, random, so waiting sessions do
+/// not retry together).
+const CATCHUP_RETRY: Duration = Duration::from_millis(25);
 /// Outbox frames written per flush.
 const OUTBOX_BATCH: usize = 64;
 // Handler futures are boxed where they are awaited: an async state machine
@@ -191,7 +203,19 @@ pub struct Session {
     last_rx: Instant,
     /// Numbered pings and their echoes (presence rejoins wait for one).
     liveness: liveness::Liveness,
-    bucket: TokenBucket,
+    budget: budget::Budget,
+    /// What this session holds in its write path, counted in its byte
+    /// bound (`held` bytes, in `handle.bytes`) and the server's (`batch`
+    /// keeps the outbox entries, `page` the catch-up page's charge) until
+    /// the flush that writes it: a session blocked on a full socket keeps
+    /// counting what it holds.
+    batch: Vec<Arc<Outgoing>>,
+    page: Option<Charge>,
+    held: usize,
+    /// Average frame size of the last catch-up page (pessimistic at first).
+    frame_estimate: usize,
+    /// Catch-up waits for room under the server's ceiling.
+    catchup_pause: Option<Pin<Box<Sleep>>>,
 }
 
 impl Session {
@@ -203,12 +227,18 @@ impl Session {
         ws: Ws,
         identity: Identity,
         conn_id: u64,
-    ) -> (Self, flume::Receiver<Arc<Message>>) {
+    ) -> (Self, flume::Receiver<Arc<Outgoing>>) {
         let (outbox_tx, outbox_rx) = flume::bounded(state.config.limits.outbox_capacity);
-        let handle = ConnHandle { id: conn_id, outbox_tx, slow: CancellationToken::new() };
+        let handle = ConnHandle {
+            id: conn_id,
+            outbox_tx,
+            bytes: Arc::new(ConnBytes::default()),
+            slow: CancellationToken::new(),
+        };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
-        let rate = state.config.limits.client_frames_per_sec;
+        let budget = budget::Budget::new(&state.config.limits, Instant::now());
+        let frame_estimate = state.config.limits.max_message_bytes;
         let session = Session {
             regs: Registrations { state: state.clone(), conn_id, subs: HashMap::new(), leave_on_drop: false },
             state,
@@ -219,17 +249,23 @@ impl Session {
             catchup: VecDeque::new(),
             last_rx: Instant::now(),
             liveness: liveness::Liveness::default(),
-            bucket: TokenBucket::new(rate),
+            budget,
+            batch: Vec::new(),
+            page: None,
+            held: 0,
+            frame_estimate,
+            catchup_pause: None,
         };
         (session, outbox_rx)
     }
 
     /// Run the connection to its end. Cleanup is guaranteed by `Registrations`.
-    pub async fn run(mut self, outbox_rx: flume::Receiver<Arc<Message>>) {
+    pub async fn run(mut self, outbox_rx: flume::Receiver<Arc<Outgoing>>) {
         let end = self.run_loop(outbox_rx).await;
         if let End::Close { code, .. } = &end {
             // An idle timeout is a lost client, like a dropped socket.
             self.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
+            self.state.metrics.closed(*code);
         }
         if let End::Close { code, reason, reconnect } = end {
             Box::pin(self.close(code, reason, reconnect)).await;
@@ -237,9 +273,10 @@ impl Session {
         tracing::debug!(conn = self.handle.id, "connection ended");
     }
 
-    async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Message>>) -> End {
+    async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Outgoing>>) -> End {
         let mut period = self.tick_period();
         let mut tick = heartbeat(period);
+        let mut expiry = self.expiry_timer();
         let shutdown = self.state.shutdown.clone();
         let slow = self.handle.slow.clone();
         loop {
@@ -256,7 +293,9 @@ impl Session {
                             Box::pin(self.on_inbound(m)).await
                         }
                     },
-                    () = std::future::ready(()), if has_catchup => Box::pin(self.catchup_step()).await,
+                    () = std::future::poll_fn(|cx| poll_pause(&mut self.catchup_pause, cx)), if has_catchup => {
+                        Box::pin(self.catchup_step()).await
+                    }
                     Some(expired) = std::future::poll_fn(|cx| poll_timer(&mut self.timers, cx)) => {
                         Box::pin(self.on_timer(expired)).await
                     }
@@ -276,6 +315,11 @@ impl Session {
                     self.state.metrics.slow_consumers.inc();
                     Err(End::Close { code: close::SLOW_CONSUMER, reason: "slow consumer", reconnect: true })
                 }
+                () = std::future::poll_fn(|cx| poll_deadline(&mut expiry, cx)) => Err(End::Close {
+                    code: close::TOKEN_EXPIRED,
+                    reason: "token expired",
+                    reconnect: true,
+                }),
                 r = step => r,
             };
             if let Err(end) = result {
@@ -301,6 +345,15 @@ impl Session {
         }
     }
 
+    /// Fires at the token's `exp` plus `jwt.leeway_secs`: the connection
+    /// closes with 4003 then, not at the next tick.
+    fn expiry_timer(&self) -> Option<Pin<Box<Sleep>>> {
+        let exp = self.identity.exp?;
+        let at = UNIX_EPOCH + Duration::from_secs(exp.saturating_add(self.state.config.jwt.leeway_secs));
+        let left = at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
+        Some(Box::pin(tokio::time::sleep(left)))
+    }
+
     fn on_read_error(&self, e: tokio_websockets::Error) -> End {
         match e {
             // tokio-websockets has already queued a 1009 close frame.
@@ -322,15 +375,6 @@ impl Session {
         if self.last_rx.elapsed() >= limits.idle_timeout {
             return Err(End::Close { code: close::IDLE_TIMEOUT, reason: "idle timeout", reconnect: true });
         }
-        if let Some(exp) = self.identity.exp {
-            if unix_now_secs() >= exp + self.state.config.jwt.leeway_secs {
-                return Err(End::Close {
-                    code: close::TOKEN_EXPIRED,
-                    reason: "token expired",
-                    reconnect: true,
-                });
-            }
-        }
         if self.regs.subs.values().any(|s| s.presence.is_some()) {
             Box::pin(self.renew_presence()).await;
         }
@@ -341,20 +385,33 @@ impl Session {
     /// Live messages from the hub, written in batches with one flush.
     async fn on_outbox(
         &mut self,
-        first: Arc<Message>,
-        outbox_rx: &mut flume::Receiver<Arc<Message>>,
+        first: Arc<Outgoing>,
+        outbox_rx: &mut flume::Receiver<Arc<Outgoing>>,
     ) -> Result<(), End> {
         let mut written = 0u64;
         let mut next = Some(first);
         let mut taken = 0;
         let mut closed = Vec::new();
-        while let Some(msg) = next.take() {
-            if self.accept_live(&msg) {
-                self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
+        self.batch.reserve(OUTBOX_BATCH.min(outbox_rx.len() + 1));
+        while let Some(out) = next.take() {
+            let send = if out.missed {
+                self.on_missed(&out.msg);
+                false
+            } else {
+                // The hub counted it against this connection.
+                self.held += out.msg.frame.len();
+                self.accept_live(&out.msg)
+            };
+            let frame = send.then(|| out.msg.frame.clone());
+            if send && out.msg.closes {
+                closed.push(out.msg.channel.clone());
+            }
+            // Held (and counted) until the flush, even if a kick drops this
+            // future while the socket is full.
+            self.batch.push(out);
+            if let Some(frame) = frame {
+                self.ws.feed(WsMessage::text(frame)).await.map_err(|_| End::Gone)?;
                 written += 1;
-                if msg.closes {
-                    closed.push(msg.channel.clone());
-                }
             }
             taken += 1;
             if taken < OUTBOX_BATCH {
@@ -368,7 +425,34 @@ impl Session {
             self.ws.flush().await.map_err(|_| End::Gone)?;
             self.state.metrics.delivered.inc_by(written);
         }
+        self.release_held();
         Ok(())
+    }
+
+    /// What the last flush wrote no longer counts against the byte bounds.
+    fn release_held(&mut self) {
+        self.handle.bytes.sub(std::mem::take(&mut self.held));
+        self.batch = Vec::new();
+        self.page = None;
+    }
+
+    /// A live message the hub could not queue (the server was at its
+    /// ceiling). A durable subscription taking live messages reads it from
+    /// the log instead: handed to the state machine as if the message after
+    /// it had arrived, which is a gap, so the subscription reads the log
+    /// from its `next` (and pauses there if its acked window is full).
+    fn on_missed(&mut self, msg: &Message) {
+        let Some(seq) = msg.seq else { return };
+        let Some(log) = self.regs.subs.get_mut(&msg.channel).and_then(|s| s.log.as_mut()) else {
+            return;
+        };
+        if seq < log.delivery.next() {
+            return; // already delivered
+        }
+        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &msg.channel };
+        if log.delivery.on_live(seq + 1, &msg.epoch, &mut timers) == Live::Read {
+            self.catchup.push_back(msg.channel.clone());
+        }
     }
 
     /// The server ends a subscription whose channel closed (its final
@@ -410,6 +494,8 @@ impl Session {
     /// One page of catch-up for the subscription at the front of the queue.
     async fn catchup_step(&mut self) -> Result<(), End> {
         let Some(channel) = self.catchup.pop_front() else { return Ok(()) };
+        let page_bytes = self.state.config.limits.outbox_bytes / 4;
+        let page_len = (page_bytes / self.frame_estimate.max(MIN_FRAME_ESTIMATE)).clamp(1, CATCHUP_PAGE);
         // None: unsubscribed meanwhile, live, or paused by a full window (an
         // ack queues it again).
         let Some(read) = self
@@ -417,7 +503,7 @@ impl Session {
             .subs
             .get(&channel)
             .and_then(|s| s.log.as_ref())
-            .and_then(|l| l.delivery.read(CATCHUP_PAGE))
+            .and_then(|l| l.delivery.read(page_len))
         else {
             return Ok(());
         };
@@ -432,12 +518,27 @@ impl Session {
                 });
             }
         };
+        if !page.messages.is_empty() {
+            let total: usize = page.messages.iter().map(|m| m.frame.len()).sum();
+            self.frame_estimate = (total / page.messages.len()).max(MIN_FRAME_ESTIMATE);
+        }
+        // Send the part of the page that fits the byte bounds; the rest is
+        // read again next step (as if the read had asked for fewer).
+        let Some(fits) = self.charge_page(&page.messages) else {
+            self.catchup.push_front(channel);
+            let wait = CATCHUP_RETRY + CATCHUP_RETRY.mul_f64(fastrand::f64());
+            self.catchup_pause = Some(Box::pin(tokio::time::sleep(wait)));
+            return Ok(());
+        };
+        let read = if fits < page.messages.len() { Read { limit: fits, ..read } } else { read };
+        let messages = &page.messages[..fits];
         // Same task: the subscription cannot have gone during the await.
         let Some(log) = self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else {
+            self.release_held();
             return Ok(());
         };
         let mut timers = ChannelTimers { queue: &mut self.timers, channel: &channel };
-        let seqs = page.messages.iter().map(|m| m.seq.unwrap_or(0));
+        let seqs = messages.iter().map(|m| m.seq.unwrap_or(0));
         let more = match log.delivery.on_page(read, &page.position, seqs, &mut timers) {
             // The log was reset or trimmed past what this client has seen:
             // it must resubscribe, and the reply will say so.
@@ -445,6 +546,7 @@ impl Session {
                 return Err(End::Close { code: close::RESYNC, reason: "resync needed", reconnect: true })
             }
             Paged::Ignore { more } => {
+                self.release_held();
                 if more {
                     self.catchup.push_back(channel);
                 }
@@ -453,24 +555,60 @@ impl Session {
             Paged::Send { more } => more,
         };
         let mut closes = false;
-        for msg in &page.messages {
+        for msg in messages {
             self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
             closes |= msg.closes;
         }
-        if !page.messages.is_empty() {
-            self.state.metrics.delivered.inc_by(page.messages.len() as u64);
+        if !messages.is_empty() {
+            self.state.metrics.delivered.inc_by(messages.len() as u64);
         }
         if closes {
             self.end_subscription(&channel, "room_closed").await?;
-            return self.ws.flush().await.map_err(|_| End::Gone);
+            self.ws.flush().await.map_err(|_| End::Gone)?;
+            self.release_held();
+            return Ok(());
         }
-        if !page.messages.is_empty() {
+        if !messages.is_empty() {
             self.ws.flush().await.map_err(|_| End::Gone)?;
         }
+        self.release_held();
         if more {
             self.catchup.push_back(channel);
         }
         Ok(())
+    }
+
+    /// Count the longest prefix of a page that fits both this connection's
+    /// byte bound (at least one message when it holds nothing) and the
+    /// server's ceiling; returns its length, or `None` when not even one
+    /// message fits (wait and read again).
+    fn charge_page(&mut self, messages: &[Arc<Message>]) -> Option<usize> {
+        if messages.is_empty() {
+            return Some(0);
+        }
+        let limits = &self.state.config.limits;
+        let queued = &self.state.hub.queued;
+        let used = self.handle.bytes.get();
+        let room = limits.outbox_bytes.saturating_sub(used).min(queued.room());
+        let mut bytes = 0;
+        let mut fits = 0;
+        for m in messages {
+            let next = bytes + m.frame.len();
+            let oversized_first = fits == 0 && used == 0 && next <= queued.room();
+            if next > room && !oversized_first {
+                break;
+            }
+            bytes = next;
+            fits += 1;
+        }
+        if fits == 0 {
+            return None;
+        }
+        let charge = queued.try_charge(bytes)?;
+        self.handle.bytes.add(bytes);
+        self.held += bytes;
+        self.page = Some(charge);
+        Some(fits)
     }
 
     async fn on_inbound(&mut self, msg: WsMessage) -> Result<(), End> {
@@ -499,12 +637,15 @@ impl Session {
             return Err(End::Close { code: close::BAD_REQUEST, reason: "binary frame", reconnect: false });
         };
         let frame = ClientFrame::parse(text);
-        // Acks are exempt from the frame budget: a client acks every message
-        // it handles, and acks are bounded by deliveries anyway (one that
-        // does not advance the cursor never reaches the engine).
-        let is_ack = matches!(frame, Ok(ClientFrame::Ack { .. }));
-        if !is_ack && !self.bucket.take() {
-            if self.bucket.strikes() > 3 * self.state.config.limits.client_frames_per_sec {
+        // Acks that move the acked window are free: they are bounded by the
+        // messages delivered. Every other frame, other acks included,
+        // costs one frame of the budget (see `session/budget.rs`).
+        let free = matches!(&frame, Ok(ClientFrame::Ack { channel, seq, .. }) if self.ack_moves(channel, *seq));
+        let now = Instant::now();
+        let limits = &self.state.config.limits;
+        if !free && !self.budget.take_frame(limits, now) {
+            self.state.metrics.frames_refused.inc();
+            if self.budget.refuse(limits, now) {
                 return Err(End::Close {
                     code: close::RATE_LIMITED,
                     reason: "rate limited",
@@ -516,32 +657,33 @@ impl Session {
                 Err(e) => e.req,
             };
             let err = ApiError::new(ErrorCode::RateLimited, "too many frames; slow down");
-            return self.send_bytes(err.frame(req, None)).await;
+            return self.send_error(&err, req, None).await;
         }
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
                 let err = ApiError::new(e.code, e.message);
-                return self.send_bytes(err.frame(e.req, None)).await;
+                return self.send_error(&err, e.req, None).await;
             }
         };
         match frame {
             ClientFrame::Subscribe { req, channel, since, client_id, info } => {
                 let presence = requests::PresenceArgs { client_id, info };
-                let (reply, ended) = match self.subscribe(req, &channel, since, presence).await {
-                    Ok((ok, ended)) => (ok.encode(), ended),
-                    Err(e) => (e.frame(req, Some(channel.as_str())), false),
-                };
-                self.send_bytes(reply).await?;
-                if ended {
-                    // A closed room with nothing left to catch up.
-                    self.end_subscription(&channel, "room_closed").await?;
-                    self.ws.flush().await.map_err(|_| End::Gone)?;
+                match self.subscribe(req, &channel, since, presence).await {
+                    Ok((ok, ended)) => {
+                        self.send_bytes(ok.encode()).await?;
+                        if ended {
+                            // A closed room with nothing left to catch up.
+                            self.end_subscription(&channel, "room_closed").await?;
+                            self.ws.flush().await.map_err(|_| End::Gone)?;
+                        }
+                        Ok(())
+                    }
+                    Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
                 }
-                Ok(())
             }
             ClientFrame::Unsubscribe { req, channel } => {
-                let reply = if let Some(sub) = self.regs.remove(&channel) {
+                if let Some(sub) = self.regs.remove(&channel) {
                     if let Some(hold) = &sub.presence {
                         Box::pin(crate::rooms::leave(&self.state, &channel, hold)).await;
                     }
@@ -549,19 +691,18 @@ impl Session {
                         log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel: &channel });
                     }
                     self.catchup.retain(|c| c != &channel);
-                    OkFrame { req, channel: Some(channel.to_string()), ..Default::default() }.encode()
+                    let ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
+                    self.send_bytes(ok.encode()).await
                 } else {
-                    ApiError::new(ErrorCode::NotSubscribed, "not subscribed to this channel")
-                        .frame(req, Some(channel.as_str()))
-                };
-                self.send_bytes(reply).await
+                    let err = ApiError::new(ErrorCode::NotSubscribed, "not subscribed to this channel");
+                    self.send_error(&err, req, Some(channel.as_str())).await
+                }
             }
             ClientFrame::Publish { req, channel, data, meta, idempotency_key } => {
-                let reply = match self.publish(&channel, data, meta, idempotency_key).await {
-                    Ok(ok) => OkFrame { req, ..ok }.encode(),
-                    Err(e) => e.frame(req, Some(channel.as_str())),
-                };
-                self.send_bytes(reply).await
+                match self.publish(&channel, data, meta, idempotency_key).await {
+                    Ok(ok) => self.send_bytes(OkFrame { req, ..ok }.encode()).await,
+                    Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
+                }
             }
             ClientFrame::Ping { req } => self.send_bytes(herald_proto::encode_pong(req)).await,
             ClientFrame::Ack { req, channel, seq } => match self.ack(&channel, seq).await {
@@ -571,16 +712,33 @@ impl Session {
                     let ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
                     self.send_bytes(ok.encode()).await
                 }
-                Err(e) => self.send_bytes(e.frame(req, Some(channel.as_str()))).await,
+                Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
             },
-            ClientFrame::Presence { req, channel } => {
-                let reply = match Box::pin(self.presence_list(&channel)).await {
-                    Ok(ok) => OkFrame { req, ..ok }.encode(),
-                    Err(e) => e.frame(req, Some(channel.as_str())),
-                };
-                self.send_bytes(reply).await
-            }
+            ClientFrame::Presence { req, channel } => match Box::pin(self.presence_list(&channel)).await {
+                Ok(ok) => self.send_bytes(OkFrame { req, ..ok }.encode()).await,
+                Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
+            },
         }
+    }
+
+    /// Whether an ack of `seq` on `channel` moves the subscription's acked
+    /// window (a first ack of delivered messages).
+    fn ack_moves(&self, channel: &ChannelName, seq: Seq) -> bool {
+        self.regs
+            .subs
+            .get(channel)
+            .and_then(|s| s.log.as_ref())
+            .is_some_and(|l| matches!(l.delivery.check_ack(seq), Ok(AckStep::Store { .. })))
+    }
+
+    /// An `error` reply, within `limits.error_replies_per_sec`; beyond it
+    /// the reply is dropped and counted.
+    async fn send_error(&mut self, err: &ApiError, req: Option<u64>, channel: Option<&str>) -> Result<(), End> {
+        if !self.budget.take_error_reply(&self.state.config.limits, Instant::now()) {
+            self.state.metrics.error_replies_dropped.inc();
+            return Ok(());
+        }
+        self.send_bytes(err.frame(req, channel)).await
     }
 
     async fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), End> {
@@ -625,40 +783,22 @@ fn poll_timer(
     }
 }
 
-fn unix_now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// Client frame budget: `rate` frames per second with a burst of `rate`.
-struct TokenBucket {
-    rate: u32,
-    tokens: f64,
-    last: Instant,
-    strikes: u32,
-}
-
-impl TokenBucket {
-    fn new(rate: u32) -> Self {
-        Self { rate, tokens: f64::from(rate), last: Instant::now(), strikes: 0 }
-    }
-
-    fn take(&mut self) -> bool {
-        let now = Instant::now();
-        let refill = now.duration_since(self.last).as_secs_f64() * f64::from(self.rate);
-        self.last = now;
-        self.tokens = (self.tokens + refill).min(f64::from(self.rate));
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            self.strikes = 0;
-            true
-        } else {
-            self.strikes += 1;
-            false
+/// The catch-up pause: ready when there is none, or once it is over.
+fn poll_pause(pause: &mut Option<Pin<Box<Sleep>>>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+    match pause {
+        Some(sleep) => {
+            std::task::ready!(std::future::Future::poll(sleep.as_mut(), cx));
+            *pause = None;
+            std::task::Poll::Ready(())
         }
+        None => std::task::Poll::Ready(()),
     }
+}
 
-    /// Frames refused in a row.
-    fn strikes(&self) -> u32 {
-        self.strikes
+/// A deadline that may not exist (then never ready).
+fn poll_deadline(deadline: &mut Option<Pin<Box<Sleep>>>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+    match deadline {
+        Some(sleep) => std::future::Future::poll(sleep.as_mut(), cx),
+        None => std::task::Poll::Pending,
     }
 }
