@@ -14,14 +14,17 @@
 //!   many outboxes share it) never exceed `limits.total_outbox_bytes`: every
 //!   charge is a compare-and-swap against the ceiling, released when the
 //!   last holder lets go. A message that would cross it is queued for no one
-//!   ([`Outgoing::missed`]);
+//!   ([`Outgoing::missed`]), and the connections holding the most are
+//!   kicked until the total is back under three quarters of the ceiling
+//!   ([`Hub::shed`]);
 //! - the hub holds only small handles (id, bounded sender, byte count, kick
 //!   token); the session task owns everything else and removes its entries
 //!   on every exit path (see `session::Registrations`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use herald_core::{FanoutSink, Message};
@@ -33,6 +36,9 @@ use crate::config::Limits;
 use crate::metrics::Metrics;
 
 const SHARDS: usize = 32;
+/// Least time between two sheds: kicked connections need a moment to let
+/// go of what they hold.
+const SHED_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What the hub knows about one connection.
 #[derive(Clone)]
@@ -88,6 +94,11 @@ impl QueuedBytes {
     pub fn room(&self) -> usize {
         usize::try_from(self.ceiling - self.gauge.get()).unwrap_or(0)
     }
+
+    /// Bytes charged (a snapshot).
+    pub fn total(&self) -> usize {
+        usize::try_from(self.gauge.get()).unwrap_or(0)
+    }
 }
 
 /// Bytes held against the server's ceiling; released on drop.
@@ -141,6 +152,9 @@ pub struct Hub {
     pub queued: Arc<QueuedBytes>,
     /// `limits.outbox_bytes`.
     conn_bytes: usize,
+    /// Time of the last shed, in ms since `born` (see [`Hub::shed`]).
+    last_shed: AtomicU64,
+    born: Instant,
 }
 
 impl Hub {
@@ -151,6 +165,8 @@ impl Hub {
             metrics,
             queued,
             conn_bytes: limits.outbox_bytes,
+            last_shed: AtomicU64::new(0),
+            born: Instant::now(),
         }
     }
 
@@ -201,18 +217,67 @@ impl Hub {
         }
     }
 
-    /// At the server's ceiling: the message is queued for no one. A
-    /// connection holding more than half its byte bound is among those
-    /// holding the memory: kicked. One keeping up is told, with a frameless
-    /// copy, to read the message from the log when there is room again.
+    /// At the server's ceiling the message is queued for no one: volatile,
+    /// dropped; durable, the subscriber is sent a frameless copy, which
+    /// makes it read the message from the log when there is room again (no
+    /// disconnect). [`Hub::shed`] makes that room.
     fn at_ceiling(&self, conn: &ConnHandle, missed: &Arc<Outgoing>) {
         self.metrics.outbox_full_total.inc();
-        if missed.msg.seq.is_none() || conn.bytes.get() > self.conn_bytes / 2 {
+        if missed.msg.seq.is_none() {
             return self.refuse(conn, &missed.msg);
         }
         if let Err(flume::TrySendError::Full(_)) = conn.outbox_tx.try_send(missed.clone()) {
             self.metrics.outbox_full_frames.inc();
             self.refuse(conn, &missed.msg);
+        }
+    }
+
+    /// Called when something could not be queued for the server's
+    /// ceiling: kick the connections holding the most queued bytes (4008,
+    /// they resume from the log) until the total is back under three
+    /// quarters of the ceiling. Bytes of connections already kicked count as
+    /// released (they are, as those sessions end). At most one scan per
+    /// `SHED_INTERVAL`, over every local subscription; never awaits.
+    pub fn shed(&self) {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.last_shed.load(Ordering::Acquire);
+        let interval = SHED_INTERVAL.as_millis() as u64;
+        let recent = last != 0 && now < last.saturating_add(interval);
+        // One caller wins the scan; the others leave it to that one.
+        if recent || self.last_shed.compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return;
+        }
+        let low_water = usize::try_from(self.queued.ceiling / 4 * 3).unwrap_or(0);
+        let Some(mut excess) = self.queued.total().checked_sub(low_water).filter(|&e| e > 0) else {
+            return;
+        };
+        let mut holders: HashMap<u64, (usize, CancellationToken)> = HashMap::new();
+        for shard in &self.shards {
+            let map = shard.read().expect("hub lock poisoned");
+            for conn in map.values().flatten() {
+                let held = conn.bytes.get();
+                if held > 0 {
+                    holders.entry(conn.id).or_insert_with(|| (held, conn.slow.clone()));
+                }
+            }
+        }
+        let mut largest: Vec<(usize, CancellationToken)> = holders
+            .into_values()
+            .filter(|(held, slow)| {
+                if slow.is_cancelled() {
+                    excess = excess.saturating_sub(*held);
+                }
+                !slow.is_cancelled()
+            })
+            .collect();
+        largest.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        for (held, slow) in largest {
+            if excess == 0 {
+                break;
+            }
+            slow.cancel();
+            self.metrics.outbox_shed.inc();
+            excess = excess.saturating_sub(held);
         }
     }
 }
@@ -259,6 +324,10 @@ impl FanoutSink for Hub {
                 // The session is exiting; its cleanup removes this entry.
                 Err(flume::TrySendError::Disconnected(_)) => conn.bytes.sub(len),
             }
+        }
+        if out.missed {
+            drop(map);
+            self.shed();
         }
     }
 }

@@ -95,6 +95,8 @@ pub struct Metrics {
     pub outbox_full_frames: Counter,
     pub outbox_full_bytes: Counter,
     pub outbox_full_total: Counter,
+    /// Connections kicked (4008) to bring queued bytes under the ceiling.
+    pub outbox_shed: Counter,
 }
 
 /// The `reason` label of `herald_closes_total` for a close code.
@@ -154,6 +156,7 @@ impl Default for Metrics {
             outbox_full_frames: Counter::default(),
             outbox_full_bytes: Counter::default(),
             outbox_full_total: Counter::default(),
+            outbox_shed: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
@@ -227,13 +230,18 @@ impl Default for Metrics {
             m.outbox_bytes.clone(),
         );
         registry.register("closes", "Connections closed by the server, by reason", m.closes.clone());
+        registry.register(
+            "outbox_shed",
+            "Connections kicked because they held the most queued bytes at the server's ceiling",
+            m.outbox_shed.clone(),
+        );
         let outbox_full: Family<[(&'static str, &'static str); 1], Counter> = Family::default();
-        let m = Metrics {
-            outbox_full_frames: outbox_full.get_or_create(&[("limit", "frames")]).clone(),
-            outbox_full_bytes: outbox_full.get_or_create(&[("limit", "bytes")]).clone(),
-            outbox_full_total: outbox_full.get_or_create(&[("limit", "server")]).clone(),
-            ..m
-        };
+        // One statement each: a `get_or_create` guard holds the family's
+        // lock until the end of its statement.
+        let outbox_full_frames = outbox_full.get_or_create(&[("limit", "frames")]).clone();
+        let outbox_full_bytes = outbox_full.get_or_create(&[("limit", "bytes")]).clone();
+        let outbox_full_total = outbox_full.get_or_create(&[("limit", "server")]).clone();
+        let m = Metrics { outbox_full_frames, outbox_full_bytes, outbox_full_total, ..m };
         registry.register(
             "outbox_full",
             "Messages not queued for a connection, by the bound that refused them",

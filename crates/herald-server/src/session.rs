@@ -525,6 +525,7 @@ impl Session {
         // Send the part of the page that fits the byte bounds; the rest is
         // read again next step (as if the read had asked for fewer).
         let Some(fits) = self.charge_page(&page.messages) else {
+            self.state.hub.shed();
             self.catchup.push_front(channel);
             let wait = CATCHUP_RETRY + CATCHUP_RETRY.mul_f64(fastrand::f64());
             self.catchup_pause = Some(Box::pin(tokio::time::sleep(wait)));
