@@ -55,6 +55,9 @@ async fn main() -> anyhow::Result<()> {
     let clients = arg(&args, "--clients", 4);
     let messages = arg(&args, "--messages", 1200);
     let size = arg(&args, "--size", 60_000);
+    // `--no-subscribers`: publish the same, with nobody subscribed (the
+    // server's memory without any queue).
+    let subscribe = !args.iter().any(|a| a == "--no-subscribers");
 
     let dir = tempfile::tempdir()?;
     let mut child = Command::new(&bin)
@@ -67,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
     let served = Served(child);
     let pid = served.0.id();
     let banner = lines.next().expect("a banner line")?;
+    eprintln!("{banner}");
     let url = banner.strip_prefix("herald listening on ").expect("the banner").trim().to_owned();
     std::thread::spawn(move || for _ in lines {});
 
@@ -74,7 +78,7 @@ async fn main() -> anyhow::Result<()> {
     // kernel holds little of what the server sends them.
     let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse()?;
     let mut stuck = Vec::new();
-    for i in 0..clients {
+    for i in (0..clients).filter(|_| subscribe) {
         let sock = tokio::net::TcpSocket::new_v4()?;
         sock.set_recv_buffer_size(4096)?;
         let stream = sock.connect(addr).await?;
@@ -84,6 +88,7 @@ async fn main() -> anyhow::Result<()> {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (before, _) = memory(pid);
+    eprintln!("{clients} clients connected; publishing");
 
     let started = Instant::now();
     let http = reqwest::Client::new();
@@ -104,10 +109,31 @@ async fn main() -> anyhow::Result<()> {
             }
         }));
     }
+    // The queued-bytes gauge (servers that have it), sampled while publishing.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (http, url, done) = (http.clone(), url.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut peak: Option<u64> = None;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(r) = http.get(format!("{url}/metrics")).send().await {
+                    let text = r.text().await.unwrap_or_default();
+                    let value = text.lines().find_map(|l| l.strip_prefix("herald_outbox_bytes "));
+                    if let Some(v) = value.and_then(|v| v.trim().parse::<u64>().ok()) {
+                        peak = Some(peak.unwrap_or(0).max(v));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            peak
+        })
+    };
     for t in tasks {
         t.await?;
     }
     let published = started.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let gauge_peak = sampler.await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (after, peak) = memory(pid);
 
@@ -117,6 +143,9 @@ async fn main() -> anyhow::Result<()> {
         published.as_secs_f64()
     );
     println!("RSS before: {before:.1} MiB   peak: {peak:.1} MiB   2 s after publishing: {after:.1} MiB");
+    if let Some(p) = gauge_peak {
+        println!("herald_outbox_bytes peak (sampled every 20 ms): {:.1} MiB", p as f64 / 1048576.0);
+    }
     for (i, c) in stuck.iter_mut().enumerate() {
         let mut got = 0usize;
         let end = loop {
