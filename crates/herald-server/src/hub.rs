@@ -244,7 +244,9 @@ impl Hub {
         let interval = SHED_INTERVAL.as_millis() as u64;
         let recent = last != 0 && now < last.saturating_add(interval);
         // One caller wins the scan; the others leave it to that one.
-        if recent || self.last_shed.compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Acquire).is_err() {
+        if recent
+            || self.last_shed.compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Acquire).is_err()
+        {
             return;
         }
         let low_water = usize::try_from(self.queued.ceiling / 4 * 3).unwrap_or(0);

@@ -498,12 +498,8 @@ impl Session {
         let page_len = (page_bytes / self.frame_estimate.max(MIN_FRAME_ESTIMATE)).clamp(1, CATCHUP_PAGE);
         // None: unsubscribed meanwhile, live, or paused by a full window (an
         // ack queues it again).
-        let Some(read) = self
-            .regs
-            .subs
-            .get(&channel)
-            .and_then(|s| s.log.as_ref())
-            .and_then(|l| l.delivery.read(page_len))
+        let Some(read) =
+            self.regs.subs.get(&channel).and_then(|s| s.log.as_ref()).and_then(|l| l.delivery.read(page_len))
         else {
             return Ok(());
         };
@@ -641,7 +637,8 @@ impl Session {
         // Acks that move the acked window are free: they are bounded by the
         // messages delivered. Every other frame, other acks included,
         // costs one frame of the budget (see `session/budget.rs`).
-        let free = matches!(&frame, Ok(ClientFrame::Ack { channel, seq, .. }) if self.ack_moves(channel, *seq));
+        let free =
+            matches!(&frame, Ok(ClientFrame::Ack { channel, seq, .. }) if self.ack_moves(channel, *seq));
         let now = Instant::now();
         let limits = &self.state.config.limits;
         if !free && !self.budget.take_frame(limits, now) {
@@ -734,7 +731,12 @@ impl Session {
 
     /// An `error` reply, within `limits.error_replies_per_sec`; beyond it
     /// the reply is dropped and counted.
-    async fn send_error(&mut self, err: &ApiError, req: Option<u64>, channel: Option<&str>) -> Result<(), End> {
+    async fn send_error(
+        &mut self,
+        err: &ApiError,
+        req: Option<u64>,
+        channel: Option<&str>,
+    ) -> Result<(), End> {
         if !self.budget.take_error_reply(&self.state.config.limits, Instant::now()) {
             self.state.metrics.error_replies_dropped.inc();
             return Ok(());
@@ -797,7 +799,10 @@ fn poll_pause(pause: &mut Option<Pin<Box<Sleep>>>, cx: &mut std::task::Context<'
 }
 
 /// A deadline that may not exist (then never ready).
-fn poll_deadline(deadline: &mut Option<Pin<Box<Sleep>>>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+fn poll_deadline(
+    deadline: &mut Option<Pin<Box<Sleep>>>,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<()> {
     match deadline {
         Some(sleep) => std::future::Future::poll(sleep.as_mut(), cx),
         None => std::task::Poll::Pending,

@@ -82,7 +82,8 @@ async fn main() -> anyhow::Result<()> {
         let sock = tokio::net::TcpSocket::new_v4()?;
         sock.set_recv_buffer_size(4096)?;
         let stream = sock.connect(addr).await?;
-        let mut c = Connection::connect_on(&ConnectOptions::dev_user(&url, format!("slow{i}")), stream).await?;
+        let mut c =
+            Connection::connect_on(&ConnectOptions::dev_user(&url, format!("slow{i}")), stream).await?;
         c.subscribe(&format!("chat:slow{i}"), None).await?;
         stuck.push(c);
     }

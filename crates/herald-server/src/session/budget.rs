@@ -143,9 +143,9 @@ mod tests {
         let t0 = Instant::now();
         // 8x the budget: a frame every 1.25 ms, 100 a second accepted.
         let mut b = Budget::new(&l, t0);
-        let closed_at = (0..8_000u64).map(|i| t0 + Duration::from_micros(i * 1250)).find(|&now| {
-            !b.take_frame(&l, now) && b.refuse(&l, now)
-        });
+        let closed_at = (0..8_000u64)
+            .map(|i| t0 + Duration::from_micros(i * 1250))
+            .find(|&now| !b.take_frame(&l, now) && b.refuse(&l, now));
         let at = closed_at.expect("a sustained flood is closed").duration_since(t0).as_millis();
         assert!(at < 2_000, "closed after {at} ms, well within the window");
 

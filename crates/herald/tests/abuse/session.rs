@@ -58,11 +58,14 @@ async fn flood(c: &mut Connection, frame: &str, per_tick: usize, tick: Duration,
         }
         next_tick += tick;
         loop {
-            let wait = if sending { next_tick.saturating_duration_since(tokio::time::Instant::now()) } else { WAIT };
+            let wait =
+                if sending { next_tick.saturating_duration_since(tokio::time::Instant::now()) } else { WAIT };
             match tokio::time::timeout(wait, c.next_frame()).await {
                 Err(_) => break, // time for the next burst
                 Ok(Ok(Some(ServerEvent::Frame(f)))) => match f.kind.as_str() {
-                    "error" => out.errors.push(f.code.and_then(|c| c.as_str().map(str::to_owned)).unwrap_or_default()),
+                    "error" => out
+                        .errors
+                        .push(f.code.and_then(|c| c.as_str().map(str::to_owned)).unwrap_or_default()),
                     "disconnect" => out.disconnect_reconnect = f.reconnect,
                     _ => out.other += 1,
                 },
@@ -95,7 +98,9 @@ async fn a_sustained_flood_is_closed_with_4009_within_the_window() {
     let mut c = srv.connect("flooder").await;
     // 8x the budget (160 frames a second) for up to 10 s: refills between
     // bursts must not reset anything.
-    let f = flood(&mut c, r#"{"type":"ping","req":1}"#, 8, Duration::from_millis(50), Duration::from_secs(10)).await;
+    let f =
+        flood(&mut c, r#"{"type":"ping","req":1}"#, 8, Duration::from_millis(50), Duration::from_secs(10))
+            .await;
     assert_eq!(f.closed, Some(Some(4009)), "{f:?}");
     assert_eq!(f.disconnect_reconnect, Some(true), "a disconnect frame says why, and to come back");
     assert!(f.elapsed < Duration::from_secs(4), "closed within the window (2 s) and a margin: {f:?}");
@@ -119,7 +124,12 @@ async fn error_replies_are_capped_and_the_rest_counted() {
     let f = flood(&mut c, "{nope", 150, Duration::from_millis(1500), Duration::from_millis(1500)).await;
     assert_eq!(f.closed, None, "under the close threshold: {f:?}");
     let allowed = 5 + (f.elapsed.as_secs_f64() * 5.0).ceil() as usize;
-    assert!(f.errors.len() <= allowed, "{} error replies in {:?}, at most {allowed}", f.errors.len(), f.elapsed);
+    assert!(
+        f.errors.len() <= allowed,
+        "{} error replies in {:?}, at most {allowed}",
+        f.errors.len(),
+        f.elapsed
+    );
     assert!(f.count("bad_json") >= 1, "{f:?}");
     let dropped = metric(&srv, "herald_error_replies_dropped_total");
     assert_eq!(dropped as usize, 150 - f.errors.len(), "every error not sent is counted");
