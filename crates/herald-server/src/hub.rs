@@ -272,7 +272,7 @@ impl Hub {
                 !slow.is_cancelled()
             })
             .collect();
-        largest.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        largest.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
         for (held, slow) in largest {
             if excess == 0 {
                 break;
