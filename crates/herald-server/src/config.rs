@@ -145,6 +145,16 @@ pub struct Limits {
     pub max_body_bytes: usize,
     /// Frames queued for one connection before it is a slow consumer.
     pub outbox_capacity: usize,
+    /// Bytes of frames queued for one connection (its outbox, the batch it
+    /// is writing, the catch-up page it holds) before it is a slow consumer.
+    /// A frame is always accepted into an empty outbox, whatever its size.
+    pub outbox_bytes: usize,
+    /// Bytes of frames queued for all connections together (each frame
+    /// counted once however many outboxes share it). At this ceiling a
+    /// connection holding more than half its `outbox_bytes` is kicked as a
+    /// slow consumer, the others read the message from the log later, and
+    /// volatile messages are dropped.
+    pub total_outbox_bytes: usize,
     /// Subscriptions one connection may hold.
     pub max_subscriptions: usize,
     /// Channels one batch publish may name.
@@ -156,6 +166,15 @@ pub struct Limits {
     pub max_data_depth: usize,
     /// Client frames per second per connection (burst of the same size).
     pub client_frames_per_sec: u32,
+    /// A connection is closed with 4009 when more than this percentage of
+    /// its frame budget over the last `rate_limit_window` was refused.
+    pub rate_limit_close_percent: u32,
+    /// The sliding window over which refused frames are counted.
+    #[serde(with = "humantime_serde")]
+    pub rate_limit_window: Duration,
+    /// `error` frames sent per second per connection (burst of the same
+    /// size); errors beyond it are dropped without a reply, and counted.
+    pub error_replies_per_sec: u32,
     /// Interval of server WebSocket pings.
     #[serde(with = "humantime_serde")]
     pub ping_interval: Duration,
@@ -179,11 +198,16 @@ impl Default for Limits {
             max_message_bytes: 64 * 1024,
             max_body_bytes: 256 * 1024,
             outbox_capacity: 1024,
+            outbox_bytes: 4 * 1024 * 1024,
+            total_outbox_bytes: 256 * 1024 * 1024,
             max_subscriptions: 256,
             max_batch_channels: 100,
             max_history_limit: 1000,
             max_data_depth: 64,
             client_frames_per_sec: 100,
+            rate_limit_close_percent: 50,
+            rate_limit_window: Duration::from_secs(10),
+            error_replies_per_sec: 50,
             ping_interval: Duration::from_secs(25),
             idle_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
@@ -286,6 +310,23 @@ impl Config {
         if l.client_frames_per_sec == 0 {
             return Err("limits.client_frames_per_sec must be at least 1".into());
         }
+        if l.rate_limit_close_percent == 0 || l.rate_limit_window < Duration::from_millis(100) {
+            return Err(
+                "limits.rate_limit_close_percent must be at least 1 and rate_limit_window at least 100ms"
+                    .into(),
+            );
+        }
+        if l.error_replies_per_sec == 0 {
+            return Err("limits.error_replies_per_sec must be at least 1".into());
+        }
+        // A frame may exceed `max_message_bytes` by its envelope (channel,
+        // id, meta); twice the largest message leaves room for it and one more.
+        if l.outbox_bytes < 2 * l.max_message_bytes {
+            return Err("limits.outbox_bytes must be at least twice limits.max_message_bytes".into());
+        }
+        if l.total_outbox_bytes < 2 * l.outbox_bytes {
+            return Err("limits.total_outbox_bytes must be at least twice limits.outbox_bytes".into());
+        }
         if l.ping_interval.is_zero() || l.idle_timeout <= l.ping_interval {
             return Err(
                 "limits.idle_timeout must be longer than limits.ping_interval (and both non-zero)".into()
@@ -345,6 +386,15 @@ mod tests {
         let mut c = Config::default();
         c.limits.idle_timeout = Duration::from_secs(1);
         assert!(c.validate().unwrap_err().contains("idle_timeout"));
+        let mut c = Config::default();
+        c.limits.outbox_bytes = c.limits.max_message_bytes;
+        assert!(c.validate().unwrap_err().contains("outbox_bytes"));
+        let mut c = Config::default();
+        c.limits.total_outbox_bytes = c.limits.outbox_bytes;
+        assert!(c.validate().unwrap_err().contains("total_outbox_bytes"));
+        let mut c = Config::default();
+        c.limits.rate_limit_close_percent = 0;
+        assert!(c.validate().unwrap_err().contains("rate_limit_close_percent"));
         let c = Config { api_keys: vec!["short".into()], ..Default::default() };
         assert!(c.validate().is_err());
         for depth in [0, herald_proto::MAX_DATA_DEPTH_LIMIT + 1] {

@@ -3,23 +3,42 @@
 //!
 //! Invariants:
 //! - fan-out never awaits: each subscriber gets a `try_send` of the shared
-//!   `Arc<Message>` (encoded once); a full outbox applies the channel's policy
-//!   (durable: kick the connection as a slow consumer, it resumes from the
-//!   log; volatile: drop for that connection and count);
-//! - the hub holds only small handles (id, bounded sender, kick token); the
-//!   session task owns everything else and removes its entries on every exit
-//!   path (see `session::Registrations`).
+//!   [`Outgoing`] (the message encoded once); a message a connection cannot
+//!   take applies the channel's policy (durable: kick the connection as a
+//!   slow consumer, it resumes from the log; volatile: drop for that
+//!   connection and count);
+//! - a connection takes a message only while its outbox holds fewer than
+//!   `limits.outbox_capacity` frames and, unless it holds nothing, at most
+//!   `limits.outbox_bytes` bytes ([`ConnBytes`]);
+//! - the bytes queued server-wide ([`QueuedBytes`]: each frame once, however
+//!   many outboxes share it) never exceed `limits.total_outbox_bytes`: every
+//!   charge is a compare-and-swap against the ceiling, released when the
+//!   last holder lets go. A message that would cross it is queued for no one
+//!   ([`Outgoing::missed`]), and the connections holding the most are
+//!   kicked until the total is back under three quarters of the ceiling
+//!   ([`Hub::shed`]);
+//! - the hub holds only small handles (id, bounded sender, byte count, kick
+//!   token); the session task owns everything else and removes its entries
+//!   on every exit path (see `session::Registrations`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use herald_core::{FanoutSink, Message};
 use herald_proto::ChannelName;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Limits;
 use crate::metrics::Metrics;
 
 const SHARDS: usize = 32;
+/// Least time between two sheds: kicked connections need a moment to let
+/// go of what they hold.
+const SHED_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What the hub knows about one connection.
 #[derive(Clone)]
@@ -28,19 +47,127 @@ pub struct ConnHandle {
     /// Bounded. flume rather than tokio's mpsc because it allocates its
     /// queue lazily: an idle connection's outbox costs ~100 bytes instead of
     /// a preallocated block (memory per idle connection matters).
-    pub outbox_tx: flume::Sender<Arc<Message>>,
+    pub outbox_tx: flume::Sender<Arc<Outgoing>>,
+    /// Bytes queued for this connection: its outbox, plus what its session
+    /// holds in its write path (see [`ConnBytes`]).
+    pub bytes: Arc<ConnBytes>,
     /// Cancelled when the connection must go as a slow consumer.
     pub slow: CancellationToken,
+}
+
+/// One message on its way to this node's subscribers, shared by their
+/// outboxes. Holds its frame's bytes against the server's ceiling until the
+/// last outbox or write batch lets go of it.
+pub struct Outgoing {
+    pub msg: Arc<Message>,
+    /// The server was at its ceiling: queued for no one. Carries the
+    /// message without its frame; a durable subscriber that was keeping up
+    /// reads it from the log instead (see `session::accept_live`).
+    pub missed: bool,
+    _charge: Option<Charge>,
+}
+
+/// Bytes of frames queued for delivery on this server, each frame counted
+/// once: in outboxes, in the batches sessions are writing, in the catch-up
+/// pages they hold. The count is the `herald_outbox_bytes` gauge itself.
+pub struct QueuedBytes {
+    gauge: Gauge,
+    ceiling: i64,
+}
+
+impl QueuedBytes {
+    pub fn new(gauge: Gauge, ceiling: usize) -> Self {
+        Self { gauge, ceiling: i64::try_from(ceiling).unwrap_or(i64::MAX) }
+    }
+
+    /// Charge `len` bytes if the total stays within the ceiling.
+    pub fn try_charge(self: &Arc<Self>, len: usize) -> Option<Charge> {
+        let n = i64::try_from(len).ok()?;
+        self.gauge
+            .inner()
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| (t + n <= self.ceiling).then_some(t + n))
+            .ok()?;
+        Some(Charge { queued: self.clone(), len: n })
+    }
+
+    /// Bytes that can still be charged (a snapshot).
+    pub fn room(&self) -> usize {
+        usize::try_from(self.ceiling - self.gauge.get()).unwrap_or(0)
+    }
+
+    /// Bytes charged (a snapshot).
+    pub fn total(&self) -> usize {
+        usize::try_from(self.gauge.get()).unwrap_or(0)
+    }
+}
+
+/// Bytes held against the server's ceiling; released on drop.
+pub struct Charge {
+    queued: Arc<QueuedBytes>,
+    len: i64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.queued.gauge.dec_by(self.len);
+    }
+}
+
+/// Bytes queued for one connection: frames in its outbox (each counted in
+/// full even when shared with other connections: this is how far behind it
+/// is), plus the batch or catch-up page its session is writing. The hub
+/// adds, the session subtracts what it wrote.
+#[derive(Default)]
+pub struct ConnBytes(AtomicUsize);
+
+impl ConnBytes {
+    /// Add `len` if the count stays within `limit`, or holds nothing yet (a
+    /// frame larger than the bound still reaches a connection that keeps up).
+    pub fn try_add(&self, len: usize, limit: usize) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q == 0 || q + len <= limit).then_some(q + len)
+            })
+            .is_ok()
+    }
+
+    /// Add `len` unconditionally (the caller checked the room).
+    pub fn add(&self, len: usize) {
+        self.0.fetch_add(len, Ordering::AcqRel);
+    }
+
+    pub fn sub(&self, len: usize) {
+        self.0.fetch_sub(len, Ordering::AcqRel);
+    }
+
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
 }
 
 pub struct Hub {
     shards: Vec<RwLock<HashMap<ChannelName, Vec<ConnHandle>>>>,
     metrics: Arc<Metrics>,
+    /// The server-wide count (`limits.total_outbox_bytes`).
+    pub queued: Arc<QueuedBytes>,
+    /// `limits.outbox_bytes`.
+    conn_bytes: usize,
+    /// Time of the last shed, in ms since `born` (see [`Hub::shed`]).
+    last_shed: AtomicU64,
+    born: Instant,
 }
 
 impl Hub {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
-        Self { shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(), metrics }
+    pub fn new(metrics: Arc<Metrics>, limits: &Limits) -> Self {
+        let queued = Arc::new(QueuedBytes::new(metrics.outbox_bytes.clone(), limits.total_outbox_bytes));
+        Self {
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            metrics,
+            queued,
+            conn_bytes: limits.outbox_bytes,
+            last_shed: AtomicU64::new(0),
+            born: Instant::now(),
+        }
     }
 
     fn shard(&self, channel: &ChannelName) -> &RwLock<HashMap<ChannelName, Vec<ConnHandle>>> {
@@ -72,28 +199,132 @@ impl Hub {
     pub fn subscriber_count(&self, channel: &ChannelName) -> usize {
         self.shard(channel).read().expect("hub lock poisoned").get(channel).map_or(0, Vec::len)
     }
+
+    /// A connection cannot take `msg`: durable, kick it (the log has the
+    /// message, the client resumes from its last seq); volatile, drop it.
+    fn refuse(&self, conn: &ConnHandle, msg: &Message) {
+        if msg.seq.is_some() {
+            if !conn.slow.is_cancelled() {
+                conn.slow.cancel();
+            }
+        } else {
+            self.metrics.volatile_dropped.inc();
+        }
+    }
+
+    /// At the server's ceiling the message is queued for no one: volatile,
+    /// dropped; durable, the subscriber is sent a frameless copy, which
+    /// makes it read the message from the log when there is room again (no
+    /// disconnect). [`Hub::shed`] makes that room.
+    fn at_ceiling(&self, conn: &ConnHandle, missed: &Arc<Outgoing>) {
+        self.metrics.outbox_full_total.inc();
+        if missed.msg.seq.is_none() {
+            return self.refuse(conn, &missed.msg);
+        }
+        if let Err(flume::TrySendError::Full(_)) = conn.outbox_tx.try_send(missed.clone()) {
+            self.metrics.outbox_full_frames.inc();
+            self.refuse(conn, &missed.msg);
+        }
+    }
+
+    /// Called when something could not be queued for the server's
+    /// ceiling: kick the connections holding the most queued bytes (4008,
+    /// they resume from the log) until the total is back under three
+    /// quarters of the ceiling. Bytes of connections already kicked count as
+    /// released (they are, as those sessions end). At most one scan per
+    /// `SHED_INTERVAL`, over every local subscription; never awaits.
+    pub fn shed(&self) {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let last = self.last_shed.load(Ordering::Acquire);
+        let interval = SHED_INTERVAL.as_millis() as u64;
+        let recent = last != 0 && now < last.saturating_add(interval);
+        // One caller wins the scan; the others leave it to that one.
+        if recent
+            || self.last_shed.compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Acquire).is_err()
+        {
+            return;
+        }
+        let low_water = usize::try_from(self.queued.ceiling / 4 * 3).unwrap_or(0);
+        let Some(mut excess) = self.queued.total().checked_sub(low_water).filter(|&e| e > 0) else {
+            return;
+        };
+        let mut holders: HashMap<u64, (usize, CancellationToken)> = HashMap::new();
+        for shard in &self.shards {
+            let map = shard.read().expect("hub lock poisoned");
+            for conn in map.values().flatten() {
+                let held = conn.bytes.get();
+                if held > 0 {
+                    holders.entry(conn.id).or_insert_with(|| (held, conn.slow.clone()));
+                }
+            }
+        }
+        let mut largest: Vec<(usize, CancellationToken)> = holders
+            .into_values()
+            .filter(|(held, slow)| {
+                if slow.is_cancelled() {
+                    excess = excess.saturating_sub(*held);
+                }
+                !slow.is_cancelled()
+            })
+            .collect();
+        largest.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
+        for (held, slow) in largest {
+            if excess == 0 {
+                break;
+            }
+            slow.cancel();
+            self.metrics.outbox_shed.inc();
+            excess = excess.saturating_sub(held);
+        }
+    }
+}
+
+/// A copy of `msg` without its frame.
+fn frameless(msg: &Message) -> Message {
+    Message {
+        channel: msg.channel.clone(),
+        seq: msg.seq,
+        id: msg.id.clone(),
+        ts: msg.ts,
+        epoch: msg.epoch.clone(),
+        frame: Bytes::new(),
+        closes: msg.closes,
+    }
 }
 
 impl FanoutSink for Hub {
     fn deliver(&self, msg: Arc<Message>) {
         let map = self.shard(&msg.channel).read().expect("hub lock poisoned");
         let Some(subs) = map.get(&msg.channel) else { return };
+        let len = msg.frame.len();
+        let out = Arc::new(match self.queued.try_charge(len) {
+            Some(charge) => Outgoing { msg, missed: false, _charge: Some(charge) },
+            None => Outgoing { msg: Arc::new(frameless(&msg)), missed: true, _charge: None },
+        });
         for conn in subs {
-            match conn.outbox_tx.try_send(msg.clone()) {
+            if out.missed {
+                self.at_ceiling(conn, &out);
+                continue;
+            }
+            if !conn.bytes.try_add(len, self.conn_bytes) {
+                self.metrics.outbox_full_bytes.inc();
+                self.refuse(conn, &out.msg);
+                continue;
+            }
+            match conn.outbox_tx.try_send(out.clone()) {
                 Ok(()) => {}
                 Err(flume::TrySendError::Full(_)) => {
-                    if msg.seq.is_some() {
-                        // The log has it: the client resumes from its last seq.
-                        if !conn.slow.is_cancelled() {
-                            conn.slow.cancel();
-                        }
-                    } else {
-                        self.metrics.volatile_dropped.inc();
-                    }
+                    conn.bytes.sub(len);
+                    self.metrics.outbox_full_frames.inc();
+                    self.refuse(conn, &out.msg);
                 }
                 // The session is exiting; its cleanup removes this entry.
-                Err(flume::TrySendError::Disconnected(_)) => {}
+                Err(flume::TrySendError::Disconnected(_)) => conn.bytes.sub(len),
             }
+        }
+        if out.missed {
+            drop(map);
+            self.shed();
         }
     }
 }

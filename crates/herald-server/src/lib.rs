@@ -97,7 +97,7 @@ impl Server {
     pub async fn bind(config: Config, engine: Arc<dyn Engine>) -> std::io::Result<Server> {
         let listener = TcpListener::bind(config.listen).await?;
         let metrics = Arc::new(metrics::Metrics::with_engine(&engine));
-        let hub = Arc::new(hub::Hub::new(metrics.clone()));
+        let hub = Arc::new(hub::Hub::new(metrics.clone(), &config.limits));
         engine.set_sink(hub.clone());
         let jwt = auth::JwtVerifier::new(&config.jwt)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;

@@ -91,6 +91,39 @@ pub struct Metrics {
     pub presence_expired: Counter,
     /// Room state or attribute changes written (API and automatic).
     pub room_changes: Counter,
+    /// Client frames refused by the frame budget.
+    pub frames_refused: Counter,
+    /// `error` frames not sent because of `limits.error_replies_per_sec`.
+    pub error_replies_dropped: Counter,
+    /// Bytes of frames queued for delivery, server-wide (each frame once).
+    /// Its atomic is the server's accounting itself (see `hub::QueuedBytes`).
+    pub outbox_bytes: Gauge,
+    /// Connections the server closed, by reason (see [`Metrics::closed`]).
+    closes: Family<[(&'static str, &'static str); 1], Counter>,
+    /// Messages not queued for a connection, by the bound that refused them.
+    pub outbox_full_frames: Counter,
+    pub outbox_full_bytes: Counter,
+    pub outbox_full_total: Counter,
+    /// Connections kicked (4008) to bring queued bytes under the ceiling.
+    pub outbox_shed: Counter,
+}
+
+/// The `reason` label of `herald_closes_total` for a close code.
+fn close_reason(code: u16) -> &'static str {
+    use herald_proto::close;
+    match code {
+        close::GOING_AWAY => "shutdown",
+        close::MESSAGE_TOO_BIG => "message_too_big",
+        close::INTERNAL => "internal",
+        close::BAD_REQUEST => "bad_request",
+        close::UNAUTHORIZED => "unauthorized",
+        close::TOKEN_EXPIRED => "token_expired",
+        close::IDLE_TIMEOUT => "idle_timeout",
+        close::RESYNC => "resync",
+        close::SLOW_CONSUMER => "slow_consumer",
+        close::RATE_LIMITED => "rate_limited",
+        _ => "other",
+    }
 }
 
 impl Metrics {
@@ -129,6 +162,14 @@ impl Default for Metrics {
             presence_leaves: Counter::default(),
             presence_expired: Counter::default(),
             room_changes: Counter::default(),
+            frames_refused: Counter::default(),
+            error_replies_dropped: Counter::default(),
+            outbox_bytes: Gauge::default(),
+            closes: Family::default(),
+            outbox_full_frames: Counter::default(),
+            outbox_full_bytes: Counter::default(),
+            outbox_full_total: Counter::default(),
+            outbox_shed: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
@@ -206,6 +247,39 @@ impl Default for Metrics {
             "Unacked messages removed by retention before their subscriber resumed",
             m.acked_truncated.clone(),
         );
+        registry.register(
+            "frames_refused",
+            "Client frames refused by the frame budget (limits.client_frames_per_sec)",
+            m.frames_refused.clone(),
+        );
+        registry.register(
+            "error_replies_dropped",
+            "Error frames not sent because of limits.error_replies_per_sec",
+            m.error_replies_dropped.clone(),
+        );
+        registry.register(
+            "outbox_bytes",
+            "Bytes of frames queued for delivery, each frame once (ceiling: limits.total_outbox_bytes)",
+            m.outbox_bytes.clone(),
+        );
+        registry.register("closes", "Connections closed by the server, by reason", m.closes.clone());
+        registry.register(
+            "outbox_shed",
+            "Connections kicked because they held the most queued bytes at the server's ceiling",
+            m.outbox_shed.clone(),
+        );
+        let outbox_full: Family<[(&'static str, &'static str); 1], Counter> = Family::default();
+        // One statement each: a `get_or_create` guard holds the family's
+        // lock until the end of its statement.
+        let outbox_full_frames = outbox_full.get_or_create(&[("limit", "frames")]).clone();
+        let outbox_full_bytes = outbox_full.get_or_create(&[("limit", "bytes")]).clone();
+        let outbox_full_total = outbox_full.get_or_create(&[("limit", "server")]).clone();
+        let m = Metrics { outbox_full_frames, outbox_full_bytes, outbox_full_total, ..m };
+        registry.register(
+            "outbox_full",
+            "Messages not queued for a connection, by the bound that refused them",
+            outbox_full,
+        );
         Metrics { registry, ..m }
     }
 }
@@ -214,6 +288,11 @@ impl Metrics {
     /// Count an HTTP connection closed (or refused) by the server.
     pub fn http_dropped(&self, reason: &'static str) {
         self.http_connections_dropped.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    /// Count a connection the server closed with `code`.
+    pub fn closed(&self, code: u16) {
+        self.closes.get_or_create(&[("reason", close_reason(code))]).inc();
     }
 
     /// The OpenMetrics text exposition.

@@ -21,38 +21,35 @@
 //! connection that closed or went silent meanwhile brings back no ghost.
 
 use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use herald_core::delivery::{self, Live, Paged, Subscription};
-use herald_core::{Message, Seq, SubscriberId};
-use herald_proto::{
-    close, encode_unsubscribed, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame,
-};
+use herald_core::delivery::{self, AckStep, Subscription};
+use herald_core::{Seq, SubscriberId};
+use herald_proto::{close, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
+use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::time::delay_queue::{DelayQueue, Key};
 use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::hub::ConnHandle;
+use crate::hub::{Charge, ConnBytes, ConnHandle, Outgoing};
 use crate::rooms::Hold;
 use crate::State;
 
+mod budget;
+mod deliver;
 mod liveness;
 mod requests;
 
 pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
-/// Messages read from the log per catch-up step. Between steps the session
-/// serves its other work, so one long catch-up does not starve the rest.
-const CATCHUP_PAGE: usize = 256;
-/// Outbox frames written per flush.
-const OUTBOX_BATCH: usize = 64;
 // Handler futures are boxed where they are awaited: an async state machine
 // reserves room for its largest nested future, and every connection's task
 // holds one, so an idle session would otherwise carry the publish path's
@@ -190,7 +187,19 @@ pub struct Session {
     last_rx: Instant,
     /// Numbered pings and their echoes (presence rejoins wait for one).
     liveness: liveness::Liveness,
-    bucket: TokenBucket,
+    budget: budget::Budget,
+    /// What this session holds in its write path, counted in its byte
+    /// bound (`held` bytes, in `handle.bytes`) and the server's (`batch`
+    /// keeps the outbox entries, `page` the catch-up page's charge) until
+    /// the flush that writes it: a session blocked on a full socket keeps
+    /// counting what it holds.
+    batch: Vec<Arc<Outgoing>>,
+    page: Option<Charge>,
+    held: usize,
+    /// Average frame size of the last catch-up page (pessimistic at first).
+    frame_estimate: usize,
+    /// Catch-up waits for room under the server's ceiling.
+    catchup_pause: Option<Pin<Box<Sleep>>>,
 }
 
 impl Session {
@@ -202,12 +211,18 @@ impl Session {
         ws: Ws,
         identity: Identity,
         conn_id: u64,
-    ) -> (Self, flume::Receiver<Arc<Message>>) {
+    ) -> (Self, flume::Receiver<Arc<Outgoing>>) {
         let (outbox_tx, outbox_rx) = flume::bounded(state.config.limits.outbox_capacity);
-        let handle = ConnHandle { id: conn_id, outbox_tx, slow: CancellationToken::new() };
+        let handle = ConnHandle {
+            id: conn_id,
+            outbox_tx,
+            bytes: Arc::new(ConnBytes::default()),
+            slow: CancellationToken::new(),
+        };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
-        let rate = state.config.limits.client_frames_per_sec;
+        let budget = budget::Budget::new(&state.config.limits, Instant::now());
+        let frame_estimate = state.config.limits.max_message_bytes;
         let session = Session {
             regs: Registrations { state: state.clone(), conn_id, subs: HashMap::new(), leave_on_drop: false },
             state,
@@ -218,17 +233,23 @@ impl Session {
             catchup: VecDeque::new(),
             last_rx: Instant::now(),
             liveness: liveness::Liveness::default(),
-            bucket: TokenBucket::new(rate),
+            budget,
+            batch: Vec::new(),
+            page: None,
+            held: 0,
+            frame_estimate,
+            catchup_pause: None,
         };
         (session, outbox_rx)
     }
 
     /// Run the connection to its end. Cleanup is guaranteed by `Registrations`.
-    pub async fn run(mut self, outbox_rx: flume::Receiver<Arc<Message>>) {
+    pub async fn run(mut self, outbox_rx: flume::Receiver<Arc<Outgoing>>) {
         let end = self.run_loop(outbox_rx).await;
         if let End::Close { code, .. } = &end {
             // An idle timeout is a lost client, like a dropped socket.
             self.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
+            self.state.metrics.closed(*code);
         }
         if let End::Close { code, reason, reconnect } = end {
             Box::pin(self.close(code, reason, reconnect)).await;
@@ -236,9 +257,10 @@ impl Session {
         tracing::debug!(conn = self.handle.id, "connection ended");
     }
 
-    async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Message>>) -> End {
+    async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Outgoing>>) -> End {
         let mut period = self.tick_period();
         let mut tick = heartbeat(period);
+        let mut expiry = self.expiry_timer();
         let shutdown = self.state.shutdown.clone();
         let slow = self.handle.slow.clone();
         loop {
@@ -255,7 +277,9 @@ impl Session {
                             Box::pin(self.on_inbound(m)).await
                         }
                     },
-                    () = std::future::ready(()), if has_catchup => Box::pin(self.catchup_step()).await,
+                    () = std::future::poll_fn(|cx| poll_pause(&mut self.catchup_pause, cx)), if has_catchup => {
+                        Box::pin(self.catchup_step()).await
+                    }
                     Some(expired) = std::future::poll_fn(|cx| poll_timer(&mut self.timers, cx)) => {
                         Box::pin(self.on_timer(expired)).await
                     }
@@ -275,6 +299,11 @@ impl Session {
                     self.state.metrics.slow_consumers.inc();
                     Err(End::Close { code: close::SLOW_CONSUMER, reason: "slow consumer", reconnect: true })
                 }
+                () = std::future::poll_fn(|cx| poll_deadline(&mut expiry, cx)) => Err(End::Close {
+                    code: close::TOKEN_EXPIRED,
+                    reason: "token expired",
+                    reconnect: true,
+                }),
                 r = step => r,
             };
             if let Err(end) = result {
@@ -300,6 +329,15 @@ impl Session {
         }
     }
 
+    /// Fires at the token's `exp` plus `jwt.leeway_secs`: the connection
+    /// closes with 4003 then, not at the next tick.
+    fn expiry_timer(&self) -> Option<Pin<Box<Sleep>>> {
+        let exp = self.identity.exp?;
+        let at = UNIX_EPOCH + Duration::from_secs(exp.saturating_add(self.state.config.jwt.leeway_secs));
+        let left = at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
+        Some(Box::pin(tokio::time::sleep(left)))
+    }
+
     fn on_read_error(&self, e: tokio_websockets::Error) -> End {
         match e {
             // tokio-websockets has already queued a 1009 close frame.
@@ -321,155 +359,11 @@ impl Session {
         if self.last_rx.elapsed() >= limits.idle_timeout {
             return Err(End::Close { code: close::IDLE_TIMEOUT, reason: "idle timeout", reconnect: true });
         }
-        if let Some(exp) = self.identity.exp {
-            if unix_now_secs() >= exp + self.state.config.jwt.leeway_secs {
-                return Err(End::Close {
-                    code: close::TOKEN_EXPIRED,
-                    reason: "token expired",
-                    reconnect: true,
-                });
-            }
-        }
         if self.regs.subs.values().any(|s| s.presence.is_some()) {
             Box::pin(self.renew_presence()).await;
         }
         let ping = self.liveness.next_ping();
         self.ws.send(WsMessage::ping(ping)).await.map_err(|_| End::Gone)
-    }
-
-    /// Live messages from the hub, written in batches with one flush.
-    async fn on_outbox(
-        &mut self,
-        first: Arc<Message>,
-        outbox_rx: &mut flume::Receiver<Arc<Message>>,
-    ) -> Result<(), End> {
-        let mut written = 0u64;
-        let mut next = Some(first);
-        let mut taken = 0;
-        let mut closed = Vec::new();
-        while let Some(msg) = next.take() {
-            if self.accept_live(&msg) {
-                self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
-                written += 1;
-                if msg.closes {
-                    closed.push(msg.channel.clone());
-                }
-            }
-            taken += 1;
-            if taken < OUTBOX_BATCH {
-                next = outbox_rx.try_recv().ok();
-            }
-        }
-        for channel in closed {
-            self.end_subscription(&channel, "room_closed").await?;
-        }
-        if written > 0 {
-            self.ws.flush().await.map_err(|_| End::Gone)?;
-            self.state.metrics.delivered.inc_by(written);
-        }
-        Ok(())
-    }
-
-    /// The server ends a subscription whose channel closed (its final
-    /// message was just sent): drop it, without a presence leave (closing
-    /// cleared the channel's presence), and tell the client.
-    async fn end_subscription(&mut self, channel: &ChannelName, reason: &str) -> Result<(), End> {
-        if let Some(sub) = self.regs.remove(channel) {
-            if let Some(mut log) = sub.log {
-                log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel });
-            }
-            self.catchup.retain(|c| c != channel);
-            self.ws
-                .feed(WsMessage::text(Bytes::from(encode_unsubscribed(channel, reason))))
-                .await
-                .map_err(|_| End::Gone)?;
-        }
-        Ok(())
-    }
-
-    /// Decide whether a live message goes out now (see `herald_core::delivery`).
-    fn accept_live(&mut self, msg: &Message) -> bool {
-        let Some(sub) = self.regs.subs.get_mut(&msg.channel) else { return false };
-        // Volatile messages and presence events (no seq): live only, on any channel.
-        let Some(seq) = msg.seq else { return true };
-        // A logged message for a volatile subscription cannot happen
-        // (delivery is per namespace); drop it rather than break the order.
-        let Some(log) = sub.log.as_mut() else { return false };
-        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &msg.channel };
-        match log.delivery.on_live(seq, &msg.epoch, &mut timers) {
-            Live::Send => true,
-            Live::Skip => false,
-            Live::Read => {
-                self.catchup.push_back(msg.channel.clone());
-                false
-            }
-        }
-    }
-
-    /// One page of catch-up for the subscription at the front of the queue.
-    async fn catchup_step(&mut self) -> Result<(), End> {
-        let Some(channel) = self.catchup.pop_front() else { return Ok(()) };
-        // None: unsubscribed meanwhile, live, or paused by a full window (an
-        // ack queues it again).
-        let Some(read) = self
-            .regs
-            .subs
-            .get(&channel)
-            .and_then(|s| s.log.as_ref())
-            .and_then(|l| l.delivery.read(CATCHUP_PAGE))
-        else {
-            return Ok(());
-        };
-        let page = match self.state.engine.read(&channel, read.after, read.limit).await {
-            Ok(page) => page,
-            Err(e) => {
-                tracing::warn!(channel = %channel, error = %e, "catch-up read failed");
-                return Err(End::Close {
-                    code: close::INTERNAL,
-                    reason: "storage unavailable",
-                    reconnect: true,
-                });
-            }
-        };
-        // Same task: the subscription cannot have gone during the await.
-        let Some(log) = self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else {
-            return Ok(());
-        };
-        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &channel };
-        let seqs = page.messages.iter().map(|m| m.seq.unwrap_or(0));
-        let more = match log.delivery.on_page(read, &page.position, seqs, &mut timers) {
-            // The log was reset or trimmed past what this client has seen:
-            // it must resubscribe, and the reply will say so.
-            Paged::Resync => {
-                return Err(End::Close { code: close::RESYNC, reason: "resync needed", reconnect: true })
-            }
-            Paged::Ignore { more } => {
-                if more {
-                    self.catchup.push_back(channel);
-                }
-                return Ok(());
-            }
-            Paged::Send { more } => more,
-        };
-        let mut closes = false;
-        for msg in &page.messages {
-            self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
-            closes |= msg.closes;
-        }
-        if !page.messages.is_empty() {
-            self.state.metrics.delivered.inc_by(page.messages.len() as u64);
-        }
-        if closes {
-            self.end_subscription(&channel, "room_closed").await?;
-            return self.ws.flush().await.map_err(|_| End::Gone);
-        }
-        if !page.messages.is_empty() {
-            self.ws.flush().await.map_err(|_| End::Gone)?;
-        }
-        if more {
-            self.catchup.push_back(channel);
-        }
-        Ok(())
     }
 
     async fn on_inbound(&mut self, msg: WsMessage) -> Result<(), End> {
@@ -498,12 +392,16 @@ impl Session {
             return Err(End::Close { code: close::BAD_REQUEST, reason: "binary frame", reconnect: false });
         };
         let frame = ClientFrame::parse(text);
-        // Acks are exempt from the frame budget: a client acks every message
-        // it handles, and acks are bounded by deliveries anyway (one that
-        // does not advance the cursor never reaches the engine).
-        let is_ack = matches!(frame, Ok(ClientFrame::Ack { .. }));
-        if !is_ack && !self.bucket.take() {
-            if self.bucket.strikes() > 3 * self.state.config.limits.client_frames_per_sec {
+        // Acks that move the acked window are free: they are bounded by the
+        // messages delivered. Every other frame, other acks included,
+        // costs one frame of the budget (see `session/budget.rs`).
+        let free =
+            matches!(&frame, Ok(ClientFrame::Ack { channel, seq, .. }) if self.ack_moves(channel, *seq));
+        let now = Instant::now();
+        let limits = &self.state.config.limits;
+        if !free && !self.budget.take_frame(limits, now) {
+            self.state.metrics.frames_refused.inc();
+            if self.budget.refuse(limits, now) {
                 return Err(End::Close {
                     code: close::RATE_LIMITED,
                     reason: "rate limited",
@@ -515,32 +413,33 @@ impl Session {
                 Err(e) => e.req,
             };
             let err = ApiError::new(ErrorCode::RateLimited, "too many frames; slow down");
-            return self.send_bytes(err.frame(req, None)).await;
+            return self.send_error(&err, req, None).await;
         }
         let frame = match frame {
             Ok(f) => f,
             Err(e) => {
                 let err = ApiError::new(e.code, e.message);
-                return self.send_bytes(err.frame(e.req, None)).await;
+                return self.send_error(&err, e.req, None).await;
             }
         };
         match frame {
             ClientFrame::Subscribe { req, channel, since, client_id, info } => {
                 let presence = requests::PresenceArgs { client_id, info };
-                let (reply, ended) = match self.subscribe(req, &channel, since, presence).await {
-                    Ok((ok, ended)) => (ok.encode(), ended),
-                    Err(e) => (e.frame(req, Some(channel.as_str())), false),
-                };
-                self.send_bytes(reply).await?;
-                if ended {
-                    // A closed room with nothing left to catch up.
-                    self.end_subscription(&channel, "room_closed").await?;
-                    self.ws.flush().await.map_err(|_| End::Gone)?;
+                match self.subscribe(req, &channel, since, presence).await {
+                    Ok((ok, ended)) => {
+                        self.send_bytes(ok.encode()).await?;
+                        if ended {
+                            // A closed room with nothing left to catch up.
+                            self.end_subscription(&channel, "room_closed").await?;
+                            self.ws.flush().await.map_err(|_| End::Gone)?;
+                        }
+                        Ok(())
+                    }
+                    Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
                 }
-                Ok(())
             }
             ClientFrame::Unsubscribe { req, channel } => {
-                let reply = if let Some(sub) = self.regs.remove(&channel) {
+                if let Some(sub) = self.regs.remove(&channel) {
                     if let Some(hold) = &sub.presence {
                         Box::pin(crate::rooms::leave(&self.state, &channel, hold)).await;
                     }
@@ -548,19 +447,18 @@ impl Session {
                         log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel: &channel });
                     }
                     self.catchup.retain(|c| c != &channel);
-                    OkFrame { req, channel: Some(channel.to_string()), ..Default::default() }.encode()
+                    let ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
+                    self.send_bytes(ok.encode()).await
                 } else {
-                    ApiError::new(ErrorCode::NotSubscribed, "not subscribed to this channel")
-                        .frame(req, Some(channel.as_str()))
-                };
-                self.send_bytes(reply).await
+                    let err = ApiError::new(ErrorCode::NotSubscribed, "not subscribed to this channel");
+                    self.send_error(&err, req, Some(channel.as_str())).await
+                }
             }
             ClientFrame::Publish { req, channel, data, meta, idempotency_key } => {
-                let reply = match self.publish(&channel, data, meta, idempotency_key).await {
-                    Ok(ok) => OkFrame { req, ..ok }.encode(),
-                    Err(e) => e.frame(req, Some(channel.as_str())),
-                };
-                self.send_bytes(reply).await
+                match self.publish(&channel, data, meta, idempotency_key).await {
+                    Ok(ok) => self.send_bytes(OkFrame { req, ..ok }.encode()).await,
+                    Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
+                }
             }
             ClientFrame::Ping { req } => self.send_bytes(herald_proto::encode_pong(req)).await,
             ClientFrame::Ack { req, channel, seq } => match self.ack(&channel, seq).await {
@@ -570,16 +468,38 @@ impl Session {
                     let ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
                     self.send_bytes(ok.encode()).await
                 }
-                Err(e) => self.send_bytes(e.frame(req, Some(channel.as_str()))).await,
+                Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
             },
-            ClientFrame::Presence { req, channel } => {
-                let reply = match Box::pin(self.presence_list(&channel)).await {
-                    Ok(ok) => OkFrame { req, ..ok }.encode(),
-                    Err(e) => e.frame(req, Some(channel.as_str())),
-                };
-                self.send_bytes(reply).await
-            }
+            ClientFrame::Presence { req, channel } => match Box::pin(self.presence_list(&channel)).await {
+                Ok(ok) => self.send_bytes(OkFrame { req, ..ok }.encode()).await,
+                Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
+            },
         }
+    }
+
+    /// Whether an ack of `seq` on `channel` moves the subscription's acked
+    /// window (a first ack of delivered messages).
+    fn ack_moves(&self, channel: &ChannelName, seq: Seq) -> bool {
+        self.regs
+            .subs
+            .get(channel)
+            .and_then(|s| s.log.as_ref())
+            .is_some_and(|l| matches!(l.delivery.check_ack(seq), Ok(AckStep::Store { .. })))
+    }
+
+    /// An `error` reply, within `limits.error_replies_per_sec`; beyond it
+    /// the reply is dropped and counted.
+    async fn send_error(
+        &mut self,
+        err: &ApiError,
+        req: Option<u64>,
+        channel: Option<&str>,
+    ) -> Result<(), End> {
+        if !self.budget.take_error_reply(&self.state.config.limits, Instant::now()) {
+            self.state.metrics.error_replies_dropped.inc();
+            return Ok(());
+        }
+        self.send_bytes(err.frame(req, channel)).await
     }
 
     async fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), End> {
@@ -624,40 +544,25 @@ fn poll_timer(
     }
 }
 
-fn unix_now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-/// Client frame budget: `rate` frames per second with a burst of `rate`.
-struct TokenBucket {
-    rate: u32,
-    tokens: f64,
-    last: Instant,
-    strikes: u32,
-}
-
-impl TokenBucket {
-    fn new(rate: u32) -> Self {
-        Self { rate, tokens: f64::from(rate), last: Instant::now(), strikes: 0 }
-    }
-
-    fn take(&mut self) -> bool {
-        let now = Instant::now();
-        let refill = now.duration_since(self.last).as_secs_f64() * f64::from(self.rate);
-        self.last = now;
-        self.tokens = (self.tokens + refill).min(f64::from(self.rate));
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            self.strikes = 0;
-            true
-        } else {
-            self.strikes += 1;
-            false
+/// The catch-up pause: ready when there is none, or once it is over.
+fn poll_pause(pause: &mut Option<Pin<Box<Sleep>>>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+    match pause {
+        Some(sleep) => {
+            std::task::ready!(std::future::Future::poll(sleep.as_mut(), cx));
+            *pause = None;
+            std::task::Poll::Ready(())
         }
+        None => std::task::Poll::Ready(()),
     }
+}
 
-    /// Frames refused in a row.
-    fn strikes(&self) -> u32 {
-        self.strikes
+/// A deadline that may not exist (then never ready).
+fn poll_deadline(
+    deadline: &mut Option<Pin<Box<Sleep>>>,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<()> {
+    match deadline {
+        Some(sleep) => std::future::Future::poll(sleep.as_mut(), cx),
+        None => std::task::Poll::Pending,
     }
 }

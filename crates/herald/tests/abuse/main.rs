@@ -9,3 +9,4 @@ mod common;
 
 mod connections;
 mod input;
+mod session;

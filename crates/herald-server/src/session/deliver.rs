@@ -1,0 +1,263 @@
+//! Delivery to the socket: live messages from the outbox in batches, log
+//! pages for subscriptions catching up, and the byte accounting of both.
+//! Split from `session.rs` for size; same type, same invariants.
+//!
+//! What the session takes from its outbox or reads from the log stays
+//! counted in its connection's byte bound (`ConnHandle::bytes`) and the
+//! server's ceiling (`hub::QueuedBytes`) until the flush that writes it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::SinkExt;
+use herald_core::delivery::{Live, Paged, Read};
+use herald_core::Message;
+use herald_proto::{close, encode_unsubscribed, ChannelName};
+use tokio_websockets::Message as WsMessage;
+
+use super::{ChannelTimers, End, Session};
+use crate::hub::Outgoing;
+
+/// Most messages read from the log per catch-up step. Between steps the
+/// session serves its other work, so one long catch-up does not starve the
+/// rest. Pages are also sized to about a quarter of `limits.outbox_bytes`
+/// (by the frame sizes seen so far), so a page leaves room in the
+/// connection's byte bound for live messages of its other subscriptions.
+const CATCHUP_PAGE: usize = 256;
+/// Smallest frame size assumed when sizing catch-up pages.
+const MIN_FRAME_ESTIMATE: usize = 64;
+/// Wait before a catch-up step retries when the server is at its queued
+/// bytes ceiling (plus up to as much again, random, so waiting sessions do
+/// not retry together).
+const CATCHUP_RETRY: Duration = Duration::from_millis(25);
+/// Outbox frames written per flush.
+const OUTBOX_BATCH: usize = 64;
+
+impl Session {
+    /// Live messages from the hub, written in batches with one flush.
+    pub(super) async fn on_outbox(
+        &mut self,
+        first: Arc<Outgoing>,
+        outbox_rx: &mut flume::Receiver<Arc<Outgoing>>,
+    ) -> Result<(), End> {
+        let mut written = 0u64;
+        let mut next = Some(first);
+        let mut taken = 0;
+        let mut closed = Vec::new();
+        self.batch.reserve(OUTBOX_BATCH.min(outbox_rx.len() + 1));
+        while let Some(out) = next.take() {
+            let send = if out.missed {
+                self.on_missed(&out.msg);
+                false
+            } else {
+                // The hub counted it against this connection.
+                self.held += out.msg.frame.len();
+                self.accept_live(&out.msg)
+            };
+            let frame = send.then(|| out.msg.frame.clone());
+            if send && out.msg.closes {
+                closed.push(out.msg.channel.clone());
+            }
+            // Held (and counted) until the flush, even if a kick drops this
+            // future while the socket is full.
+            self.batch.push(out);
+            if let Some(frame) = frame {
+                self.ws.feed(WsMessage::text(frame)).await.map_err(|_| End::Gone)?;
+                written += 1;
+            }
+            taken += 1;
+            if taken < OUTBOX_BATCH {
+                next = outbox_rx.try_recv().ok();
+            }
+        }
+        for channel in closed {
+            self.end_subscription(&channel, "room_closed").await?;
+        }
+        if written > 0 {
+            self.ws.flush().await.map_err(|_| End::Gone)?;
+            self.state.metrics.delivered.inc_by(written);
+        }
+        self.release_held();
+        Ok(())
+    }
+
+    /// What the last flush wrote no longer counts against the byte bounds.
+    fn release_held(&mut self) {
+        self.handle.bytes.sub(std::mem::take(&mut self.held));
+        self.batch = Vec::new();
+        self.page = None;
+    }
+
+    /// A live message the hub could not queue (the server was at its
+    /// ceiling). A durable subscription taking live messages reads it from
+    /// the log instead: handed to the state machine as if the message after
+    /// it had arrived, which is a gap, so the subscription reads the log
+    /// from its `next` (and pauses there if its acked window is full).
+    fn on_missed(&mut self, msg: &Message) {
+        let Some(seq) = msg.seq else { return };
+        let Some(log) = self.regs.subs.get_mut(&msg.channel).and_then(|s| s.log.as_mut()) else {
+            return;
+        };
+        if seq < log.delivery.next() {
+            return; // already delivered
+        }
+        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &msg.channel };
+        if log.delivery.on_live(seq + 1, &msg.epoch, &mut timers) == Live::Read {
+            self.catchup.push_back(msg.channel.clone());
+        }
+    }
+
+    /// The server ends a subscription whose channel closed (its final
+    /// message was just sent): drop it, without a presence leave (closing
+    /// cleared the channel's presence), and tell the client.
+    pub(super) async fn end_subscription(&mut self, channel: &ChannelName, reason: &str) -> Result<(), End> {
+        if let Some(sub) = self.regs.remove(channel) {
+            if let Some(mut log) = sub.log {
+                log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel });
+            }
+            self.catchup.retain(|c| c != channel);
+            self.ws
+                .feed(WsMessage::text(Bytes::from(encode_unsubscribed(channel, reason))))
+                .await
+                .map_err(|_| End::Gone)?;
+        }
+        Ok(())
+    }
+
+    /// Decide whether a live message goes out now (see `herald_core::delivery`).
+    fn accept_live(&mut self, msg: &Message) -> bool {
+        let Some(sub) = self.regs.subs.get_mut(&msg.channel) else { return false };
+        // Volatile messages and presence events (no seq): live only, on any channel.
+        let Some(seq) = msg.seq else { return true };
+        // A logged message for a volatile subscription cannot happen
+        // (delivery is per namespace); drop it rather than break the order.
+        let Some(log) = sub.log.as_mut() else { return false };
+        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &msg.channel };
+        match log.delivery.on_live(seq, &msg.epoch, &mut timers) {
+            Live::Send => true,
+            Live::Skip => false,
+            Live::Read => {
+                self.catchup.push_back(msg.channel.clone());
+                false
+            }
+        }
+    }
+
+    /// One page of catch-up for the subscription at the front of the queue.
+    pub(super) async fn catchup_step(&mut self) -> Result<(), End> {
+        let Some(channel) = self.catchup.pop_front() else { return Ok(()) };
+        let page_bytes = self.state.config.limits.outbox_bytes / 4;
+        let page_len = (page_bytes / self.frame_estimate.max(MIN_FRAME_ESTIMATE)).clamp(1, CATCHUP_PAGE);
+        // None: unsubscribed meanwhile, live, or paused by a full window (an
+        // ack queues it again).
+        let Some(read) =
+            self.regs.subs.get(&channel).and_then(|s| s.log.as_ref()).and_then(|l| l.delivery.read(page_len))
+        else {
+            return Ok(());
+        };
+        let page = match self.state.engine.read(&channel, read.after, read.limit).await {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(channel = %channel, error = %e, "catch-up read failed");
+                return Err(End::Close {
+                    code: close::INTERNAL,
+                    reason: "storage unavailable",
+                    reconnect: true,
+                });
+            }
+        };
+        if !page.messages.is_empty() {
+            let total: usize = page.messages.iter().map(|m| m.frame.len()).sum();
+            self.frame_estimate = (total / page.messages.len()).max(MIN_FRAME_ESTIMATE);
+        }
+        // Send the part of the page that fits the byte bounds; the rest is
+        // read again next step (as if the read had asked for fewer).
+        let Some(fits) = self.charge_page(&page.messages) else {
+            self.state.hub.shed();
+            self.catchup.push_front(channel);
+            let wait = CATCHUP_RETRY + CATCHUP_RETRY.mul_f64(fastrand::f64());
+            self.catchup_pause = Some(Box::pin(tokio::time::sleep(wait)));
+            return Ok(());
+        };
+        let read = if fits < page.messages.len() { Read { limit: fits, ..read } } else { read };
+        let messages = &page.messages[..fits];
+        // Same task: the subscription cannot have gone during the await.
+        let Some(log) = self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else {
+            self.release_held();
+            return Ok(());
+        };
+        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &channel };
+        let seqs = messages.iter().map(|m| m.seq.unwrap_or(0));
+        let more = match log.delivery.on_page(read, &page.position, seqs, &mut timers) {
+            // The log was reset or trimmed past what this client has seen:
+            // it must resubscribe, and the reply will say so.
+            Paged::Resync => {
+                return Err(End::Close { code: close::RESYNC, reason: "resync needed", reconnect: true })
+            }
+            Paged::Ignore { more } => {
+                self.release_held();
+                if more {
+                    self.catchup.push_back(channel);
+                }
+                return Ok(());
+            }
+            Paged::Send { more } => more,
+        };
+        let mut closes = false;
+        for msg in messages {
+            self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
+            closes |= msg.closes;
+        }
+        if !messages.is_empty() {
+            self.state.metrics.delivered.inc_by(messages.len() as u64);
+        }
+        if closes {
+            self.end_subscription(&channel, "room_closed").await?;
+            self.ws.flush().await.map_err(|_| End::Gone)?;
+            self.release_held();
+            return Ok(());
+        }
+        if !messages.is_empty() {
+            self.ws.flush().await.map_err(|_| End::Gone)?;
+        }
+        self.release_held();
+        if more {
+            self.catchup.push_back(channel);
+        }
+        Ok(())
+    }
+
+    /// Count the longest prefix of a page that fits both this connection's
+    /// byte bound (at least one message when it holds nothing) and the
+    /// server's ceiling; returns its length, or `None` when not even one
+    /// message fits (wait and read again).
+    fn charge_page(&mut self, messages: &[Arc<Message>]) -> Option<usize> {
+        if messages.is_empty() {
+            return Some(0);
+        }
+        let limits = &self.state.config.limits;
+        let queued = &self.state.hub.queued;
+        let used = self.handle.bytes.get();
+        let room = limits.outbox_bytes.saturating_sub(used).min(queued.room());
+        let mut bytes = 0;
+        let mut fits = 0;
+        for m in messages {
+            let next = bytes + m.frame.len();
+            let oversized_first = fits == 0 && used == 0 && next <= queued.room();
+            if next > room && !oversized_first {
+                break;
+            }
+            bytes = next;
+            fits += 1;
+        }
+        if fits == 0 {
+            return None;
+        }
+        let charge = queued.try_charge(bytes)?;
+        self.handle.bytes.add(bytes);
+        self.held += bytes;
+        self.page = Some(charge);
+        Some(fits)
+    }
+}
