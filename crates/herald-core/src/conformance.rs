@@ -33,6 +33,7 @@ use crate::room::Room;
 
 mod presence;
 mod rooms;
+mod schedules;
 
 pub use presence::{
     presence_expire_returns_each_expired_lease_once, presence_join_lists_counts_and_finds_users,
@@ -43,6 +44,10 @@ pub use presence::{
 pub use rooms::{
     closing_a_room_seals_its_channel, room_cas_admits_one_writer_per_version,
     room_create_conflicts_with_an_existing_room, room_versions_are_logged_in_order_with_messages, room_write,
+};
+pub use schedules::{
+    a_later_claim_fences_off_an_earlier_one, cancelled_schedules_are_never_delivered,
+    schedule_dedup_returns_the_original_receipt, schedules_are_claimed_in_order_and_delivered_once,
 };
 
 /// How long a scenario waits for fan-out before it fails.
@@ -707,6 +712,10 @@ macro_rules! with_conformance_scenarios {
             room_cas_admits_one_writer_per_version,
             room_versions_are_logged_in_order_with_messages,
             closing_a_room_seals_its_channel,
+            schedules_are_claimed_in_order_and_delivered_once,
+            schedule_dedup_returns_the_original_receipt,
+            cancelled_schedules_are_never_delivered,
+            a_later_claim_fences_off_an_earlier_one,
         ];
     };
 }

@@ -38,9 +38,11 @@
 //! - [`Cursors`] (`cursors.rs`): ack, cursor, cursors, user cursors;
 //! - [`Presence`] (`presence.rs`): leases with fencing tokens;
 //! - [`Rooms`] (`rooms.rs`): room records, compare-and-set with their event;
+//! - [`Schedules`] (`schedules.rs`): scheduled messages, claimed with
+//!   fencing tokens and appended exactly once;
 //! - [`Lifecycle`] (`lifecycle.rs`): health, metrics, close.
 //!
-//! [`Engine`] is the five together, implemented for every type that
+//! [`Engine`] is the six together, implemented for every type that
 //! implements them; the server holds an `Arc<dyn Engine>`. [`EngineError`]
 //! is in `error.rs`, [`EngineMetric`] and the counter table
 //! ([`engine_counters!`](crate::engine_counters)) in `metrics.rs`. Subscriber
@@ -68,6 +70,7 @@ mod log;
 mod metrics;
 mod presence;
 mod rooms;
+mod schedules;
 
 pub use cursors::{AckError, CursorState, Cursors, UserCursor};
 pub use error::EngineError;
@@ -78,15 +81,16 @@ pub use log::{
 pub use metrics::EngineMetric;
 pub use presence::Presence;
 pub use rooms::{RoomWrite, RoomWritten, Rooms};
+pub use schedules::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 
 use std::fmt;
 use std::sync::Arc;
 
 /// A whole engine: every part of the contract. Implemented for every type
 /// that implements the parts; write `impl Log for MyEngine`, and so on.
-pub trait Engine: Log + Cursors + Presence + Rooms + Lifecycle {}
+pub trait Engine: Log + Cursors + Presence + Rooms + Schedules + Lifecycle {}
 
-impl<T: Log + Cursors + Presence + Rooms + Lifecycle + ?Sized> Engine for T {}
+impl<T: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + ?Sized> Engine for T {}
 
 /// Who acknowledges messages on acked channels: a token's `sub` plus the
 /// optional device id given at connect. Each device of a user has its own

@@ -23,6 +23,12 @@ pub struct PublishBody {
     pub data: Box<RawValue>,
     #[serde(default)]
     pub meta: Option<Meta>,
+    /// Scheduled delivery: append at this time (ms since the Unix epoch).
+    #[serde(default)]
+    pub deliver_at: Option<u64>,
+    /// Scheduled delivery: append this many ms from now.
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
 }
 
 /// `{"channels": [...], "data": <any JSON>, "meta": {...}}`; unknown fields
@@ -35,6 +41,11 @@ pub struct BatchBody {
     pub data: Box<RawValue>,
     #[serde(default)]
     pub meta: Option<Meta>,
+    /// As in [`PublishBody`].
+    #[serde(default)]
+    pub deliver_at: Option<u64>,
+    #[serde(default)]
+    pub delay_ms: Option<u64>,
 }
 
 impl PublishBody {

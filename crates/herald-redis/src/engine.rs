@@ -10,6 +10,7 @@ use herald_core::{
     Joined, Lease, Lifecycle, Log, Member, Page, Position, Presence, Receipt, Rejoined, Renewed, Room,
     RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
+use herald_core::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 use herald_proto::ChannelName;
 use redis::ProtocolVersion;
 use tokio::sync::{mpsc, watch};
@@ -246,6 +247,42 @@ impl Rooms for RedisEngine {
         limit: usize,
     ) -> Result<Vec<(ChannelName, Room)>, EngineError> {
         self.inner.rooms_active(after, limit).await
+    }
+}
+
+#[async_trait]
+impl Schedules for RedisEngine {
+    async fn schedule(&self, req: ScheduleRequest) -> Result<ScheduleReceipt, EngineError> {
+        self.inner.schedule(req).await
+    }
+
+    async fn scheduled(&self, channel: &ChannelName, limit: usize) -> Result<Vec<Schedule>, EngineError> {
+        self.inner.scheduled(channel, limit).await
+    }
+
+    async fn schedule_cancel(&self, id: &str) -> Result<Option<Schedule>, EngineError> {
+        self.inner.schedule_cancel(id).await
+    }
+
+    async fn schedules_claim(
+        &self,
+        now: u64,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<Claim>, EngineError> {
+        self.inner.schedules_claim(now, limit, lease).await
+    }
+
+    async fn schedule_deliver(&self, claim: &Claim, req: AppendRequest) -> Result<Delivered, EngineError> {
+        self.inner.schedule_deliver(claim, req).await
+    }
+
+    async fn schedule_next(&self) -> Result<Option<u64>, EngineError> {
+        self.inner.schedule_next().await
+    }
+
+    async fn schedules_pending(&self) -> Result<u64, EngineError> {
+        self.inner.schedules_pending().await
     }
 }
 

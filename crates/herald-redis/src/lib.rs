@@ -98,6 +98,7 @@ mod lease;
 mod ops;
 mod presence;
 mod rooms;
+mod schedules;
 mod scripts;
 mod stats;
 mod val;

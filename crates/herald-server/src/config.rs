@@ -184,6 +184,9 @@ pub struct Limits {
     /// Time given to connections to close on shutdown.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
+    /// Furthest ahead a publish may be scheduled (`deliver_at`/`delay_ms`).
+    #[serde(with = "humantime_serde")]
+    pub max_schedule_ahead: Duration,
 }
 
 impl Default for Limits {
@@ -211,6 +214,7 @@ impl Default for Limits {
             ping_interval: Duration::from_secs(25),
             idle_timeout: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(10),
+            max_schedule_ahead: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }

@@ -129,13 +129,26 @@ pub async fn publish_one(
     let scope = api_auth(&state, &headers)?;
     let (channel, ns) = parse_channel(&state, &channel)?;
     let body = body_bytes(body, state.config.limits.max_body_bytes)?;
-    let PublishBody { data, meta } = PublishBody::parse(&body).map_err(body_error)?;
+    let PublishBody { data, meta, deliver_at, delay_ms } = PublishBody::parse(&body).map_err(body_error)?;
     let key = idempotency_key(&headers)?;
     if key.is_none() && ns.require_idempotency_key {
         return Err(ApiError::new(
             ErrorCode::IdempotencyKeyRequired,
             format!("namespace `{}` requires an Idempotency-Key header", channel.namespace()),
         ));
+    }
+    if crate::http_scheduled::asked(deliver_at, delay_ms) {
+        let ask = crate::http_scheduled::ScheduleAsk {
+            scope: &scope,
+            key: key.as_deref(),
+            targets: vec![(channel, ns)],
+            data,
+            meta,
+            deliver_at,
+            delay_ms,
+            batch: false,
+        };
+        return crate::http_scheduled::schedule(&state, ask).await;
     }
     // The same comparison as a batch of one: see `publish::fingerprint`.
     let dedup = key.map(|k| {
@@ -159,7 +172,8 @@ pub async fn publish_batch(
 ) -> Result<Response, ApiError> {
     let scope = api_auth(&state, &headers)?;
     let body = body_bytes(body, state.config.limits.max_body_bytes)?;
-    let BatchBody { channels, data, meta } = BatchBody::parse(&body).map_err(body_error)?;
+    let BatchBody { channels, data, meta, deliver_at, delay_ms } =
+        BatchBody::parse(&body).map_err(body_error)?;
     if channels.is_empty() || channels.len() > state.config.limits.max_batch_channels {
         return Err(ApiError::new(
             ErrorCode::BadRequest,
@@ -182,6 +196,19 @@ pub async fn publish_batch(
             ErrorCode::IdempotencyKeyRequired,
             "a channel's namespace requires an Idempotency-Key header",
         ));
+    }
+    if crate::http_scheduled::asked(deliver_at, delay_ms) {
+        let ask = crate::http_scheduled::ScheduleAsk {
+            scope: &scope,
+            key: key.as_deref(),
+            targets,
+            data,
+            meta,
+            deliver_at,
+            delay_ms,
+            batch: true,
+        };
+        return crate::http_scheduled::schedule(&state, ask).await;
     }
     for (channel, ns) in &targets {
         if ns.room && state.engine.room(channel).await?.is_none() {

@@ -13,11 +13,13 @@ mod console;
 mod error;
 mod http;
 mod http_rooms;
+mod http_scheduled;
 pub mod hub;
 mod listener;
 pub mod metrics;
 mod publish;
 mod rooms;
+mod scheduler;
 mod session;
 mod ws;
 
@@ -68,6 +70,8 @@ pub struct State {
     /// idle and token checks, and lease renewals (at most a third of the
     /// lease TTL). Other connections tick every `limits.ping_interval`.
     pub presence_tick: Duration,
+    /// Wakes the scheduler for an earlier schedule.
+    scheduler: scheduler::Wake,
 }
 
 /// Raise the soft open-files limit to the hard one and return the
@@ -127,6 +131,7 @@ impl Server {
             tasks: TaskTracker::new(),
             open_connections: AtomicUsize::new(0),
             next_conn_id: AtomicU64::new(1),
+            scheduler: scheduler::Wake::default(),
         });
         Ok(Server { state, listener })
     }
@@ -155,6 +160,8 @@ impl Server {
                     .patch(http_rooms::patch_room)
                     .delete(http_rooms::delete_room),
             )
+            .route("/api/v1/scheduled", get(http_scheduled::list))
+            .route("/api/v1/scheduled/{id}", axum::routing::delete(http_scheduled::cancel))
             .method_not_allowed_fallback(http::method_not_allowed);
         let api = match browser::cors_layer(&self.state.cors_origins) {
             Some(cors) => api.layer(cors),
@@ -196,6 +203,7 @@ impl Server {
             tasks: http_tasks.clone(),
         };
         let keeper = tokio::spawn(rooms::keeper(state.clone()));
+        let scheduler = tokio::spawn(scheduler::run(state.clone()));
         tokio::pin!(signal);
         loop {
             tokio::select! {
@@ -227,6 +235,7 @@ impl Server {
         // The keeper stops on the shutdown token; wait so it never races the
         // engine's close.
         let _ = keeper.await;
+        let _ = scheduler.await;
         state.engine.close().await;
         tracing::info!("shutdown complete");
         Ok(())

@@ -106,6 +106,14 @@ pub struct Metrics {
     pub outbox_full_total: Counter,
     /// Connections kicked (4008) to bring queued bytes under the ceiling.
     pub outbox_shed: Counter,
+    /// Scheduled messages not yet delivered (set by the scheduler).
+    pub scheduled_pending: Gauge,
+    /// Scheduled messages appended by this node's scheduler.
+    pub scheduled_delivered: Counter,
+    /// Schedules cancelled (API, or their room closed).
+    pub scheduled_cancelled: Counter,
+    /// How long after its `deliver_at` a scheduled message was appended.
+    pub scheduled_lateness: Histogram,
 }
 
 /// The `reason` label of `herald_closes_total` for a close code.
@@ -170,6 +178,10 @@ impl Default for Metrics {
             outbox_full_bytes: Counter::default(),
             outbox_full_total: Counter::default(),
             outbox_shed: Counter::default(),
+            scheduled_pending: Gauge::default(),
+            scheduled_delivered: Counter::default(),
+            scheduled_cancelled: Counter::default(),
+            scheduled_lateness: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
             registry: Registry::default(),
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
@@ -267,6 +279,26 @@ impl Default for Metrics {
             "outbox_shed",
             "Connections kicked because they held the most queued bytes at the server's ceiling",
             m.outbox_shed.clone(),
+        );
+        registry.register(
+            "scheduled_pending",
+            "Scheduled messages not yet delivered",
+            m.scheduled_pending.clone(),
+        );
+        registry.register(
+            "scheduled_delivered",
+            "Scheduled messages appended by this node",
+            m.scheduled_delivered.clone(),
+        );
+        registry.register(
+            "scheduled_cancelled",
+            "Schedules cancelled (API or closed room)",
+            m.scheduled_cancelled.clone(),
+        );
+        registry.register(
+            "scheduled_lateness_seconds",
+            "Time from a schedule's deliver_at to its append",
+            m.scheduled_lateness.clone(),
         );
         let outbox_full: Family<[(&'static str, &'static str); 1], Counter> = Family::default();
         // One statement each: a `get_or_create` guard holds the family's

@@ -199,6 +199,9 @@ pub async fn write_room(
     if let RoomWritten::Written { room, .. } = &written {
         state.metrics.room_changes.inc();
         tracing::info!(room = %channel, state = %room.state, version = room.version, ?reason, "room changed");
+        if closes {
+            crate::scheduler::cancel_channel(state, channel).await;
+        }
     }
     Ok(written)
 }

@@ -11,11 +11,13 @@ use herald_core::{
     Health, Joined, Lease, Lifecycle, Log, Member, Page, Position, Presence, Receipt, Rejoined, Renewed,
     Room, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
+use herald_core::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::presence::PresenceCmd;
 use crate::read;
+use crate::schedules::{self, SchedCmd};
 use crate::shared::Shared;
 use crate::storage::{Storage, StorageError};
 use crate::writer::{AckRequest, Command, Writer};
@@ -46,6 +48,8 @@ impl EmbeddedEngine {
         config.validate()?;
         let storage = Storage::open(&config.data_dir)?;
         let shared = Arc::new(Shared::new(storage));
+        let pending = schedules::count(&shared.storage).map_err(|e| StoreError::Storage(e.to_string()))?;
+        shared.add_schedules_pending(i64::try_from(pending).unwrap_or(i64::MAX));
         let (tx, rx) = mpsc::channel(config.queue_capacity);
         // A private current-thread runtime, owned by the writer thread, only
         // for its timed wait on the queue.
@@ -304,6 +308,69 @@ impl Rooms for EmbeddedEngine {
     ) -> Result<Vec<(ChannelName, Room)>, EngineError> {
         let after = after.cloned();
         self.read_blocking(move |storage| read::rooms_active(storage, after.as_ref(), limit)).await
+    }
+}
+
+#[async_trait]
+impl Schedules for EmbeddedEngine {
+    /// Through the writer, in the group commit of the appends around it,
+    /// with their fsync.
+    async fn schedule(&self, req: ScheduleRequest) -> Result<ScheduleReceipt, EngineError> {
+        self.submit(|reply| Command::Sched(SchedCmd::Add { req, reply })).await?
+    }
+
+    /// On the blocking pool: a scan of the channel's index.
+    async fn scheduled(&self, channel: &ChannelName, limit: usize) -> Result<Vec<Schedule>, EngineError> {
+        let channel = channel.clone();
+        self.read_blocking(move |storage| schedules::by_channel(storage, &channel, limit)).await
+    }
+
+    async fn schedule_cancel(&self, id: &str) -> Result<Option<Schedule>, EngineError> {
+        let id: Arc<str> = Arc::from(id);
+        let found = self.submit(|reply| Command::Sched(SchedCmd::Cancel { id: id.clone(), reply })).await??;
+        self.shared.claims.forget(&id);
+        Ok(found)
+    }
+
+    /// Claims live in this process (see `schedules.rs`); the scan skips
+    /// schedules under an unexpired claim.
+    async fn schedules_claim(
+        &self,
+        now: u64,
+        limit: usize,
+        lease: Duration,
+    ) -> Result<Vec<Claim>, EngineError> {
+        let shared = self.shared.clone();
+        let due = self
+            .read_blocking(move |storage| {
+                schedules::due(storage, now, limit, |id| shared.claims.held(id, shared.clock.now_ms()))
+            })
+            .await?;
+        let at = self.shared.clock.now_ms();
+        Ok(due.into_iter().filter_map(|s| self.shared.claims.claim(s, at, lease)).collect())
+    }
+
+    /// The token check here refuses a claim known to be stale; the writer's
+    /// check that the schedule is still stored, in the commit that appends
+    /// and removes it, is what makes delivery happen once.
+    async fn schedule_deliver(&self, claim: &Claim, req: AppendRequest) -> Result<Delivered, EngineError> {
+        if !self.shared.claims.current(claim) {
+            return Ok(Delivered::Stale);
+        }
+        let id = claim.schedule.id.clone();
+        let r = self.submit(|reply| Command::Sched(SchedCmd::Deliver { id, req, reply })).await?;
+        if r.is_ok() {
+            self.shared.claims.forget(&claim.schedule.id);
+        }
+        r
+    }
+
+    async fn schedule_next(&self) -> Result<Option<u64>, EngineError> {
+        self.read_blocking(schedules::next).await
+    }
+
+    async fn schedules_pending(&self) -> Result<u64, EngineError> {
+        Ok(self.shared.schedules_pending())
     }
 }
 

@@ -190,6 +190,7 @@ mod gone;
 mod presence;
 mod read;
 mod rooms;
+mod schedules;
 mod shared;
 mod stats;
 mod storage;

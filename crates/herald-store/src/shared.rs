@@ -1,6 +1,6 @@
 //! State shared by the engine handle, the writer thread and readers.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -21,6 +21,11 @@ pub(crate) struct Shared {
     writer_done: watch::Sender<bool>,
     pub counters: Counters,
     pub clock: Clock,
+    /// Schedules stored (counted at open, kept by the writer after each
+    /// commit).
+    schedules_pending: AtomicI64,
+    /// Claims of schedules (`schedules.rs`).
+    pub claims: crate::schedules::ClaimBook,
 }
 
 impl Shared {
@@ -33,7 +38,19 @@ impl Shared {
             writer_done: watch::Sender::new(false),
             counters: Counters::default(),
             clock: Clock::default(),
+            schedules_pending: AtomicI64::new(0),
+            claims: Default::default(),
         }
+    }
+
+    pub fn add_schedules_pending(&self, delta: i64) {
+        if delta != 0 {
+            self.schedules_pending.fetch_add(delta, Ordering::Relaxed);
+        }
+    }
+
+    pub fn schedules_pending(&self) -> u64 {
+        u64::try_from(self.schedules_pending.load(Ordering::Relaxed)).unwrap_or(0)
     }
 
     pub fn set_sink(&self, sink: Arc<dyn FanoutSink>) {

@@ -1,6 +1,6 @@
 //! The only module that knows the storage library (fjall).
 //!
-//! The rest of the crate sees twelve byte-keyed spaces, point reads, bounded
+//! The rest of the crate sees fifteen byte-keyed spaces, point reads, bounded
 //! range scans, consistent read views and one atomic [`WriteSet`] commit.
 //! Replacing fjall (for example with redb) means rewriting this file only.
 //!
@@ -42,6 +42,9 @@ pub(crate) enum Space {
     PresenceTokens,
     Rooms,
     RoomsActive,
+    Schedules,
+    SchedulesDue,
+    SchedulesByChannel,
 }
 
 /// A storage failure. Any of these puts the engine into fail-stop.
@@ -128,6 +131,9 @@ pub(crate) struct Storage {
     presence_tokens: Keyspace,
     rooms: Keyspace,
     rooms_active: Keyspace,
+    schedules: Keyspace,
+    schedules_due: Keyspace,
+    schedules_by_channel: Keyspace,
     epoch: Epoch,
     /// Test hook: the next commit fails without writing.
     fail_next_commit: AtomicBool,
@@ -162,6 +168,9 @@ impl Storage {
             presence_tokens: space("presence_tokens")?,
             rooms: space("rooms")?,
             rooms_active: space("rooms_active")?,
+            schedules: space("schedules")?,
+            schedules_due: space("schedules_due")?,
+            schedules_by_channel: space("schedules_by_channel")?,
             epoch,
             db,
             fail_next_commit: AtomicBool::new(false),
@@ -186,6 +195,9 @@ impl Storage {
             Space::PresenceTokens => &self.presence_tokens,
             Space::Rooms => &self.rooms,
             Space::RoomsActive => &self.rooms_active,
+            Space::Schedules => &self.schedules,
+            Space::SchedulesDue => &self.schedules_due,
+            Space::SchedulesByChannel => &self.schedules_by_channel,
         }
     }
 

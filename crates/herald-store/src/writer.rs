@@ -49,6 +49,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::codec::{ChannelMeta, IdemRecord};
 use crate::cursors::CursorBook;
 use crate::presence::{PresenceCmd, PresenceDone};
+use crate::schedules::{SchedCmd, SchedDone};
 use crate::shared::Shared;
 use crate::stats::bump;
 pub(crate) use crate::stats::Tally;
@@ -79,6 +80,7 @@ pub(crate) enum Command {
         write: RoomWrite,
         reply: RoomReply,
     },
+    Sched(SchedCmd),
     /// Stop accepting, finish what is queued, persist, exit.
     Close,
 }
@@ -96,6 +98,7 @@ pub(crate) enum Op {
     Ack(AckRequest, AckReply),
     Presence(PresenceCmd),
     Room(RoomWrite, RoomReply),
+    Sched(SchedCmd),
 }
 
 impl Op {
@@ -112,6 +115,7 @@ impl Op {
             Op::Room(_, reply) => {
                 let _ = reply.send(Err(EngineError::Failed(reason.to_owned())));
             }
+            Op::Sched(cmd) => cmd.unstaged().fail(reason),
         }
     }
 }
@@ -122,6 +126,7 @@ enum Staged {
     Ack { reply: AckReply, result: Result<CursorState, AckError> },
     Presence(PresenceDone),
     Room { reply: RoomReply, result: Result<RoomWritten, EngineError>, fanout: Option<Arc<Message>> },
+    Sched(SchedDone),
 }
 
 impl Staged {
@@ -137,6 +142,7 @@ impl Staged {
             Op::Room(_, reply) => {
                 Staged::Room { reply, result: Err(EngineError::ShuttingDown), fanout: None }
             }
+            Op::Sched(cmd) => Staged::Sched(cmd.unstaged()),
         }
     }
 
@@ -152,6 +158,7 @@ impl Staged {
             Staged::Room { reply, .. } => {
                 let _ = reply.send(Err(EngineError::Failed(reason.to_owned())));
             }
+            Staged::Sched(done) => done.fail(reason),
         }
     }
 
@@ -172,6 +179,7 @@ impl Staged {
                 let _ = reply.send(result);
                 fanout.extend(msg);
             }
+            Staged::Sched(done) => done.answer(fanout),
         }
     }
 }
@@ -377,6 +385,8 @@ impl Writer {
         // After a storage error the rest is not staged; every result of the
         // batch is then replaced by `Failed` below.
         let mut storage_error = None;
+        // What the batch does to the number of pending schedules.
+        let mut sched_delta = 0i64;
         for op in batch.drain(..) {
             if storage_error.is_some() {
                 done.push(Staged::unstaged(op));
@@ -428,6 +438,17 @@ impl Writer {
                     };
                     done.push(Staged::Room { reply, result, fanout });
                 }
+                Op::Sched(cmd) => {
+                    let before = ws.len();
+                    let (staged, delta, error) =
+                        self.stage_sched(cmd, &mut ws, &mut pending_idem, &mut tally);
+                    // A schedule is as durable as an append once it is
+                    // answered, and so is its delivery or cancel.
+                    appended |= ws.len() > before;
+                    sched_delta += delta;
+                    storage_error = error;
+                    done.push(Staged::Sched(staged));
+                }
             }
         }
         let sync = appended && self.fsync == FsyncMode::Always;
@@ -450,6 +471,7 @@ impl Writer {
         }
         self.cursors.end_batch();
         counters.add(&tally);
+        self.shared.add_schedules_pending(sched_delta);
         if self.channels.len() > CHANNEL_CACHE_CAP {
             self.channels.clear();
         }
@@ -499,6 +521,10 @@ fn collect(cmd: Command, batch: &mut Vec<Op>) -> bool {
         }
         Command::Room { write, reply } => {
             batch.push(Op::Room(write, reply));
+            false
+        }
+        Command::Sched(cmd) => {
+            batch.push(Op::Sched(cmd));
             false
         }
         Command::Close => true,
