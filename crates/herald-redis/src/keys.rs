@@ -22,6 +22,12 @@
 //! | `p:node:{<node id>}` | string, TTL | the node's lease |
 //! | `p:presence:due` | sorted set | channel, scored by when it should be swept next (at or before its earliest lease expiry) |
 //! | `p:rooms:active` | sorted set (score 0) | channel of every room not known to be closed |
+//! | `p:{c}:sched` | hash | schedule id → record (JSON: deliver_at, created_at, data, meta) |
+//! | `p:{c}:sched:idx` | sorted set | schedule id, scored by `deliver_at` (listing) |
+//! | `p:{c}:sched:claims` | hash | schedule id → `<fencing token> <claim until ms>` |
+//! | `p:{c}:sched:idem:<key>` | string, TTL | a schedule's receipt: `<fingerprint> <id> <deliver_at>` |
+//! | `p:{sched}:due` | sorted set | `<id> <channel>` of every pending schedule, scored by `deliver_at` |
+//! | `p:{sched}:where` | hash | schedule id → channel (cancel by id) |
 //!
 //! and the pub/sub channel `p:{c}:fan` (sharded on a cluster).
 
@@ -123,6 +129,33 @@ impl Keys {
     /// cluster node), written next to the channel scripts.
     pub fn presence_due(&self) -> String {
         format!("{}:presence:due", self.prefix)
+    }
+
+    /// A channel's schedules, their index and their claims.
+    pub fn sched(&self, ch: &ChannelName) -> String {
+        self.channel_key(ch, "sched")
+    }
+
+    pub fn sched_idx(&self, ch: &ChannelName) -> String {
+        self.channel_key(ch, "sched:idx")
+    }
+
+    pub fn sched_claims(&self, ch: &ChannelName) -> String {
+        self.channel_key(ch, "sched:claims")
+    }
+
+    pub fn sched_receipt(&self, ch: &ChannelName, key: &str) -> String {
+        format!("{}:{{{ch}}}:sched:idem:{key}", self.prefix)
+    }
+
+    /// The global order of delivery, and where each schedule lives: one
+    /// slot, written before the channel's schedule script.
+    pub fn sched_due(&self) -> String {
+        format!("{}:{{sched}}:due", self.prefix)
+    }
+
+    pub fn sched_where(&self) -> String {
+        format!("{}:{{sched}}:where", self.prefix)
     }
 
     /// The global index of rooms that are not closed.

@@ -411,7 +411,7 @@ fn parse_cursor(v: &str) -> Result<CursorState, EngineError> {
     Ok(CursorState { seq: seq.parse().map_err(|_| bad())?, acked_at_ms: at.parse().map_err(|_| bad())? })
 }
 
-fn hex(b: &[u8]) -> String {
+pub(crate) fn hex(b: &[u8]) -> String {
     use std::fmt::Write;
     b.iter().fold(String::with_capacity(b.len() * 2), |mut s, x| {
         let _ = write!(s, "{x:02x}");

@@ -694,3 +694,116 @@ return {'ok', r.sseq, fmt(r.ts), r.sepoch, r.lost}
 "#,
     )
 });
+
+/// Store a schedule (scheduled delivery), with its dedup receipt.
+///
+/// KEYS: sched (hash id → record), sched idx (sorted set by deliver_at),
+/// [receipt]. ARGV: id, deliver_at, record, fingerprint (hex), receipt ttl
+/// ms. Returns `{'ok'}`, `{'dup', id, deliver_at}` or `{'mismatch'}`.
+pub(crate) static SCHED_ADD: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local at, ttl = tonumber(ARGV[2]), tonumber(ARGV[5])
+if not (at and ttl) or ARGV[1] == '' or ttl <= 0 then
+  return redis.error_reply('ERR herald schedule: bad arguments')
+end
+local receipt = KEYS[3]
+if receipt then
+  local r = redis.call('GET', receipt)
+  if r then
+    local fp, id, da = string.match(r, '^(%S+) (%S+) (%S+)$')
+    if not fp then return redis.error_reply('ERR herald schedule: malformed receipt') end
+    if fp ~= ARGV[4] then return {'mismatch'} end
+    return {'dup', id, da}
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[2], fmt(at), ARGV[1])
+if receipt then
+  redis.call('SET', receipt, ARGV[4] .. ' ' .. ARGV[1] .. ' ' .. fmt(at), 'PX', fmt(ttl))
+end
+return {'ok'}
+"#,
+    )
+});
+
+/// Claim a schedule: a lease with a fencing token that only grows.
+///
+/// KEYS: sched, claims (hash id → `<token> <until_ms>`). ARGV: id, lease
+/// ms. Returns `{'ok', token, record}`, `{'held'}` (under an unexpired
+/// claim) or `{'missing'}` (delivered or cancelled).
+pub(crate) static SCHED_CLAIM: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local lease = tonumber(ARGV[2])
+if not lease or lease <= 0 then return redis.error_reply('ERR herald claim: bad arguments') end
+local record = redis.call('HGET', KEYS[1], ARGV[1])
+if not record then
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  return {'missing'}
+end
+local now = ms_now()
+local token = 0
+local cur = redis.call('HGET', KEYS[2], ARGV[1])
+if cur then
+  local t, untl = string.match(cur, '^(%d+) (%d+)$')
+  if t then
+    if tonumber(untl) > now then return {'held'} end
+    token = tonumber(t)
+  end
+end
+token = token + 1
+redis.call('HSET', KEYS[2], ARGV[1], fmt(token) .. ' ' .. fmt(now + lease))
+return {'ok', fmt(token), record}
+"#,
+    )
+});
+
+/// Deliver a claimed schedule: the append (as APPEND does it, without
+/// dedup) and the removal of the schedule, in one step, only while the
+/// schedule is stored and the claim's token is its latest.
+///
+/// KEYS: meta, log, sched, sched idx, claims. ARGV: id, token, durable,
+/// fresh epoch, max_len, max_age_ms, frame head, middle, tail, message id,
+/// channel, fan, publish command. Returns `{'ok', seq|'-', ts, epoch|'-',
+/// lost}`, `{'stale'}` or `{'closed'}`.
+pub(crate) static SCHED_DELIVER: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local max_len, max_age = tonumber(ARGV[5]), tonumber(ARGV[6])
+if not (max_len and max_age) or (ARGV[13] ~= 'PUBLISH' and ARGV[13] ~= 'SPUBLISH') or ARGV[10] == '' then
+  return redis.error_reply('ERR herald deliver: bad arguments')
+end
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return {'stale'} end
+local cur = redis.call('HGET', KEYS[5], ARGV[1])
+if not cur or string.match(cur, '^(%d+) ') ~= ARGV[2] then return {'stale'} end
+if is_closed(KEYS[1]) then return {'closed'} end
+local durable = ARGV[3] == '1'
+local r = append_msg(KEYS[1], KEYS[2], {
+  durable = durable, seal = false, epoch = ARGV[4], max_len = max_len, max_age = max_age,
+  head = ARGV[7], middle = ARGV[8], tail = ARGV[9], id = ARGV[10], channel = ARGV[11],
+  fan = ARGV[12], publish = ARGV[13],
+})
+if r.err then return r.err end
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+return {'ok', r.sseq, fmt(r.ts), r.sepoch, r.lost}
+"#,
+    )
+});
+
+/// Cancel a schedule. KEYS: sched, sched idx, claims. ARGV: id. Returns
+/// the record, or nil when there is none.
+pub(crate) static SCHED_CANCEL: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r#"
+local record = redis.call('HGET', KEYS[1], ARGV[1])
+if not record then return false end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+return record
+"#,
+    )
+});
