@@ -38,7 +38,9 @@
 //! - [`Cursors`] (`cursors.rs`): ack, cursor, cursors, user cursors;
 //! - [`Presence`] (`presence.rs`): leases with fencing tokens;
 //! - [`Rooms`] (`rooms.rs`): room records, compare-and-set with their event;
-//! - [`Lifecycle`] (`lifecycle.rs`): health, metrics, close.
+//! - [`Lifecycle`] (`lifecycle.rs`): health, metrics, close;
+//! - [`Ownership`] (`ownership.rs`): exclusive leases with fencing tokens on
+//!   work one node at a time must do (webhook delivery of a channel).
 //!
 //! [`Engine`] is the five together, implemented for every type that
 //! implements them; the server holds an `Arc<dyn Engine>`. [`EngineError`]
@@ -66,6 +68,7 @@ mod error;
 mod lifecycle;
 mod log;
 mod metrics;
+mod ownership;
 mod presence;
 mod rooms;
 
@@ -76,6 +79,7 @@ pub use log::{
     AppendRequest, Dedup, Epoch, FanoutSink, Log, Message, Page, Position, Receipt, Retention, Seq,
 };
 pub use metrics::EngineMetric;
+pub use ownership::{Claim, Ownership};
 pub use presence::Presence;
 pub use rooms::{RoomWrite, RoomWritten, Rooms};
 
@@ -84,9 +88,9 @@ use std::sync::Arc;
 
 /// A whole engine: every part of the contract. Implemented for every type
 /// that implements the parts; write `impl Log for MyEngine`, and so on.
-pub trait Engine: Log + Cursors + Presence + Rooms + Lifecycle {}
+pub trait Engine: Log + Cursors + Presence + Rooms + Lifecycle + Ownership {}
 
-impl<T: Log + Cursors + Presence + Rooms + Lifecycle + ?Sized> Engine for T {}
+impl<T: Log + Cursors + Presence + Rooms + Lifecycle + Ownership + ?Sized> Engine for T {}
 
 /// Who acknowledges messages on acked channels: a token's `sub` plus the
 /// optional device id given at connect. Each device of a user has its own

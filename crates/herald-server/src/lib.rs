@@ -19,6 +19,7 @@ pub mod metrics;
 mod publish;
 mod rooms;
 mod session;
+pub mod webhooks;
 mod ws;
 
 use std::future::Future;
@@ -68,6 +69,8 @@ pub struct State {
     /// idle and token checks, and lease renewals (at most a third of the
     /// lease TTL). Other connections tick every `limits.ping_interval`.
     pub presence_tick: Duration,
+    /// The configured webhooks and their deliverers' shared state.
+    pub webhooks: webhooks::Webhooks,
 }
 
 /// Raise the soft open-files limit to the hard one and return the
@@ -117,6 +120,7 @@ impl Server {
             ws_origins,
             cors_origins,
             api_keys: auth::ApiKeys::new(&config.api_keys),
+            webhooks: webhooks::Webhooks::new(&config.webhooks),
             config,
             engine,
             hub,
@@ -155,6 +159,9 @@ impl Server {
                     .patch(http_rooms::patch_room)
                     .delete(http_rooms::delete_room),
             )
+            .route("/api/v1/webhooks", get(webhooks::http::status))
+            .route("/api/v1/webhooks/{name}/channels/{channel}/skip", post(webhooks::http::skip))
+            .route("/api/v1/webhooks/{name}/channels/{channel}/retry", post(webhooks::http::retry))
             .method_not_allowed_fallback(http::method_not_allowed);
         let api = match browser::cors_layer(&self.state.cors_origins) {
             Some(cors) => api.layer(cors),
@@ -196,6 +203,7 @@ impl Server {
             tasks: http_tasks.clone(),
         };
         let keeper = tokio::spawn(rooms::keeper(state.clone()));
+        let deliverer = tokio::spawn(webhooks::run(state.clone()));
         tokio::pin!(signal);
         loop {
             tokio::select! {
@@ -227,6 +235,7 @@ impl Server {
         // The keeper stops on the shutdown token; wait so it never races the
         // engine's close.
         let _ = keeper.await;
+        let _ = deliverer.await;
         state.engine.close().await;
         tracing::info!("shutdown complete");
         Ok(())

@@ -308,6 +308,9 @@ impl Rooms for EmbeddedEngine {
 }
 
 #[async_trait]
+impl herald_core::Ownership for EmbeddedEngine {}
+
+#[async_trait]
 impl Lifecycle for EmbeddedEngine {
     /// Every named counter of [`StoreStats`], and the queue depth.
     fn metrics(&self) -> Vec<EngineMetric> {
