@@ -7,7 +7,6 @@
 mod webhook_backend;
 
 #[path = "../../herald-redis/tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::collections::{BTreeSet, HashMap};
