@@ -192,3 +192,64 @@ async fn skip_moves_past_a_poison_message_and_is_the_only_way_past_it() {
     assert_eq!(r.status, 404, "not a channel of this webhook");
     srv.stop().await;
 }
+
+#[tokio::test]
+async fn no_client_can_take_a_webhooks_subscriber_id() {
+    use herald_client::{ConnectOptions, Connection};
+    use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+    let srv = TestServer::start_with(|c| c.dev = false).await;
+    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() + 300;
+    let claims = json!({ "sub": "herald:webhook:backend", "exp": exp, "channels": ["*"] });
+    let token = encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(common::JWT_SECRET.as_bytes()),
+    )
+    .unwrap();
+    let Err(err) = Connection::connect(&ConnectOptions::token(&srv.url, &token)).await else {
+        panic!("a reserved sub must be refused")
+    };
+    assert_eq!(err.http_status(), Some(401));
+    srv.stop().await;
+    let dev = TestServer::start().await;
+    let Err(err) = Connection::connect(&ConnectOptions::dev_user(&dev.url, "herald:webhook:backend")).await
+    else {
+        panic!("a reserved dev user must be refused")
+    };
+    assert_eq!(err.http_status(), Some(400));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_overtaking_a_stalled_webhook_is_reported() {
+    let backend = Backend::start(SECRET).await;
+    backend.set(Mode::Fail500);
+    let srv = TestServer::start_with(|c| {
+        c.namespaces
+            .0
+            .insert("short".into(), herald_core::NamespaceOptions { history_size: 5, ..Default::default() });
+        let mut h = hook(&backend.url);
+        h.channels = vec!["short:*".into()];
+        c.webhooks.push(h);
+    })
+    .await;
+    for i in 1..=12 {
+        assert_eq!(srv.publish("short:x", json!(i)).await.status, 201);
+    }
+    // The backend refuses; retention keeps the last 5 of 12.
+    assert_eventually("the status API reports the overtaken messages", || async {
+        let r = srv.get("/api/v1/webhooks").await;
+        let ch = &r.body["webhooks"][0]["channels"][0];
+        ch["channel"] == "short:x" && ch["overtaken"] == 7 && ch["stalled"] == true && ch["lag"] == 12
+    })
+    .await;
+    backend.set(Mode::Ok);
+    assert_eventually("the retained messages are delivered", || async {
+        backend.accepted("short:x").iter().flatten().max() == Some(&12)
+    })
+    .await;
+    let got: Vec<u64> = backend.accepted("short:x").into_iter().flatten().collect();
+    assert_eq!(got, (8..=12).collect::<Vec<_>>());
+    let text = metrics(&srv).await;
+    assert!(text.contains("herald_webhook_overtaken_messages_total{webhook=\"backend\"} 7"), "{text}");
+    srv.stop().await;
+}

@@ -35,8 +35,9 @@ fn channel(hook: &Hook, ch: &str) -> Result<ChannelName, ApiError> {
 
 /// `GET /api/v1/webhooks`: per webhook, every channel with undelivered
 /// messages or a failure: cursor, head, lag, the oldest undelivered
-/// message's age, the last error seen by this node, messages lost to
-/// retention, and whether it is stalled (failing or overtaken).
+/// message's age, the last error seen by this node, how many undelivered
+/// messages retention removed already (`overtaken`), and whether it is
+/// stalled (failing or overtaken).
 pub async fn status(AxState(state): AxState<Arc<State>>, headers: HeaderMap) -> Result<Response, ApiError> {
     api_auth(&state, &headers)?;
     let mut out = Vec::new();
@@ -48,19 +49,19 @@ pub async fn status(AxState(state): AxState<Arc<State>>, headers: HeaderMap) -> 
             let pos = state.engine.position(&c.channel).await?;
             let lag = pos.head.saturating_sub(c.cursor.seq);
             let last_error = hook.last_error(&c.channel);
-            let mut overtaken = hook.overtaken(&c.channel);
-            if lag == 0 && last_error.is_none() && overtaken == 0 {
+            if lag == 0 && last_error.is_none() {
                 continue;
             }
             lag_total += lag;
             let mut oldest_age_ms = None;
+            let mut overtaken = 0;
             if lag > 0 {
                 let page = state.engine.read(&c.channel, c.cursor.seq, 1).await?;
                 if let Some(m) = page.messages.first() {
                     oldest_age_ms = Some(now_ms().saturating_sub(m.ts));
                     // Not yet seen by a worker on this node, but already gone.
-                    overtaken +=
-                        m.seq.unwrap_or(0).saturating_sub(c.cursor.seq + 1).saturating_sub(overtaken);
+                    // Undelivered messages retention removed already.
+                    overtaken = m.seq.unwrap_or(0).saturating_sub(c.cursor.seq + 1);
                 }
             }
             let stalled = overtaken > 0 || (lag > 0 && last_error.is_some());

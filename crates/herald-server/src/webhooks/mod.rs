@@ -92,8 +92,6 @@ pub struct Hook {
     wake_rx: Mutex<Option<mpsc::Receiver<ChannelName>>>,
     workers: Mutex<HashMap<ChannelName, Arc<Worker>>>,
     errors: Mutex<HashMap<ChannelName, LastError>>,
-    /// Messages lost to retention per channel, since this node started.
-    overtaken: Mutex<HashMap<ChannelName, u64>>,
     permits: Semaphore,
 }
 
@@ -109,7 +107,6 @@ impl Hook {
             wake_rx: Mutex::new(Some(wake_rx)),
             workers: Mutex::default(),
             errors: Mutex::default(),
-            overtaken: Mutex::default(),
         }
     }
 
@@ -120,10 +117,6 @@ impl Hook {
 
     pub fn last_error(&self, channel: &ChannelName) -> Option<LastError> {
         self.errors.lock().expect("errors lock").get(channel).cloned()
-    }
-
-    pub fn overtaken(&self, channel: &ChannelName) -> u64 {
-        self.overtaken.lock().expect("overtaken lock").get(channel).copied().unwrap_or(0)
     }
 
     /// Start a worker for `channel` now, or cut the backoff of its worker.
@@ -306,6 +299,9 @@ async fn channel_worker(state: Arc<State>, hook: Arc<Hook>, channel: ChannelName
     let ttl = hook.cfg.lease_ttl;
     let mut lease: Option<(u64, Instant, bool)> = None; // (token, claimed at, engine lease)
     let mut backoff = FIRST_BACKOFF;
+    // The highest seq already reported lost to retention (each lost seq is
+    // counted once, not once per retry).
+    let mut reported: Seq = 0;
     loop {
         if state.shutdown.is_cancelled() {
             break;
@@ -345,7 +341,7 @@ async fn channel_worker(state: Arc<State>, hook: Arc<Hook>, channel: ChannelName
             }
         }
         let Some((token, _, _)) = lease else { break };
-        match step(&state, &hook, &channel, token).await {
+        match step(&state, &hook, &channel, token, &mut reported).await {
             Ok(None) => {
                 // Caught up: leave unless work arrived meanwhile.
                 let leave = {
@@ -419,13 +415,16 @@ async fn step(
     hook: &Hook,
     channel: &ChannelName,
     token: u64,
+    reported: &mut Seq,
 ) -> Result<Option<Sent>, EngineError> {
     let cursor = state.engine.cursor(channel, &hook.sub).await?.map_or(0, |c| c.seq);
     let page = state.engine.read(channel, cursor, hook.cfg.max_batch).await?;
     let Some(first) = page.messages.first() else { return Ok(None) };
     let first_seq = first.seq.unwrap_or(0);
-    if first_seq > cursor + 1 {
-        overtaken(state, hook, channel, cursor, first_seq);
+    let lost_from = (cursor + 1).max(*reported + 1);
+    if first_seq > lost_from {
+        *reported = first_seq - 1;
+        overtaken(state, hook, channel, lost_from, first_seq);
     }
     let last: Seq = page.messages.last().and_then(|m| m.seq).unwrap_or(first_seq);
     let body = sign::body(&hook.cfg.name, channel.as_str(), page.position.epoch.as_str(), &page.messages);
@@ -466,13 +465,12 @@ async fn step(
     Ok(Some(sent))
 }
 
-/// Retention removed `cursor + 1 .. first` before they were delivered.
-fn overtaken(state: &State, hook: &Hook, channel: &ChannelName, cursor: Seq, first: Seq) {
-    let lost = first - cursor - 1;
+/// Retention removed `from .. first` before they were delivered.
+fn overtaken(state: &State, hook: &Hook, channel: &ChannelName, from: Seq, first: Seq) {
+    let lost = first - from;
     state.metrics.webhook_overtaken.get_or_create(&[("webhook", hook.cfg.name.clone())]).inc_by(lost);
-    *hook.overtaken.lock().expect("overtaken lock").entry(channel.clone()).or_default() += lost;
     tracing::warn!(
-        webhook = %hook.cfg.name, channel = %channel, from = cursor + 1, to = first - 1,
+        webhook = %hook.cfg.name, channel = %channel, from, to = first - 1,
         "retention removed messages before the webhook delivered them"
     );
 }
