@@ -42,7 +42,7 @@
 //! - [`Ownership`] (`ownership.rs`): exclusive leases with fencing tokens on
 //!   work one node at a time must do (webhook delivery of a channel).
 //!
-//! [`Engine`] is the five together, implemented for every type that
+//! [`Engine`] is the six together, implemented for every type that
 //! implements them; the server holds an `Arc<dyn Engine>`. [`EngineError`]
 //! is in `error.rs`, [`EngineMetric`] and the counter table
 //! ([`engine_counters!`](crate::engine_counters)) in `metrics.rs`. Subscriber
