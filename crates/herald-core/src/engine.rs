@@ -40,9 +40,11 @@
 //! - [`Rooms`] (`rooms.rs`): room records, compare-and-set with their event;
 //! - [`Schedules`] (`schedules.rs`): scheduled messages, claimed with
 //!   fencing tokens and appended exactly once;
-//! - [`Lifecycle`] (`lifecycle.rs`): health, metrics, close.
+//! - [`Lifecycle`] (`lifecycle.rs`): health, metrics, close;
+//! - [`Ownership`] (`ownership.rs`): exclusive leases with fencing tokens on
+//!   work one node at a time must do (webhook delivery of a channel).
 //!
-//! [`Engine`] is the six together, implemented for every type that
+//! [`Engine`] is the seven together, implemented for every type that
 //! implements them; the server holds an `Arc<dyn Engine>`. [`EngineError`]
 //! is in `error.rs`, [`EngineMetric`] and the counter table
 //! ([`engine_counters!`](crate::engine_counters)) in `metrics.rs`. Subscriber
@@ -68,6 +70,7 @@ mod error;
 mod lifecycle;
 mod log;
 mod metrics;
+mod ownership;
 mod presence;
 mod rooms;
 mod schedules;
@@ -79,6 +82,7 @@ pub use log::{
     AppendRequest, Dedup, Epoch, FanoutSink, Log, Message, Page, Position, Receipt, Retention, Seq,
 };
 pub use metrics::EngineMetric;
+pub use ownership::{Owned, Ownership};
 pub use presence::Presence;
 pub use rooms::{RoomWrite, RoomWritten, Rooms};
 pub use schedules::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
@@ -88,9 +92,9 @@ use std::sync::Arc;
 
 /// A whole engine: every part of the contract. Implemented for every type
 /// that implements the parts; write `impl Log for MyEngine`, and so on.
-pub trait Engine: Log + Cursors + Presence + Rooms + Schedules + Lifecycle {}
+pub trait Engine: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + Ownership {}
 
-impl<T: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + ?Sized> Engine for T {}
+impl<T: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + Ownership + ?Sized> Engine for T {}
 
 /// Who acknowledges messages on acked channels: a token's `sub` plus the
 /// optional device id given at connect. Each device of a user has its own

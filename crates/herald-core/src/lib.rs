@@ -22,8 +22,8 @@ pub mod conformance;
 
 pub use engine::{
     AckError, AppendRequest, CursorState, Cursors, Dedup, Engine, EngineError, EngineMetric, Epoch,
-    FanoutSink, Health, InvalidSubscriber, Lifecycle, Log, Message, Page, Position, Presence, Receipt,
-    Retention, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
+    FanoutSink, Health, InvalidSubscriber, Lifecycle, Log, Message, Owned, Ownership, Page, Position,
+    Presence, Receipt, Retention, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
 pub use engine::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};

@@ -287,6 +287,44 @@ impl Schedules for RedisEngine {
 }
 
 #[async_trait]
+impl herald_core::Ownership for RedisEngine {
+    /// One script on the lease's slot (`OWN_CLAIM`), timed by Redis.
+    async fn claim(&self, key: &str, holder: &str, ttl: Duration) -> Result<herald_core::Owned, EngineError> {
+        let (owner, counter) = self.inner.keys.owner(key);
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let holder = holder.to_owned();
+        let token: i64 = self
+            .inner
+            .redis
+            .call("own_claim", |mut c| async move {
+                let mut inv = crate::scripts::OWN_CLAIM.prepare_invoke();
+                inv.key(owner).key(counter).arg(holder).arg(ttl_ms);
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(match u64::try_from(token) {
+            Ok(t) => herald_core::Owned::Held(t),
+            Err(_) => herald_core::Owned::Busy,
+        })
+    }
+
+    async fn release(&self, key: &str, holder: &str) -> Result<(), EngineError> {
+        let (owner, _) = self.inner.keys.owner(key);
+        let holder = holder.to_owned();
+        let _: i64 = self
+            .inner
+            .redis
+            .call("own_release", |mut c| async move {
+                let mut inv = crate::scripts::OWN_RELEASE.prepare_invoke();
+                inv.key(owner).arg(holder);
+                inv.invoke_async(&mut c).await
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
 impl Lifecycle for RedisEngine {
     /// Every named counter of [`RedisStats`].
     fn metrics(&self) -> Vec<EngineMetric> {

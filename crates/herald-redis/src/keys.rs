@@ -89,6 +89,12 @@ impl Keys {
         format!("{}:user:{{{user_prefix}}}:cursors", self.prefix)
     }
 
+    /// A work lease of `herald_core::Ownership` (the holder and its token),
+    /// and its token counter, in one hash slot.
+    pub fn owner(&self, key: &str) -> (String, String) {
+        (format!("{}:own:{{{key}}}", self.prefix), format!("{}:own:{{{key}}}:token", self.prefix))
+    }
+
     pub fn node(&self, id: &str) -> String {
         format!("{}:node:{{{id}}}", self.prefix)
     }

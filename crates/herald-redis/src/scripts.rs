@@ -342,6 +342,49 @@ return 2
     )
 });
 
+/// Claim an exclusive work lease (`herald_core::Ownership`): renew it if
+/// `holder` holds it, take it if it is gone, else refuse. Every take-over
+/// gets the next value of the key's token counter, which never expires, so
+/// tokens only grow. Timed by Redis's clock (`PX`).
+///
+/// KEYS: owner, token counter. ARGV: holder, ttl ms. Returns the token, or
+/// -1 when another holder's lease has not expired.
+pub(crate) static OWN_CLAIM: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"#!lua
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local sp = string.find(cur, ' ', 1, true)
+  local token = tonumber(string.sub(cur, 1, sp - 1))
+  if string.sub(cur, sp + 1) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return token
+  end
+  return -1
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+return token
+"#,
+    )
+});
+
+/// Give a work lease up if `holder` holds it.
+///
+/// KEYS: owner. ARGV: holder. Returns 1 when removed.
+pub(crate) static OWN_RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"#!lua
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 0 end
+local sp = string.find(cur, ' ', 1, true)
+if string.sub(cur, sp + 1) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"#,
+    )
+});
+
 // ---- Presence ----
 //
 // A lease is a field of the channel's presence hash, `<token>

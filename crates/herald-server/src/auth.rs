@@ -178,6 +178,14 @@ impl JwtVerifier {
                 "token `sub` must be 1..=255 bytes without control characters",
             ));
         }
+        // Reserved for Herald's own subscribers (webhooks ack as
+        // `herald:webhook:<name>`): no client may ack in their name.
+        if c.sub.starts_with(crate::webhooks::RESERVED_USER_PREFIX) {
+            return Err(AuthError::new(
+                ErrorCode::Unauthorized,
+                "token `sub` must not start with `herald:` (reserved)",
+            ));
+        }
         if c.device.as_deref().is_some_and(|d| check_id(d).is_err()) {
             return Err(AuthError::new(
                 ErrorCode::Unauthorized,

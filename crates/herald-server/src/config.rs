@@ -61,6 +61,8 @@ pub struct Config {
     /// server's own pages.
     pub cors_origins: Vec<String>,
     pub namespaces: Namespaces,
+    /// `[[webhooks]]`: ordered deliveries to the backend (docs/webhooks.md).
+    pub webhooks: Vec<crate::webhooks::WebhookConfig>,
 }
 
 impl Default for Config {
@@ -82,6 +84,7 @@ impl Default for Config {
             allowed_origins: Vec::new(),
             cors_origins: Vec::new(),
             namespaces: Namespaces::default(),
+            webhooks: Vec::new(),
         }
     }
 }
@@ -273,6 +276,7 @@ impl Config {
     /// Check the whole configuration; the error is one line for the operator.
     pub fn validate(&self) -> Result<(), String> {
         self.namespaces.validate()?;
+        crate::webhooks::config::validate_all(&self.webhooks)?;
         let l = &self.limits;
         if l.max_connections == 0 {
             return Err("limits.max_connections must be at least 1".into());

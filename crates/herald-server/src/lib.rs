@@ -21,6 +21,7 @@ mod publish;
 mod rooms;
 mod scheduler;
 mod session;
+pub mod webhooks;
 mod ws;
 
 use std::future::Future;
@@ -72,6 +73,8 @@ pub struct State {
     pub presence_tick: Duration,
     /// Wakes the scheduler for an earlier schedule.
     scheduler: scheduler::Wake,
+    /// The configured webhooks and their deliverers' shared state.
+    pub webhooks: webhooks::Webhooks,
 }
 
 /// Raise the soft open-files limit to the hard one and return the
@@ -121,6 +124,7 @@ impl Server {
             ws_origins,
             cors_origins,
             api_keys: auth::ApiKeys::new(&config.api_keys),
+            webhooks: webhooks::Webhooks::new(&config.webhooks),
             config,
             engine,
             hub,
@@ -162,6 +166,9 @@ impl Server {
             )
             .route("/api/v1/scheduled", get(http_scheduled::list))
             .route("/api/v1/scheduled/{id}", axum::routing::delete(http_scheduled::cancel))
+            .route("/api/v1/webhooks", get(webhooks::http::status))
+            .route("/api/v1/webhooks/{name}/channels/{channel}/skip", post(webhooks::http::skip))
+            .route("/api/v1/webhooks/{name}/channels/{channel}/retry", post(webhooks::http::retry))
             .method_not_allowed_fallback(http::method_not_allowed);
         let api = match browser::cors_layer(&self.state.cors_origins) {
             Some(cors) => api.layer(cors),
@@ -204,6 +211,7 @@ impl Server {
         };
         let keeper = tokio::spawn(rooms::keeper(state.clone()));
         let scheduler = tokio::spawn(scheduler::run(state.clone()));
+        let deliverer = tokio::spawn(webhooks::run(state.clone()));
         tokio::pin!(signal);
         loop {
             tokio::select! {
@@ -236,6 +244,7 @@ impl Server {
         // engine's close.
         let _ = keeper.await;
         let _ = scheduler.await;
+        let _ = deliverer.await;
         state.engine.close().await;
         tracing::info!("shutdown complete");
         Ok(())

@@ -114,6 +114,18 @@ pub struct Metrics {
     pub scheduled_cancelled: Counter,
     /// How long after its `deliver_at` a scheduled message was appended.
     pub scheduled_lateness: Histogram,
+    /// Messages acknowledged by a webhook's backend, per webhook.
+    pub webhook_delivered: Family<[(&'static str, String); 1], Counter>,
+    /// Failed webhook requests, per webhook and class (`status`,
+    /// `timeout`, `connect`, `other`, `engine`).
+    pub webhook_failures: Family<[(&'static str, String); 2], Counter>,
+    /// Undelivered messages per webhook, summed over its channels at the
+    /// last poll on this node.
+    pub webhook_lag: Family<[(&'static str, String); 1], Gauge>,
+    /// Messages retention removed before the webhook delivered them.
+    pub webhook_overtaken: Family<[(&'static str, String); 1], Counter>,
+    /// One webhook request, sent to answered (or failed).
+    pub webhook_request_duration: Histogram,
 }
 
 /// The `reason` label of `herald_closes_total` for a close code.
@@ -182,6 +194,11 @@ impl Default for Metrics {
             scheduled_delivered: Counter::default(),
             scheduled_cancelled: Counter::default(),
             scheduled_lateness: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            webhook_delivered: Family::default(),
+            webhook_failures: Family::default(),
+            webhook_lag: Family::default(),
+            webhook_overtaken: Family::default(),
+            webhook_request_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
             registry: Registry::default(),
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
@@ -311,6 +328,23 @@ impl Default for Metrics {
             "outbox_full",
             "Messages not queued for a connection, by the bound that refused them",
             outbox_full,
+        );
+        registry.register(
+            "webhook_delivered",
+            "Messages acknowledged by a webhook's backend",
+            m.webhook_delivered.clone(),
+        );
+        registry.register("webhook_failures", "Failed webhook requests by class", m.webhook_failures.clone());
+        registry.register("webhook_lag_messages", "Undelivered messages per webhook", m.webhook_lag.clone());
+        registry.register(
+            "webhook_overtaken_messages",
+            "Messages removed by retention before the webhook delivered them",
+            m.webhook_overtaken.clone(),
+        );
+        registry.register(
+            "webhook_request_duration_seconds",
+            "Webhook request, sent to answered",
+            m.webhook_request_duration.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -172,6 +172,9 @@ impl State {
         if ns.room && self.engine.room(&p.channel).await?.is_none() {
             return Err(crate::rooms::no_such_room());
         }
+        // Before the append: the webhooks' cursors, so their work is found
+        // again after a crash (webhooks/mod.rs).
+        self.webhooks.ensure(&*self.engine, ns, &p.channel).await?;
         let started = Instant::now();
         let req = AppendRequest {
             meta: p.meta,
@@ -184,6 +187,7 @@ impl State {
         };
         match self.engine.append(req).await {
             Ok(receipt) => {
+                self.webhooks.appended(&receipt.channel);
                 if receipt.duplicate {
                     self.metrics.dedup_hits.inc();
                 } else {

@@ -195,7 +195,11 @@ pub async fn write_room(
         seal: closes,
         ..AppendRequest::message(channel.clone(), body, true, ns.retention())
     };
+    state.webhooks.ensure(&*state.engine, ns, channel).await?;
     let written = state.engine.room_write(RoomWrite { expected_version, room, event }).await?;
+    if let RoomWritten::Written { .. } = &written {
+        state.webhooks.appended(channel);
+    }
     if let RoomWritten::Written { room, .. } = &written {
         state.metrics.room_changes.inc();
         tracing::info!(room = %channel, state = %room.state, version = room.version, ?reason, "room changed");

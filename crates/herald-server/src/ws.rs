@@ -45,6 +45,12 @@ fn authenticate(state: &State, headers: &HeaderMap, q: &WsQuery) -> Result<Ident
     match &q.user {
         Some(user) if state.config.dev => {
             check_id(user).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`user` {e}")))?;
+            if user.starts_with(crate::webhooks::RESERVED_USER_PREFIX) {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    "`user` must not start with `herald:` (reserved)",
+                ));
+            }
             Ok(Identity::dev(user, q.device.as_deref()))
         }
         Some(_) => Err(ApiError::new(

@@ -374,6 +374,8 @@ impl Schedules for EmbeddedEngine {
     }
 }
 
+impl herald_core::Ownership for EmbeddedEngine {}
+
 #[async_trait]
 impl Lifecycle for EmbeddedEngine {
     /// Every named counter of [`StoreStats`], and the queue depth.
