@@ -464,9 +464,7 @@ impl Writer {
             p.answer(&mut fanout);
         }
         if let Some(sink) = sink {
-            for msg in fanout {
-                sink.deliver(msg);
-            }
+            sink.deliver_batch(fanout);
         }
     }
 

@@ -202,6 +202,16 @@ pub struct Page {
 /// next message.
 pub trait FanoutSink: Send + Sync + 'static {
     fn deliver(&self, msg: Arc<Message>);
+
+    /// Several messages at once (a group commit's), in order: the same as
+    /// [`deliver`](FanoutSink::deliver) of each in turn, as far as any one
+    /// channel's order goes. A sink may hand them out subscriber by
+    /// subscriber, so each subscriber's queue gets the batch in one go.
+    fn deliver_batch(&self, msgs: Vec<Arc<Message>>) {
+        for msg in msgs {
+            self.deliver(msg);
+        }
+    }
 }
 
 /// A channel's log and its fan-out: the part of the contract a delivery
