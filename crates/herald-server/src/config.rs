@@ -160,6 +160,10 @@ pub struct Limits {
     pub total_outbox_bytes: usize,
     /// Subscriptions one connection may hold.
     pub max_subscriptions: usize,
+    /// Publishes one WebSocket connection may have read and not yet
+    /// answered (pipelined: queued or with the engine). At the bound the
+    /// connection's socket is not read until a batch is answered.
+    pub max_publishes_in_flight: usize,
     /// Channels one batch publish may name.
     pub max_batch_channels: usize,
     /// Messages one history request may return.
@@ -207,6 +211,7 @@ impl Default for Limits {
             outbox_bytes: 4 * 1024 * 1024,
             total_outbox_bytes: 256 * 1024 * 1024,
             max_subscriptions: 256,
+            max_publishes_in_flight: 256,
             max_batch_channels: 100,
             max_history_limit: 1000,
             max_data_depth: 64,
@@ -299,6 +304,9 @@ impl Config {
         }
         if l.max_body_bytes < 256 {
             return Err("limits.max_body_bytes must be at least 256".into());
+        }
+        if l.max_publishes_in_flight == 0 {
+            return Err("limits.max_publishes_in_flight must be at least 1".into());
         }
         if l.outbox_capacity < 16 {
             return Err("limits.outbox_capacity must be at least 16".into());

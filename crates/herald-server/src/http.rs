@@ -222,15 +222,18 @@ pub async fn publish_batch(
         Some(s) => Some(state.in_flight.claim(&s.anchor())?),
         None => None,
     };
-    let publish = |i: usize| {
-        let (channel, ns) = &targets[i];
+    let message = |i: usize| {
+        let channel = &targets[i].0;
         let dedup = scoped.as_ref().map(|s| {
             let key = if i == 0 { s.anchor() } else { s.for_channel(channel) };
             (key, fp)
         });
-        let p = Publish { channel: channel.clone(), data: data.clone(), meta: meta.clone(), dedup };
-        state.publish_claimed(ns, p)
+        Publish { channel: channel.clone(), data: data.clone(), meta: meta.clone(), dedup }
     };
+    let publish = |i: usize| state.publish_claimed(targets[i].1, message(i));
+    // The channels go to the engine as one submission (one group commit).
+    let publish_all =
+        |from: usize| state.publish_many((from..targets.len()).map(|i| Ok(message(i))).collect(), false);
     // With a key, the first channel goes first: a mismatch there (another
     // request under this key) appends nothing anywhere, and any other
     // failure there leaves the rest to the retry.
@@ -242,11 +245,11 @@ pub async fn publish_batch(
         });
         outcomes.push(first);
         match skipped {
-            None => outcomes.extend(futures_util::future::join_all((1..targets.len()).map(publish)).await),
+            None => outcomes.extend(publish_all(1).await),
             Some(e) => outcomes.extend((1..targets.len()).map(|_| Err(e.clone()))),
         }
     } else {
-        outcomes.extend(futures_util::future::join_all((0..targets.len()).map(publish)).await);
+        outcomes.extend(publish_all(0).await);
     }
 
     let mut results = Vec::with_capacity(outcomes.len());

@@ -292,39 +292,71 @@ fn frameless(msg: &Message) -> Message {
     }
 }
 
-impl FanoutSink for Hub {
-    fn deliver(&self, msg: Arc<Message>) {
-        let map = self.shard(&msg.channel).read().expect("hub lock poisoned");
-        let Some(subs) = map.get(&msg.channel) else { return };
-        let len = msg.frame.len();
-        let out = Arc::new(match self.queued.try_charge(len) {
+impl Hub {
+    /// Charge one message against the server's ceiling (or mark it missed).
+    fn outgoing(&self, msg: Arc<Message>) -> Arc<Outgoing> {
+        Arc::new(match self.queued.try_charge(msg.frame.len()) {
             Some(charge) => Outgoing { msg, missed: false, _charge: Some(charge) },
             None => Outgoing { msg: Arc::new(frameless(&msg)), missed: true, _charge: None },
-        });
-        for conn in subs {
-            if out.missed {
-                self.at_ceiling(conn, &out);
-                continue;
-            }
-            if !conn.bytes.try_add(len, self.conn_bytes) {
-                self.metrics.outbox_full_bytes.inc();
+        })
+    }
+
+    /// Queue one message for one connection, or apply the channel's policy
+    /// when its outbox is full.
+    fn offer(&self, conn: &ConnHandle, out: &Arc<Outgoing>) {
+        if out.missed {
+            return self.at_ceiling(conn, out);
+        }
+        let len = out.msg.frame.len();
+        if !conn.bytes.try_add(len, self.conn_bytes) {
+            self.metrics.outbox_full_bytes.inc();
+            return self.refuse(conn, &out.msg);
+        }
+        match conn.outbox_tx.try_send(out.clone()) {
+            Ok(()) => {}
+            Err(flume::TrySendError::Full(_)) => {
+                conn.bytes.sub(len);
+                self.metrics.outbox_full_frames.inc();
                 self.refuse(conn, &out.msg);
-                continue;
             }
-            match conn.outbox_tx.try_send(out.clone()) {
-                Ok(()) => {}
-                Err(flume::TrySendError::Full(_)) => {
-                    conn.bytes.sub(len);
-                    self.metrics.outbox_full_frames.inc();
-                    self.refuse(conn, &out.msg);
-                }
-                // The session is exiting; its cleanup removes this entry.
-                Err(flume::TrySendError::Disconnected(_)) => conn.bytes.sub(len),
+            // The session is exiting; its cleanup removes this entry.
+            Err(flume::TrySendError::Disconnected(_)) => conn.bytes.sub(len),
+        }
+    }
+
+    /// Messages of one channel, in order, handed out connection by
+    /// connection: each outbox gets the whole run in one go, so its session
+    /// wakes once and writes them together (one flush).
+    fn deliver_run(&self, run: &[Arc<Message>]) {
+        let Some(first) = run.first() else { return };
+        let map = self.shard(&first.channel).read().expect("hub lock poisoned");
+        let Some(subs) = map.get(&first.channel) else { return };
+        let outs: Vec<Arc<Outgoing>> = run.iter().map(|m| self.outgoing(m.clone())).collect();
+        for conn in subs {
+            for out in &outs {
+                self.offer(conn, out);
             }
         }
-        if out.missed {
+        if outs.iter().any(|o| o.missed) {
             drop(map);
             self.shed();
+        }
+    }
+}
+
+impl FanoutSink for Hub {
+    fn deliver(&self, msg: Arc<Message>) {
+        self.deliver_run(std::slice::from_ref(&msg));
+    }
+
+    /// Per channel, runs of consecutive messages go out connection by
+    /// connection (see `deliver_run`); each channel's order is kept.
+    fn deliver_batch(&self, msgs: Vec<Arc<Message>>) {
+        let mut rest = &msgs[..];
+        while let Some(first) = rest.first() {
+            let n = rest.iter().take_while(|m| m.channel == first.channel).count();
+            self.deliver_run(&rest[..n]);
+            rest = &rest[n..];
         }
     }
 }

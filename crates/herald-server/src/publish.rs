@@ -168,15 +168,77 @@ impl State {
         self.append(ns, p).await
     }
 
-    async fn append(&self, ns: &NamespaceOptions, p: Publish) -> Result<Receipt, ApiError> {
+    /// Publish several messages as one engine submission
+    /// ([`Log::append_batch`](herald_core::Log::append_batch): one queue
+    /// hand-off, one group commit on the embedded engine), results in the
+    /// order given; per channel the messages are appended in that order.
+    /// Each item is checked as [`State::publish`] checks it (namespace
+    /// rules, `data`, rooms) and one refused item affects no other; an item
+    /// that is already an `Err` is passed through. With `claim`, each item
+    /// holds the in-flight claim of its dedup key until the batch is
+    /// answered (a second item of the batch under the same key gets 409);
+    /// without, the caller holds the claims.
+    pub async fn publish_many(
+        &self,
+        items: Vec<Result<Publish, ApiError>>,
+        claim: bool,
+    ) -> Vec<Result<Receipt, ApiError>> {
+        let mut guards = Vec::new();
+        let mut reqs = Vec::with_capacity(items.len());
+        // Per item: its request's index in `reqs`, or why it was refused.
+        let mut slots: Vec<Result<usize, ApiError>> = Vec::with_capacity(items.len());
+        for item in items {
+            let slot = match item {
+                Ok(p) => match self.prepare(p, claim, &mut guards).await {
+                    Ok(req) => {
+                        reqs.push(req);
+                        Ok(reqs.len() - 1)
+                    }
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            slots.push(slot);
+        }
+        let started = Instant::now();
+        let mut results: Vec<Option<Result<Receipt, herald_core::EngineError>>> =
+            self.engine.append_batch(reqs).await.into_iter().map(Some).collect();
+        drop(guards);
+        slots
+            .into_iter()
+            .map(|slot| {
+                let i = slot?;
+                let result = results.get_mut(i).and_then(Option::take).unwrap_or_else(|| {
+                    Err(herald_core::EngineError::Failed("no result from the engine".into()))
+                });
+                self.account(result, started)
+            })
+            .collect()
+    }
+
+    /// One item of [`State::publish_many`], checked and made a request.
+    async fn prepare<'a>(
+        &'a self,
+        p: Publish,
+        claim: bool,
+        guards: &mut Vec<InFlightGuard<'a>>,
+    ) -> Result<AppendRequest, ApiError> {
+        let ns = self.config.namespaces.resolve(&p.channel)?;
+        self.check_publish_data(&p.data)?;
+        if let (true, Some((key, _))) = (claim, &p.dedup) {
+            guards.push(self.in_flight.claim(key)?);
+        }
         if ns.room && self.engine.room(&p.channel).await?.is_none() {
             return Err(crate::rooms::no_such_room());
         }
         // Before the append: the webhooks' cursors, so their work is found
         // again after a crash (webhooks/mod.rs).
         self.webhooks.ensure(&*self.engine, ns, &p.channel).await?;
-        let started = Instant::now();
-        let req = AppendRequest {
+        Ok(self.request(ns, p))
+    }
+
+    fn request(&self, ns: &NamespaceOptions, p: Publish) -> AppendRequest {
+        AppendRequest {
             meta: p.meta,
             dedup: p.dedup.map(|(key, fingerprint)| Dedup {
                 key,
@@ -184,8 +246,16 @@ impl State {
                 ttl: self.config.idempotency_ttl,
             }),
             ..AppendRequest::message(p.channel, p.data, ns.is_durable(), ns.retention())
-        };
-        match self.engine.append(req).await {
+        }
+    }
+
+    /// Count an engine outcome in the metrics and make it an API result.
+    fn account(
+        &self,
+        result: Result<Receipt, herald_core::EngineError>,
+        started: Instant,
+    ) -> Result<Receipt, ApiError> {
+        match result {
             Ok(receipt) => {
                 self.webhooks.appended(&receipt.channel);
                 if receipt.duplicate {
@@ -207,6 +277,17 @@ impl State {
                 Err(e.into())
             }
         }
+    }
+
+    async fn append(&self, ns: &NamespaceOptions, p: Publish) -> Result<Receipt, ApiError> {
+        if ns.room && self.engine.room(&p.channel).await?.is_none() {
+            return Err(crate::rooms::no_such_room());
+        }
+        self.webhooks.ensure(&*self.engine, ns, &p.channel).await?;
+        let started = Instant::now();
+        let req = self.request(ns, p);
+        let result = self.engine.append(req).await;
+        self.account(result, started)
     }
 }
 

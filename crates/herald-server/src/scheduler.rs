@@ -152,6 +152,13 @@ async fn deliver(state: &State, claim: &Claim) {
         cancel(state, &s.id).await;
         return;
     };
+    // As for any publish: the webhooks' cursors before the append, so a
+    // channel whose first message is a scheduled one is not missed after a
+    // crash (webhooks/mod.rs). A failure leaves the schedule pending.
+    if let Err(e) = state.webhooks.ensure(&*state.engine, ns, &s.channel).await {
+        tracing::warn!(channel = %s.channel, error = %e, "scheduled delivery waits for the engine; retrying");
+        return;
+    }
     let req = AppendRequest {
         meta: s.meta.clone(),
         kind: FrameKind::Message,
@@ -159,6 +166,7 @@ async fn deliver(state: &State, claim: &Claim) {
     };
     match state.engine.schedule_deliver(claim, req).await {
         Ok(Delivered::Appended(_)) => {
+            state.webhooks.appended(&s.channel);
             state.metrics.scheduled_delivered.inc();
             state.metrics.published.inc();
             let late = now_ms().saturating_sub(s.deliver_at);

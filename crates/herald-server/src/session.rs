@@ -46,6 +46,7 @@ use crate::State;
 mod budget;
 mod deliver;
 mod liveness;
+mod pipeline;
 mod requests;
 
 pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
@@ -200,6 +201,8 @@ pub struct Session {
     frame_estimate: usize,
     /// Catch-up waits for room under the server's ceiling.
     catchup_pause: Option<Pin<Box<Sleep>>>,
+    /// Publishes read and not answered yet (`session/pipeline.rs`).
+    pipeline: pipeline::Pipeline,
 }
 
 impl Session {
@@ -239,6 +242,7 @@ impl Session {
             held: 0,
             frame_estimate,
             catchup_pause: None,
+            pipeline: pipeline::Pipeline::default(),
         };
         (session, outbox_rx)
     }
@@ -265,18 +269,16 @@ impl Session {
         let slow = self.handle.slow.clone();
         loop {
             let has_catchup = !self.catchup.is_empty();
+            // Back-pressure: with the pipeline full, the socket is not read.
+            let may_read = self.may_read();
             let step = async {
                 tokio::select! {
                     biased;
                     Ok(msg) = outbox_rx.recv_async() => Box::pin(self.on_outbox(msg, &mut outbox_rx)).await,
-                    frame = self.ws.next() => match frame {
-                        None => Err(End::Gone),
-                        Some(Err(e)) => Err(self.on_read_error(e)),
-                        Some(Ok(m)) => {
-                            self.last_rx = Instant::now();
-                            Box::pin(self.on_inbound(m)).await
-                        }
-                    },
+                    answers = std::future::poll_fn(|cx| pipeline::poll_in_engine(&mut self.pipeline, cx)) => {
+                        Box::pin(self.on_answers(answers)).await
+                    }
+                    frame = self.ws.next(), if may_read => Box::pin(self.on_frames(frame)).await,
                     () = std::future::poll_fn(|cx| poll_pause(&mut self.catchup_pause, cx)), if has_catchup => {
                         Box::pin(self.catchup_step()).await
                     }
@@ -354,6 +356,34 @@ impl Session {
         }
     }
 
+    /// A frame read from the socket, then every further frame already
+    /// there (while the pipeline has room), so that publishes that arrive
+    /// together go to the engine as one batch.
+    async fn on_frames(
+        &mut self,
+        mut frame: Option<Result<WsMessage, tokio_websockets::Error>>,
+    ) -> Result<(), End> {
+        loop {
+            match frame {
+                None => return Err(End::Gone),
+                Some(Err(e)) => return Err(self.on_read_error(e)),
+                Some(Ok(m)) => {
+                    self.last_rx = Instant::now();
+                    self.on_inbound(m).await?;
+                }
+            }
+            if !self.may_read() {
+                break;
+            }
+            match futures_util::FutureExt::now_or_never(self.ws.next()) {
+                Some(next) => frame = next,
+                None => break,
+            }
+        }
+        self.start_batch();
+        Ok(())
+    }
+
     async fn on_tick(&mut self) -> Result<(), End> {
         let limits = &self.state.config.limits;
         if self.last_rx.elapsed() >= limits.idle_timeout {
@@ -422,6 +452,11 @@ impl Session {
                 return self.send_error(&err, e.req, None).await;
             }
         };
+        if !matches!(frame, ClientFrame::Publish { .. }) {
+            // Handled after every earlier publish is answered, as when
+            // publishes were handled one at a time.
+            Box::pin(self.settle_publishes()).await?;
+        }
         match frame {
             ClientFrame::Subscribe { req, channel, since, client_id, info } => {
                 let presence = requests::PresenceArgs { client_id, info };
@@ -455,10 +490,9 @@ impl Session {
                 }
             }
             ClientFrame::Publish { req, channel, data, meta, idempotency_key } => {
-                match self.publish(&channel, data, meta, idempotency_key).await {
-                    Ok(ok) => self.send_bytes(OkFrame { req, ..ok }.encode()).await,
-                    Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
-                }
+                let publish = self.prepare_publish(&channel, data, meta, idempotency_key);
+                self.queue_publish(pipeline::Queued { req, channel, publish });
+                Ok(())
             }
             ClientFrame::Ping { req } => self.send_bytes(herald_proto::encode_pong(req)).await,
             ClientFrame::Ack { req, channel, seq } => match self.ack(&channel, seq).await {

@@ -106,6 +106,13 @@ impl EmbeddedEngine {
 
     /// Queue a command for the writer and wait for its reply.
     async fn submit<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, EngineError> {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        self.enqueue(command(reply_tx)).await?;
+        reply_rx.await.map_err(|_| self.shared.stopped_error())
+    }
+
+    /// Queue a command for the writer (the replies travel in it).
+    async fn enqueue(&self, command: Command) -> Result<(), EngineError> {
         if let Some(reason) = self.shared.failure() {
             crate::stats::bump(&self.shared.counters.failed, 1);
             return Err(EngineError::Failed(reason.to_owned()));
@@ -114,11 +121,9 @@ impl EmbeddedEngine {
             return Err(EngineError::ShuttingDown);
         }
         let tx = self.tx.as_ref().ok_or(EngineError::ShuttingDown)?;
-        let (reply_tx, reply_rx) = oneshot::channel();
         // Waits while the queue is full: that is the engine's backpressure.
         // If this future is dropped after the send, the request still runs.
-        tx.send(command(reply_tx)).await.map_err(|_| self.shared.stopped_error())?;
-        reply_rx.await.map_err(|_| self.shared.stopped_error())
+        tx.send(command).await.map_err(|_| self.shared.stopped_error())
     }
 
     /// Run a read on the blocking pool (range scans may touch disk, too
@@ -143,6 +148,32 @@ impl Log for EmbeddedEngine {
 
     async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
         self.submit(|reply| Command::Append { req, reply }).await?
+    }
+
+    /// One queue hand-off for the whole batch: the writer stages its
+    /// requests one after the other into one group commit (one fsync).
+    async fn append_batch(&self, reqs: Vec<AppendRequest>) -> Vec<Result<Receipt, EngineError>> {
+        match reqs.len() {
+            0 => return Vec::new(),
+            1 => return vec![self.append(reqs.into_iter().next().expect("one request")).await],
+            _ => {}
+        }
+        let n = reqs.len();
+        let mut replies = Vec::with_capacity(n);
+        let mut ops = Vec::with_capacity(n);
+        for req in reqs {
+            let (tx, rx) = oneshot::channel();
+            ops.push((req, tx));
+            replies.push(rx);
+        }
+        if let Err(e) = self.enqueue(Command::AppendBatch(ops)).await {
+            return (0..n).map(|_| Err(e.clone())).collect();
+        }
+        let mut out = Vec::with_capacity(n);
+        for rx in replies {
+            out.push(rx.await.unwrap_or_else(|_| Err(self.shared.stopped_error())));
+        }
+        out
     }
 
     /// Runs inline: one point read of the channel meta, served from the

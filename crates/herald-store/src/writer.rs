@@ -71,6 +71,10 @@ pub(crate) enum Command {
         req: AppendRequest,
         reply: AppendReply,
     },
+    /// Several appends of one caller, in order: one queue hand-off, staged
+    /// one after the other into the same group commit (the batch may then
+    /// exceed `max_batch` by this command's length).
+    AppendBatch(Vec<(AppendRequest, AppendReply)>),
     Ack {
         req: AckRequest,
         reply: AckReply,
@@ -482,9 +486,7 @@ impl Writer {
             p.answer(&mut fanout);
         }
         if let Some(sink) = sink {
-            for msg in fanout {
-                sink.deliver(msg);
-            }
+            sink.deliver_batch(fanout);
         }
     }
 
@@ -509,6 +511,10 @@ fn collect(cmd: Command, batch: &mut Vec<Op>) -> bool {
     match cmd {
         Command::Append { req, reply } => {
             batch.push(Op::Append(req, reply));
+            false
+        }
+        Command::AppendBatch(appends) => {
+            batch.extend(appends.into_iter().map(|(req, reply)| Op::Append(req, reply)));
             false
         }
         Command::Ack { req, reply } => {

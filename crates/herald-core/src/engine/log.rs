@@ -202,6 +202,16 @@ pub struct Page {
 /// next message.
 pub trait FanoutSink: Send + Sync + 'static {
     fn deliver(&self, msg: Arc<Message>);
+
+    /// Several messages at once (a group commit's), in order: the same as
+    /// [`deliver`](FanoutSink::deliver) of each in turn, as far as any one
+    /// channel's order goes. A sink may hand them out subscriber by
+    /// subscriber, so each subscriber's queue gets the batch in one go.
+    fn deliver_batch(&self, msgs: Vec<Arc<Message>>) {
+        for msg in msgs {
+            self.deliver(msg);
+        }
+    }
 }
 
 /// A channel's log and its fan-out: the part of the contract a delivery
@@ -214,6 +224,22 @@ pub trait Log: Send + Sync + 'static {
 
     /// Append with dedup, atomically. See the module docs for the contract.
     async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError>;
+
+    /// Append several requests as one submission, in the order given: each
+    /// gets its own result, in that order, exactly as if they had been
+    /// [`append`](Log::append)ed one after the other (a refusal of one does
+    /// not affect the others; a storage failure fails it and, with the
+    /// engine in fail-stop, those after it). Per channel, the messages of a
+    /// batch are ordered as in the batch. An engine that
+    /// can hand the whole batch to its storage at once (one queue hand-off,
+    /// one group commit) overrides this; the default appends one by one.
+    async fn append_batch(&self, reqs: Vec<AppendRequest>) -> Vec<Result<Receipt, EngineError>> {
+        let mut out = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            out.push(self.append(req).await);
+        }
+        out
+    }
 
     /// The channel's epoch, first and head. A channel never written has
     /// `head = 0, first = 1`.

@@ -374,15 +374,17 @@ impl Session {
         }
     }
 
-    pub(super) async fn publish(
-        &mut self,
+    /// A publish frame, checked for what the session knows (namespace,
+    /// permissions, the idempotency key and its scope); the rest is checked
+    /// with the batch it goes to the engine in (`session/pipeline.rs`).
+    pub(super) fn prepare_publish(
+        &self,
         channel: &ChannelName,
         data: Box<serde_json::value::RawValue>,
         meta: Option<herald_proto::Meta>,
         idempotency_key: Option<String>,
-    ) -> Result<OkFrame, ApiError> {
-        let state = self.state.clone();
-        let ns = state.config.namespaces.resolve(channel)?;
+    ) -> Result<Publish, ApiError> {
+        let ns = self.state.config.namespaces.resolve(channel)?;
         if !ns.client_publish {
             return Err(ApiError::new(ErrorCode::Forbidden, "clients may not publish to this namespace"));
         }
@@ -400,14 +402,7 @@ impl Session {
             }
             None => None,
         };
-        let receipt = state.publish(ns, Publish { channel: channel.clone(), data, meta, dedup }).await?;
-        Ok(OkFrame {
-            channel: Some(channel.to_string()),
-            seq: receipt.seq,
-            id: Some(receipt.id.to_string()),
-            duplicate: Some(receipt.duplicate),
-            ..Default::default()
-        })
+        Ok(Publish { channel: channel.clone(), data, meta, dedup })
     }
 }
 

@@ -1,0 +1,165 @@
+//! Pipelined publishes: a connection's `publish` frames are read and
+//! submitted without waiting for the previous one to commit.
+//!
+//! The session holds at most one batch with the engine (`in_engine`) and
+//! queues the publish frames read meanwhile (`queued`); when the batch is
+//! answered, its replies go out (in one write) and the queued frames go to
+//! the engine as the next batch, one submission
+//! ([`State::publish_many`](crate::State::publish_many), one group commit on
+//! the embedded engine). Frames that arrive together are read together
+//! before a batch starts, so they share one submission too.
+//!
+//! Invariants:
+//! - per channel, messages are appended in the order of their frames on
+//!   the connection: batches go to the engine one at a time, each in frame
+//!   order;
+//! - each publish gets its own reply (`ok` with its `req` once its message
+//!   is durable, or its `error`), in frame order; one refused publish does
+//!   not affect the others;
+//! - at most `limits.max_publishes_in_flight` publishes are queued or with
+//!   the engine; at the bound the socket is not read (back-pressure: TCP
+//!   slows the publisher down, nothing is buffered beyond it);
+//! - any other frame first waits until every earlier publish is answered,
+//!   so it sees their effects, as when publishes were handled one by one;
+//! - a connection that ends with publishes in flight drops their replies;
+//!   what the engine already took commits (as for a client that
+//!   disconnects while waiting), under the dedup keys it was sent with.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures_util::SinkExt;
+use herald_core::Receipt;
+use herald_proto::{ChannelName, OkFrame};
+use tokio_websockets::Message as WsMessage;
+
+use super::{End, Session};
+use crate::error::ApiError;
+use crate::publish::Publish;
+
+/// One publish frame: its `req`, channel, and the checked message (or why
+/// it was refused before reaching the engine).
+pub(super) struct Queued {
+    pub req: Option<u64>,
+    pub channel: ChannelName,
+    pub publish: Result<Publish, ApiError>,
+}
+
+/// A publish's answer, ready to be sent.
+pub(super) struct Answer {
+    req: Option<u64>,
+    channel: ChannelName,
+    result: Result<Receipt, ApiError>,
+}
+
+/// The batch with the engine: resolves to one answer per frame, in order.
+pub(super) type InEngine = Pin<Box<dyn Future<Output = Vec<Answer>> + Send>>;
+
+/// The connection's pipeline.
+#[derive(Default)]
+pub(super) struct Pipeline {
+    pub queued: Vec<Queued>,
+    pub in_engine: Option<(InEngine, usize)>,
+}
+
+impl Pipeline {
+    /// Publishes queued or with the engine.
+    pub fn len(&self) -> usize {
+        self.queued.len() + self.in_engine.as_ref().map_or(0, |(_, n)| *n)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queued.is_empty() && self.in_engine.is_none()
+    }
+}
+
+/// The answers of the batch with the engine; pending while there is none.
+pub(super) fn poll_in_engine(pipeline: &mut Pipeline, cx: &mut Context<'_>) -> Poll<Vec<Answer>> {
+    match pipeline.in_engine.as_mut() {
+        Some((fut, _)) => {
+            let answers = std::task::ready!(fut.as_mut().poll(cx));
+            pipeline.in_engine = None;
+            Poll::Ready(answers)
+        }
+        None => Poll::Pending,
+    }
+}
+
+impl Session {
+    /// Whether the socket may be read: the pipeline has room for one more
+    /// publish.
+    pub(super) fn may_read(&self) -> bool {
+        self.pipeline.len() < self.state.config.limits.max_publishes_in_flight
+    }
+
+    /// Queue one publish frame (the batch starts in `start_batch`).
+    pub(super) fn queue_publish(&mut self, q: Queued) {
+        self.pipeline.queued.push(q);
+    }
+
+    /// Hand the queued publishes to the engine as one batch, unless a batch
+    /// is there already (it goes when that one is answered).
+    pub(super) fn start_batch(&mut self) {
+        if self.pipeline.in_engine.is_some() || self.pipeline.queued.is_empty() {
+            return;
+        }
+        let queued = std::mem::take(&mut self.pipeline.queued);
+        let n = queued.len();
+        let state = self.state.clone();
+        let fut = async move {
+            let mut heads = Vec::with_capacity(queued.len());
+            let mut items = Vec::with_capacity(queued.len());
+            for q in queued {
+                heads.push((q.req, q.channel));
+                items.push(q.publish);
+            }
+            let results = state.publish_many(items, true).await;
+            heads
+                .into_iter()
+                .zip(results)
+                .map(|((req, channel), result)| Answer { req, channel, result })
+                .collect()
+        };
+        self.pipeline.in_engine = Some((Box::pin(fut), n));
+    }
+
+    /// Send a batch's answers in one write, then start the next batch.
+    pub(super) async fn on_answers(&mut self, answers: Vec<Answer>) -> Result<(), End> {
+        self.start_batch();
+        for a in answers {
+            let bytes = match a.result {
+                Ok(receipt) => OkFrame {
+                    req: a.req,
+                    channel: Some(a.channel.to_string()),
+                    seq: receipt.seq,
+                    id: Some(receipt.id.to_string()),
+                    duplicate: Some(receipt.duplicate),
+                    ..Default::default()
+                }
+                .encode(),
+                Err(e) => {
+                    if !self.budget.take_error_reply(&self.state.config.limits, std::time::Instant::now()) {
+                        self.state.metrics.error_replies_dropped.inc();
+                        continue;
+                    }
+                    e.frame(a.req, Some(a.channel.as_str()))
+                }
+            };
+            self.ws.feed(WsMessage::text(Bytes::from(bytes))).await.map_err(|_| End::Gone)?;
+        }
+        self.ws.flush().await.map_err(|_| End::Gone)
+    }
+
+    /// Wait until every publish read so far is answered (before any other
+    /// frame is handled).
+    pub(super) async fn settle_publishes(&mut self) -> Result<(), End> {
+        while !self.pipeline.is_empty() {
+            self.start_batch();
+            let answers = std::future::poll_fn(|cx| poll_in_engine(&mut self.pipeline, cx)).await;
+            self.on_answers(answers).await?;
+        }
+        Ok(())
+    }
+}
