@@ -88,6 +88,7 @@
 
 mod config;
 mod conn;
+mod decode;
 mod dial;
 mod engine;
 mod error;
@@ -100,7 +101,6 @@ mod presence;
 mod rooms;
 mod scripts;
 mod stats;
-mod val;
 
 pub use config::{
     RedisConfig, RedisSettings, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_FANOUT_QUEUE,
