@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use futures_util::StreamExt;
 use herald_client::HttpApi;
+use herald_proto::CursorsPage;
 use tokio::time::Instant;
 
 /// Concurrent cursor reads.
@@ -79,23 +80,15 @@ pub fn metric_value(text: &str, name: &str) -> Option<f64> {
 
 /// Why the cursors of `channel` do not show every message up to `want`
 /// acked, from a `/cursors` reply; `None` when they do.
-pub fn cursor_shortfall(body: &serde_json::Value, want: u64) -> Option<String> {
-    let head = body.get("head").and_then(serde_json::Value::as_u64);
-    if head != Some(want) {
-        return Some(format!("head {head:?}, want {want}"));
+pub fn cursor_shortfall(page: &CursorsPage, want: u64) -> Option<String> {
+    if page.head != want {
+        return Some(format!("head {}, want {want}", page.head));
     }
-    let cursors = body.get("cursors").and_then(serde_json::Value::as_array);
-    let cursors = match cursors {
-        Some(c) if !c.is_empty() => c,
-        _ => return Some("no subscriber cursor stored".to_owned()),
-    };
-    let short: Vec<String> = cursors
-        .iter()
-        .filter_map(|c| {
-            let seq = c.get("cursor").and_then(serde_json::Value::as_u64).unwrap_or(0);
-            (seq != want).then(|| format!("cursor {seq}"))
-        })
-        .collect();
+    if page.cursors.is_empty() {
+        return Some("no subscriber cursor stored".to_owned());
+    }
+    let short: Vec<String> =
+        page.cursors.iter().filter(|c| c.cursor != want).map(|c| format!("cursor {}", c.cursor)).collect();
     (!short.is_empty()).then(|| format!("{} (head {want})", short.join(", ")))
 }
 
@@ -143,7 +136,7 @@ pub async fn ensure_acked(api: &HttpApi, channel: &str) -> anyhow::Result<()> {
 
 /// One read of a channel's cursors.
 enum CursorRead {
-    Body(serde_json::Value),
+    Body(CursorsPage),
     /// A 4xx (status, why): asking again will not help.
     Refused(u16, String),
     /// A 5xx or a transport error: worth another try.
@@ -157,9 +150,9 @@ async fn read_cursors(api: &HttpApi, channel: &str) -> CursorRead {
     };
     let body = || String::from_utf8_lossy(&resp.body[..resp.body.len().min(200)]).into_owned();
     match resp.status {
-        200..=299 => match resp.json() {
-            Ok(v) => CursorRead::Body(v),
-            Err(e) => CursorRead::Failed(e.to_string()),
+        200..=299 => match serde_json::from_slice(&resp.body) {
+            Ok(page) => CursorRead::Body(page),
+            Err(e) => CursorRead::Failed(format!("unexpected cursors reply: {e}")),
         },
         400..=499 => {
             CursorRead::Refused(resp.status, format!("GET cursors answered {}: {}", resp.status, body()))
@@ -201,7 +194,10 @@ herald_acks_totally_other 99
         let body = |head: u64, cursors: &[u64]| {
             let cursors: Vec<_> =
                 cursors.iter().map(|c| serde_json::json!({"user": "u", "cursor": c})).collect();
-            serde_json::json!({"channel": "user:u", "head": head, "cursors": cursors})
+            serde_json::from_value::<CursorsPage>(
+                serde_json::json!({"channel": "user:u", "head": head, "cursors": cursors}),
+            )
+            .unwrap()
         };
         assert_eq!(cursor_shortfall(&body(50, &[50]), 50), None);
         assert_eq!(cursor_shortfall(&body(50, &[50, 50]), 50), None);

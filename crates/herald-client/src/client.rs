@@ -1,193 +1,24 @@
 //! [`Client`]: the resilient, high-level client. One background task per
-//! client owns the socket (see `worker.rs`); the handles here only talk to
+//! client owns the socket (see `worker/`); the handles here only talk to
 //! it over bounded channels.
 
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use futures_util::Stream;
 use herald_proto::{ChannelName, Meta};
-use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::backoff::Backoff;
-use crate::worker::{Command, PublishCmd, SubscribeCmd, Worker};
-use crate::{ClientError, ConnectOptions};
-
-/// Settings of a [`Client`]. [`ClientOptions::new`] gives the defaults.
-#[derive(Debug, Clone)]
-pub struct ClientOptions {
-    pub connect: ConnectOptions,
-    /// Reconnect delays (full jitter). Default 100 ms doubling up to 10 s.
-    pub backoff: Backoff,
-    /// Give up after this many consecutive failed reconnects (`None`:
-    /// never). A connection that delivered anything resets the count.
-    pub max_reconnect_attempts: Option<u32>,
-    /// How long `subscribe` and `publish` wait for the server's reply
-    /// (including waiting for a connection). Default 10 s.
-    pub request_timeout: Duration,
-    /// After this long without any frame from the server, send a WebSocket
-    /// ping. Default 30 s.
-    pub ping_interval: Duration,
-    /// No frame at all within this long after our ping: the connection is
-    /// dead; reconnect. Default 10 s.
-    pub pong_timeout: Duration,
-    /// Capacity of each subscription's event queue. When it is full the
-    /// client stops reading the socket (the server then treats us as a slow
-    /// consumer; we resume from the last delivered seq). Default 256.
-    pub event_capacity: usize,
-    /// Capacity of the command queue to the background task, which also
-    /// bounds publishes waiting for a connection. Default 64.
-    pub command_capacity: usize,
-    /// This client's member id on presence channels, sent with every
-    /// subscribe and kept across reconnects, so a reconnect within the
-    /// server's lease keeps the membership (no leave/join pair). Default:
-    /// random per `ClientOptions`.
-    pub client_id: String,
-}
-
-impl ClientOptions {
-    pub fn new(connect: ConnectOptions) -> Self {
-        Self {
-            connect,
-            backoff: Backoff::default(),
-            max_reconnect_attempts: None,
-            request_timeout: Duration::from_secs(10),
-            ping_interval: Duration::from_secs(30),
-            pong_timeout: Duration::from_secs(10),
-            event_capacity: 256,
-            command_capacity: 64,
-            client_id: format!("rc-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
-        }
-    }
-}
-
-impl From<ConnectOptions> for ClientOptions {
-    fn from(connect: ConnectOptions) -> Self {
-        Self::new(connect)
-    }
-}
-
-/// One message delivered to a subscription.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    pub channel: ChannelName,
-    /// `Message` for app messages; `Room` for a room's state changes, which
-    /// share the channel's seqs.
-    pub kind: herald_proto::FrameKind,
-    /// `None` on volatile channels.
-    pub seq: Option<u64>,
-    pub id: String,
-    /// Server time in ms since the Unix epoch.
-    pub ts: u64,
-    /// The published JSON, byte for byte as the server sent it.
-    pub data: Box<RawValue>,
-    pub meta: Option<Meta>,
-}
-
-impl Delivery {
-    /// Deserialise `data`.
-    pub fn json<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
-        serde_json::from_str(self.data.get())
-    }
-}
-
-/// What a [`Subscription`] yields.
-#[derive(Debug, Clone)]
-pub enum Event {
-    Message(Delivery),
-    /// A subscribe reply (initial or on resume) reported that messages were
-    /// skipped: `truncated` (retention removed some we had not seen) and/or
-    /// `epoch_changed` (the channel's log was reset; seqs restart). Delivery
-    /// continues from `first`. Whatever the caller derived from earlier
-    /// messages may need a resync.
-    Reset {
-        channel: ChannelName,
-        truncated: bool,
-        epoch_changed: bool,
-        epoch: String,
-        first: u64,
-        head: u64,
-    },
-    /// Seqs `expected..got` never arrived and no reset explained it. The
-    /// server promises this does not happen; the client reports it rather
-    /// than hide it, then delivers `got`.
-    Gap {
-        channel: ChannelName,
-        expected: u64,
-        got: u64,
-    },
-    /// The server ended the subscription (for example `room_closed`): it is
-    /// not resumed, and nothing more comes.
-    Unsubscribed {
-        channel: ChannelName,
-        reason: String,
-    },
-}
-
-/// The server's reply to the initial subscribe.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SubscribeInfo {
-    pub channel: ChannelName,
-    /// `None` (and `first`/`head` too) on volatile channels.
-    pub epoch: Option<String>,
-    pub first: Option<u64>,
-    pub head: Option<u64>,
-    pub truncated: bool,
-    pub epoch_changed: bool,
-}
-
-/// The server's reply to a publish over the socket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PublishReply {
-    pub channel: String,
-    /// `None` on volatile channels.
-    pub seq: Option<u64>,
-    pub id: String,
-    /// The idempotency key matched an earlier publish; nothing was appended.
-    pub duplicate: bool,
-}
-
-/// Connection state reported by [`Client::status`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ConnState {
-    Connecting,
-    Connected,
-    /// The client gave up or was closed; it will not reconnect.
-    Closed,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClientStatus {
-    pub state: ConnState,
-    /// Successful connections so far (so `connects - 1` reconnects).
-    pub connects: u64,
-}
-
-/// State shared by the handles and the worker.
-#[derive(Debug, Default)]
-pub(crate) struct Shared {
-    /// Set once, before the worker drops its senders, when the client gave
-    /// up for good. Handles report it when their channel closes.
-    pub fatal: OnceLock<ClientError>,
-    pub next_sub_id: AtomicU64,
-    /// [`Client::close`] was called. Lets the worker abandon a delivery
-    /// blocked on a subscription nobody reads, so it gets to the `Close`
-    /// command behind it.
-    pub closing: AtomicBool,
-    pub closing_notify: Notify,
-}
-
-impl Shared {
-    fn closed_error(&self) -> ClientError {
-        self.fatal.get().cloned().unwrap_or(ClientError::Shutdown)
-    }
-}
+use crate::command::{Command, PublishCmd, Shared, SubscribeCmd};
+use crate::event::{ClientStatus, ConnState, Delivery, Event, PublishReply, SubscribeInfo};
+use crate::options::ClientOptions;
+use crate::worker::Worker;
+use crate::ClientError;
 
 /// A resilient Herald client: one WebSocket connection, reconnected with
 /// backoff, every subscription resumed from its last delivered seq.

@@ -8,9 +8,7 @@ use std::fmt;
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use herald_proto::MessageView;
-use serde::Serialize;
-use serde_json::value::RawValue;
+use herald_proto::{MessageView, OutFrame, Since};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_websockets::{CloseCode, Limits, Message, WebSocketStream};
@@ -311,16 +309,18 @@ impl Connection {
         channel: &str,
         since: Option<(u64, &str)>,
     ) -> Result<MessageView, ClientError> {
-        let mut frame = serde_json::json!({ "type": "subscribe", "channel": channel });
-        if let Some((seq, epoch)) = since {
-            frame["since"] = serde_json::json!({ "seq": seq, "epoch": epoch });
-        }
-        self.request(frame).await
+        let since = since.map(|(seq, epoch)| Since { seq, epoch: Some(epoch.to_owned()) });
+        let req = self.next_req();
+        self.send_out(&OutFrame::Subscribe { req: Some(req), channel, since, client_id: None, info: None })
+            .await?;
+        self.reply(req).await
     }
 
     /// `unsubscribe` request.
     pub async fn unsubscribe(&mut self, channel: &str) -> Result<MessageView, ClientError> {
-        self.request(serde_json::json!({ "type": "unsubscribe", "channel": channel })).await
+        let req = self.next_req();
+        self.send_out(&OutFrame::Unsubscribe { req: Some(req), channel }).await?;
+        self.reply(req).await
     }
 
     /// `publish` request.
@@ -330,16 +330,24 @@ impl Connection {
         data: &serde_json::Value,
         idempotency_key: Option<&str>,
     ) -> Result<MessageView, ClientError> {
-        let mut frame = serde_json::json!({ "type": "publish", "channel": channel, "data": data });
-        if let Some(key) = idempotency_key {
-            frame["idempotency_key"] = key.into();
-        }
-        self.request(frame).await
+        let data = serde_json::value::to_raw_value(data)
+            .map_err(|e| ClientError::Config(format!("publish data does not serialise: {e}")))?;
+        let req = self.next_req();
+        let frame = OutFrame::Publish { req: Some(req), channel, data: &data, meta: None, idempotency_key };
+        self.send_out(&frame).await?;
+        self.reply(req).await
     }
 
     /// Herald-level `ping` request; the reply is a `pong`.
     pub async fn ping(&mut self) -> Result<MessageView, ClientError> {
-        self.request(serde_json::json!({ "type": "ping" })).await
+        let req = self.next_req();
+        self.send_out(&OutFrame::Ping { req: Some(req) }).await?;
+        self.reply(req).await
+    }
+
+    /// Send one client frame, encoded by `herald-proto`.
+    pub async fn send_out(&mut self, frame: &OutFrame<'_>) -> Result<(), ClientError> {
+        self.send_text(frame.encode()).await
     }
 
     /// Close with `code` (`None`: no code) and wait for the server's close.
@@ -421,32 +429,4 @@ fn clip(text: &str) -> &str {
         end -= 1;
     }
     &text[..end]
-}
-
-/// A `publish` frame, serialised without building a `Value`.
-#[derive(Serialize)]
-pub(crate) struct PublishFrame<'a> {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub req: u64,
-    pub channel: &'a str,
-    pub data: &'a RawValue,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub meta: Option<&'a herald_proto::Meta>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub idempotency_key: Option<&'a str>,
-}
-
-/// A `subscribe` or `unsubscribe` frame.
-#[derive(Serialize)]
-pub(crate) struct ChannelFrame<'a> {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub req: u64,
-    pub channel: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub since: Option<herald_proto::Since>,
-    /// Presence channels: the member id, the same across reconnects.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub client_id: Option<&'a str>,
 }

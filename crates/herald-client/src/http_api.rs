@@ -1,10 +1,10 @@
 //! [`HttpApi`]: a small client for Herald's HTTP API.
 
 use bytes::Bytes;
-use herald_proto::{Meta, Problem};
+pub use herald_proto::{History, HistoryMessage};
+use herald_proto::{Meta, Problem, PublishBodyRef, Published};
 use http::{HeaderMap, Method};
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
+use serde::Serialize;
 
 use crate::url::encode_path_segment;
 use crate::ClientError;
@@ -51,53 +51,20 @@ impl RawResponse {
     }
 }
 
-/// A successful publish.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// A successful publish: the body ([`Published`]) with the status and
+/// the replay header.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PublishResult {
     /// 201 for a new message; a replay returns the original status.
-    #[serde(skip)]
     pub status: u16,
     pub channel: String,
     /// `None` on volatile channels.
-    #[serde(default)]
     pub seq: Option<u64>,
     pub id: String,
-    #[serde(default)]
     pub epoch: Option<String>,
     /// `Idempotent-Replayed: true`: the key matched an earlier publish and
     /// this is its original result.
-    #[serde(skip)]
     pub replayed: bool,
-}
-
-/// A page of a channel's log.
-#[derive(Debug, Clone, Deserialize)]
-pub struct History {
-    pub channel: String,
-    #[serde(default)]
-    pub epoch: Option<String>,
-    #[serde(default)]
-    pub first: u64,
-    #[serde(default)]
-    pub head: u64,
-    pub messages: Vec<HistoryMessage>,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-pub struct HistoryMessage {
-    pub seq: u64,
-    pub id: String,
-    pub ts: u64,
-    pub data: Box<RawValue>,
-    #[serde(default)]
-    pub meta: Option<Meta>,
-}
-
-#[derive(Serialize)]
-struct PublishBody<'a, D: ?Sized> {
-    data: &'a D,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    meta: Option<&'a Meta>,
 }
 
 /// Client for `/api/v1`. Cheap to clone (the connection pool is shared).
@@ -133,7 +100,7 @@ impl HttpApi {
 
     /// `POST /api/v1/channels/{channel}/messages`. Non-2xx is
     /// [`ClientError::Api`] with the status and problem document. `data` is
-    /// anything serialisable; a [`RawValue`] goes out byte for byte.
+    /// anything serialisable; a [`serde_json::value::RawValue`] goes out byte for byte.
     pub async fn publish<D: Serialize + ?Sized>(
         &self,
         channel: &str,
@@ -141,14 +108,13 @@ impl HttpApi {
         meta: Option<&Meta>,
         idempotency_key: Option<&str>,
     ) -> Result<PublishResult, ClientError> {
-        let body = serde_json::to_vec(&PublishBody { data, meta })
+        let body = serde_json::to_vec(&PublishBodyRef { data, meta })
             .map_err(|e| ClientError::Config(format!("publish body does not serialise: {e}")))?;
         let resp = self.publish_raw(channel, body, idempotency_key).await?.error_for_status()?;
-        let mut result: PublishResult = serde_json::from_slice(&resp.body)
+        let Published { channel, seq, id, epoch } = serde_json::from_slice(&resp.body)
             .map_err(|e| ClientError::Protocol(format!("unexpected publish response: {e}")))?;
-        result.status = resp.status;
-        result.replayed = resp.header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        Ok(result)
+        let replayed = resp.header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        Ok(PublishResult { status: resp.status, channel, seq, id, epoch, replayed })
     }
 
     /// Publish with a body given byte for byte (malformed bodies, exact
@@ -268,7 +234,7 @@ mod tests {
 
     #[test]
     fn publish_result_tolerates_volatile_replies() {
-        let r: PublishResult = serde_json::from_str(r#"{"channel":"typing:1","id":"x"}"#).unwrap();
+        let r: Published = serde_json::from_str(r#"{"channel":"typing:1","id":"x"}"#).unwrap();
         assert_eq!((r.seq, r.epoch), (None, None));
     }
 }

@@ -22,10 +22,13 @@
 
 mod backoff;
 mod client;
+mod command;
 mod connection;
 mod error;
+mod event;
 mod handshake;
 mod http_api;
+mod options;
 mod resume;
 mod url;
 mod worker;
@@ -34,13 +37,12 @@ mod worker;
 mod tests;
 
 pub use backoff::Backoff;
-pub use client::{
-    Client, ClientOptions, ClientStatus, ConnState, Delivery, Event, PublishReply, SubscribeInfo,
-    Subscription,
-};
+pub use client::{Client, Subscription};
 pub use connection::{
     Auth, ConnectOptions, Connection, ServerEvent, HANDSHAKE_TIMEOUT, MAX_BUFFERED_FRAMES, MAX_FRAME_BYTES,
 };
 pub use error::ClientError;
+pub use event::{ClientStatus, ConnState, Delivery, Event, PublishReply, SubscribeInfo};
 pub use herald_proto::{MessageView, Meta};
 pub use http_api::{History, HistoryMessage, HttpApi, PublishResult, RawResponse};
+pub use options::ClientOptions;

@@ -16,51 +16,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A room's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RoomStatus {
-    /// Created; the host has not been present yet.
-    Open,
-    /// The host is present.
-    Live,
-    /// The host's lease was lost; the room closes at `grace_until_ms`
-    /// unless the host comes back.
-    Grace,
-    /// Final: no more messages, no members.
-    Closed,
-}
-
-impl RoomStatus {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Open => "open",
-            Self::Live => "live",
-            Self::Grace => "grace",
-            Self::Closed => "closed",
-        }
-    }
-
-    /// Whether `self → to` is a legal transition. Staying in a state is
-    /// legal except for `closed` (a closed room takes no changes at all).
-    pub fn can_become(self, to: RoomStatus) -> bool {
-        use RoomStatus::*;
-        match (self, to) {
-            (Closed, _) => false,
-            (a, b) if a == b => true,
-            (Open, Live) | (Open, Closed) => true,
-            (Live, Grace) | (Live, Closed) => true,
-            (Grace, Live) | (Grace, Closed) => true,
-            _ => false,
-        }
-    }
-}
-
-impl std::fmt::Display for RoomStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+/// A room's state: a wire value, defined with the API bodies in
+/// `herald-proto`; the transitions are decided here.
+pub use herald_proto::RoomStatus;
 
 /// A room's record, as stored by the engine (JSON, so engines need no codec
 /// of their own).

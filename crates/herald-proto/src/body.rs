@@ -1,12 +1,15 @@
-//! HTTP publish bodies (`POST /api/v1/channels/{channel}/messages` and
-//! `POST /api/v1/publish`): parsed here once, for the server and the fuzzer.
-//! `data` stays raw JSON; the rules of [`crate::check_data`] are applied by
-//! the server's publish path, shared with socket publishes.
+//! HTTP request bodies and query strings: publish
+//! (`POST /api/v1/channels/{channel}/messages` and `POST /api/v1/publish`),
+//! rooms (`PUT`/`PATCH /api/v1/rooms/{room}`), and the queries of history,
+//! cursors and presence. Parsed here once, for the server and the fuzzer;
+//! clients encode the same types. `data` stays raw JSON; the rules of
+//! [`crate::check_data`] are applied by the server's publish path, shared
+//! with socket publishes.
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::{validate_meta, ErrorCode, Meta, StoredFrame};
+use crate::{validate_meta, ErrorCode, Meta, RoomStatus, StoredFrame};
 
 /// Why a body was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -16,36 +19,125 @@ pub struct BodyError {
     pub message: String,
 }
 
+/// A request body the server reads whole and parses with one call; the
+/// server's body extractor takes any of these.
+pub trait RequestBody: Sized {
+    fn parse(body: &[u8]) -> Result<Self, BodyError>;
+}
+
 /// `{"data": <any JSON>, "meta": {...}}`; unknown fields are refused.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PublishBody {
     pub data: Box<RawValue>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<Meta>,
     /// Scheduled delivery: append at this time (ms since the Unix epoch).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deliver_at: Option<u64>,
     /// Scheduled delivery: append this many ms from now.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
 }
 
 /// `{"channels": [...], "data": <any JSON>, "meta": {...}}`; unknown fields
 /// are refused. Channel names are checked by the caller, which knows the
 /// namespaces and the batch limit.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BatchBody {
     pub channels: Vec<String>,
     pub data: Box<RawValue>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<Meta>,
     /// As in [`PublishBody`].
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deliver_at: Option<u64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<u64>,
+}
+
+/// A publish body to send, borrowed from the caller (the client side of
+/// [`PublishBody`]): `data` is anything serialisable, a [`RawValue`] goes
+/// out byte for byte.
+#[derive(Debug, Serialize)]
+pub struct PublishBodyRef<'a, D: ?Sized> {
+    pub data: &'a D,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub meta: Option<&'a Meta>,
+}
+
+/// `PUT /api/v1/rooms/{room}`: create a room.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRoomBody {
+    pub host: String,
+    #[serde(default)]
+    pub attributes: serde_json::Map<String, serde_json::Value>,
+    /// Seconds; the namespace's `grace_period` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period: Option<u64>,
+}
+
+/// `PATCH /api/v1/rooms/{room}`: `{"state"?, "attributes"?}`.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchRoomBody {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<RoomStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributes: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `GET /api/v1/channels/{channel}/messages?after=SEQ&limit=N`.
+#[derive(Debug, Default, Deserialize, Serialize)]
+pub struct HistoryQuery {
+    #[serde(default)]
+    pub after: u64,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// `?limit=N` of the cursors and inbox endpoints.
+#[derive(Debug, Default, Deserialize, Serialize)]
+pub struct LimitQuery {
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// `GET /api/v1/channels/{channel}/presence[?count=1][&limit=N]`.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PresenceQuery {
+    /// `1`/`true`: only the count.
+    #[serde(default)]
+    pub count: Option<String>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+impl RequestBody for PublishBody {
+    fn parse(body: &[u8]) -> Result<Self, BodyError> {
+        PublishBody::parse(body)
+    }
+}
+
+impl RequestBody for BatchBody {
+    fn parse(body: &[u8]) -> Result<Self, BodyError> {
+        BatchBody::parse(body)
+    }
+}
+
+impl RequestBody for CreateRoomBody {
+    fn parse(body: &[u8]) -> Result<Self, BodyError> {
+        parse_json(body)
+    }
+}
+
+impl RequestBody for PatchRoomBody {
+    fn parse(body: &[u8]) -> Result<Self, BodyError> {
+        parse_json(body)
+    }
 }
 
 impl PublishBody {

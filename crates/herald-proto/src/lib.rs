@@ -1,5 +1,7 @@
-//! The Herald wire contract: WebSocket frames, HTTP bodies, error codes and
-//! channel names.
+//! The Herald wire contract: WebSocket frames both ways ([`frame`]), HTTP
+//! request bodies (`body`) and replies (`reply`), problem documents, error
+//! codes and channel names. The server, the Rust client and the bench all
+//! use these types: a wire shape is defined here once.
 //!
 //! This crate is pure data and (de)serialisation. It must never do IO, depend
 //! on tokio, or know about storage. Every wire-visible string (frame types,
@@ -12,21 +14,32 @@ mod body;
 mod channel;
 mod code;
 mod data;
-mod frame;
+pub mod frame;
 mod id;
+mod reply;
 
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 
-pub use body::{parse_json, BatchBody, BodyError, HistoryPage, PublishBody};
+pub use body::{
+    parse_json, BatchBody, BodyError, CreateRoomBody, HistoryPage, HistoryQuery, LimitQuery, PatchRoomBody,
+    PresenceQuery, PublishBody, PublishBodyRef, RequestBody,
+};
 pub use channel::{ChannelName, ChannelNameError, MAX_CHANNEL_LEN};
 pub use code::{close, ErrorCode, Problem};
 pub use data::{check_data, DataError, MAX_DATA_DEPTH_LIMIT};
+pub use frame::client::{ClientFrame, ClientFrameError, OutFrame};
+pub use frame::server::{
+    encode_frame, encode_message_frame, encode_pong, encode_unsubscribed, mark_redelivered, DisconnectFrame,
+    ErrorFrame, MessageView, OkFrame, StoredFrame,
+};
 pub use frame::{
-    encode_frame, encode_message_frame, encode_pong, encode_unsubscribed, mark_redelivered,
-    validate_client_id, validate_meta, ClientFrame, ClientFrameError, DisconnectFrame, ErrorFrame, FrameKind,
-    Member, MessageView, Meta, OkFrame, Since, StoredFrame, MAX_CLIENT_ID_LEN, MAX_MEMBER_INFO_LEN,
-    MAX_META_ENTRIES, MAX_META_VALUE_LEN,
+    validate_client_id, validate_meta, FrameKind, Member, Meta, Since, MAX_CLIENT_ID_LEN,
+    MAX_MEMBER_INFO_LEN, MAX_META_ENTRIES, MAX_META_VALUE_LEN,
 };
 pub use id::{check_id, IdError, MAX_ID_LEN};
+pub use reply::{
+    BatchItem, BatchProblem, BatchReply, CursorsPage, History, HistoryMessage, Inbox, InboxChannel,
+    InboxDevice, ItemError, PresenceReply, Published, RoomStatus, RoomView, SubscriberCursor,
+};

@@ -20,7 +20,7 @@ use crate::dial::open_conn;
 use crate::fanout::{self, Fanout};
 use crate::keys::Keys;
 use crate::lease::{self, NodeLease};
-use crate::ops::Inner;
+use crate::ops::Shared;
 use crate::{RedisConfig, RedisError, RedisStats};
 
 /// How long `close` waits for the background tasks.
@@ -28,7 +28,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// The Redis engine. See the crate docs.
 pub struct RedisEngine {
-    inner: Arc<Inner>,
+    inner: Arc<Shared>,
     lease: Arc<NodeLease>,
     node_id: String,
 }
@@ -49,7 +49,7 @@ impl RedisEngine {
         let fanout = Fanout::new(pubsub, push, keys.clone(), &config, overflow);
         // A sweeper's claim outlives its two round trips per channel.
         let sweep_claim_ms = crate::ops::ms(config.command_timeout * 3);
-        let inner = Arc::new(Inner::new(redis, fanout, keys.clone(), sweep_claim_ms));
+        let inner = Arc::new(Shared::new(redis, fanout, keys.clone(), sweep_claim_ms));
         let node_id =
             config.node_id.clone().unwrap_or_else(|| format!("herald-{}", uuid::Uuid::new_v4().simple()));
         let lease = Arc::new(NodeLease::new(&keys, &node_id, config.lease_ttl));

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::keys::Keys;
-use crate::ops::Inner;
+use crate::ops::Shared;
 use crate::scripts;
 use crate::stats::bump;
 
@@ -38,7 +38,7 @@ impl NodeLease {
 
 /// Refresh the lease every third of its TTL until cancelled.
 pub(crate) async fn keep_alive(
-    inner: Arc<Inner>,
+    inner: Arc<Shared>,
     lease: Arc<NodeLease>,
     cancel: tokio_util::sync::CancellationToken,
 ) {
@@ -84,7 +84,7 @@ pub(crate) async fn keep_alive(
 }
 
 /// Remove the lease if it is still ours (clean shutdown).
-pub(crate) async fn release(inner: &Inner, lease: &NodeLease) {
+pub(crate) async fn release(inner: &Shared, lease: &NodeLease) {
     let (key, token) = (lease.key.clone(), lease.token.clone());
     let r: Result<i64, _> = inner
         .redis

@@ -88,6 +88,7 @@
 
 mod config;
 mod conn;
+mod decode;
 mod dial;
 mod engine;
 mod error;
@@ -101,7 +102,6 @@ mod rooms;
 mod schedules;
 mod scripts;
 mod stats;
-mod val;
 
 pub use config::{
     RedisConfig, RedisSettings, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_FANOUT_QUEUE,

@@ -15,12 +15,12 @@ use redis::Value;
 use uuid::Uuid;
 
 use crate::conn::Redis;
+use crate::decode::{self, array, opt, string, u64_of};
 use crate::fanout::Fanout;
 use crate::frame::FrameTemplate;
 use crate::keys::{self, Keys};
 use crate::scripts;
 use crate::stats::{bump, Counters};
-use crate::val::{self, array, opt, string, u64_of};
 
 /// Most entries of the "user index entry is written" cache; past it the
 /// cache starts over (it only saves a round trip per first ack).
@@ -29,7 +29,7 @@ const INDEXED_CACHE_CAP: usize = 65_536;
 const MAX_READ: usize = 10_000;
 
 /// Everything the engine's handle and its background tasks share.
-pub(crate) struct Inner {
+pub(crate) struct Shared {
     pub redis: Redis,
     pub keys: Keys,
     /// How long a presence sweeper's claim on a channel lasts.
@@ -56,7 +56,7 @@ pub(crate) fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-impl Inner {
+impl Shared {
     pub fn new(redis: Redis, fanout: Fanout, keys: Keys, sweep_claim_ms: u64) -> Self {
         Self {
             redis,
@@ -159,8 +159,8 @@ impl Inner {
             self.redis.call("append", |mut c| async move { inv.invoke_async(&mut c).await }).await?;
         let parsed = (|| {
             let mut r = array(reply, "append reply")?.into_iter();
-            let kind = string(r.next().ok_or_else(|| val::bad("append kind"))?, "append kind")?;
-            let mut next = |what| r.next().ok_or_else(|| val::bad(what)).and_then(|v| string(v, what));
+            let kind = string(r.next().ok_or_else(|| decode::bad("append kind"))?, "append kind")?;
+            let mut next = |what| r.next().ok_or_else(|| decode::bad(what)).and_then(|v| string(v, what));
             Ok::<Result<_, EngineError>, redis::RedisError>(Ok(match kind.as_str() {
                 "mismatch" => None,
                 "closed" => return Ok(Err(EngineError::Closed)),
@@ -173,7 +173,7 @@ impl Inner {
                     let (seq, id, ts, epoch) = (next("seq")?, next("id")?, next("ts")?, next("epoch")?);
                     Some((seq, id, ts, epoch, true, false))
                 }
-                _ => return Err(val::bad("append kind")),
+                _ => return Err(decode::bad("append kind")),
             }))
         })();
         let parsed = parsed.map_err(|e| EngineError::Unavailable(format!("redis append: {e}")))?;
@@ -221,7 +221,7 @@ impl Inner {
         let reply = self.failed(reply)?;
         let page = (|| {
             let mut r = array(reply, "read reply")?.into_iter();
-            let mut next = |what| r.next().ok_or_else(|| val::bad(what));
+            let mut next = |what| r.next().ok_or_else(|| decode::bad(what));
             let epoch = Epoch::new(string(next("epoch")?, "epoch")?);
             let head = u64_of(next("head")?, "head")?;
             let first = u64_of(next("first")?, "first")?;
@@ -232,7 +232,7 @@ impl Inner {
             let closes_at = closed.then_some(head);
             let messages = entries
                 .into_iter()
-                .map(|e| val::message(e, ch, &epoch, closes_at))
+                .map(|e| decode::message(e, ch, &epoch, closes_at))
                 .collect::<Result<Vec<_>, _>>()?;
             Ok::<_, redis::RedisError>((
                 RawPage { position: Position { epoch, first, head, closed }, messages },
@@ -267,13 +267,13 @@ impl Inner {
             let reply = self.failed(reply)?;
             let parsed = (|| {
                 let mut r = array(reply, "ack reply")?.into_iter();
-                let kind = string(r.next().ok_or_else(|| val::bad("ack kind"))?, "ack kind")?;
-                let mut next = |what| r.next().ok_or_else(|| val::bad(what)).and_then(|v| u64_of(v, what));
+                let kind = string(r.next().ok_or_else(|| decode::bad("ack kind"))?, "ack kind")?;
+                let mut next = |what| r.next().ok_or_else(|| decode::bad(what)).and_then(|v| u64_of(v, what));
                 Ok::<_, redis::RedisError>(match kind.as_str() {
                     "ok" => AckReply::Ok(CursorState { seq: next("seq")?, acked_at_ms: next("acked_at")? }),
                     "beyond" => AckReply::Beyond(next("head")?),
                     "index" => AckReply::Index,
-                    _ => return Err(val::bad("ack kind")),
+                    _ => return Err(decode::bad("ack kind")),
                 })
             })()
             .map_err(|e| EngineError::Unavailable(format!("redis ack: {e}")))?;

@@ -53,10 +53,10 @@ use herald_proto::ChannelName;
 use redis::Value;
 
 use crate::config::SWEEP_CHANNELS;
-use crate::ops::{ms, Inner};
+use crate::decode::{self, array, string, u64_of};
+use crate::ops::{ms, Shared};
 use crate::scripts;
 use crate::stats::{add, bump};
-use crate::val::{self, array, string, u64_of};
 
 /// A lease record: `<token> <expires_at_ms> <member JSON>`.
 fn parse_lease(rec: &str) -> Result<Lease, EngineError> {
@@ -85,15 +85,15 @@ fn malformed(e: redis::RedisError) -> EngineError {
 /// The first element of a script reply (its kind) and the rest.
 fn kind_of(v: Value) -> Result<(String, std::vec::IntoIter<Value>), EngineError> {
     let mut r = array(v, "reply").map_err(malformed)?.into_iter();
-    let kind = string(r.next().ok_or_else(|| malformed(val::bad("reply kind")))?, "reply kind");
+    let kind = string(r.next().ok_or_else(|| malformed(decode::bad("reply kind")))?, "reply kind");
     Ok((kind.map_err(malformed)?, r))
 }
 
 fn next_u64(r: &mut std::vec::IntoIter<Value>, what: &str) -> Result<u64, EngineError> {
-    u64_of(r.next().ok_or_else(|| malformed(val::bad(what)))?, what).map_err(malformed)
+    u64_of(r.next().ok_or_else(|| malformed(decode::bad(what)))?, what).map_err(malformed)
 }
 
-impl Inner {
+impl Shared {
     /// Run a script on `keys` with `args`, through the fail-fast path.
     async fn run(
         &self,
@@ -156,7 +156,7 @@ impl Inner {
         match kind.as_str() {
             "new" => Ok(Joined::New(lease)),
             "reclaimed" => Ok(Joined::Reclaimed(lease)),
-            _ => Err(malformed(val::bad("join kind"))),
+            _ => Err(malformed(decode::bad("join kind"))),
         }
     }
 
@@ -175,7 +175,7 @@ impl Inner {
             "until" => Ok(Renewed::Until(next_u64(&mut r, "until")?)),
             "superseded" => Ok(Renewed::Superseded),
             "gone" => Ok(Renewed::Gone),
-            _ => Err(malformed(val::bad("renew kind"))),
+            _ => Err(malformed(decode::bad("renew kind"))),
         }
     }
 
@@ -200,10 +200,10 @@ impl Inner {
         match kind.as_str() {
             "none" => Ok(None),
             "left" => {
-                let rec = string(r.next().ok_or_else(|| malformed(val::bad("lease")))?, "lease");
+                let rec = string(r.next().ok_or_else(|| malformed(decode::bad("lease")))?, "lease");
                 parse_lease(&rec.map_err(malformed)?).map(Some)
             }
-            _ => Err(malformed(val::bad("leave kind"))),
+            _ => Err(malformed(decode::bad("leave kind"))),
         }
     }
 
@@ -244,7 +244,7 @@ impl Inner {
                 let expires_at_ms = next_u64(&mut r, "expires_at")?;
                 (Rejoined::Back(Lease { member: member.clone(), token, expires_at_ms }), expires_at_ms)
             }
-            _ => return Err(malformed(val::bad("rejoin kind"))),
+            _ => return Err(malformed(decode::bad("rejoin kind"))),
         };
         if let Err(e) = self.index_lower(ch, Some(exp), ttl).await {
             tracing::warn!(channel = %ch, error = %e, "presence index not lowered after a rejoin; the earlier write covers it");
@@ -291,9 +291,9 @@ impl Inner {
             self.run("presence claim", &scripts::INDEX_CLAIM, std::slice::from_ref(&due_key), &args).await?;
         let mut r = array(reply, "claim").map_err(malformed)?.into_iter();
         let claim =
-            string(r.next().ok_or_else(|| malformed(val::bad("claim")))?, "claim").map_err(malformed)?;
-        let names =
-            array(r.next().ok_or_else(|| malformed(val::bad("claimed")))?, "claimed").map_err(malformed)?;
+            string(r.next().ok_or_else(|| malformed(decode::bad("claim")))?, "claim").map_err(malformed)?;
+        let names = array(r.next().ok_or_else(|| malformed(decode::bad("claimed")))?, "claimed")
+            .map_err(malformed)?;
         if claim.is_empty() || names.is_empty() {
             return Ok(Vec::new());
         }
@@ -357,9 +357,9 @@ impl Inner {
         let (next, leases) = match swept {
             Ok(reply) => {
                 let mut r = array(reply, "sweep").map_err(malformed)?.into_iter();
-                let next = string(r.next().ok_or_else(|| malformed(val::bad("next")))?, "next")
+                let next = string(r.next().ok_or_else(|| malformed(decode::bad("next")))?, "next")
                     .map_err(malformed)?;
-                let recs = array(r.next().ok_or_else(|| malformed(val::bad("swept")))?, "swept");
+                let recs = array(r.next().ok_or_else(|| malformed(decode::bad("swept")))?, "swept");
                 // Removed already: a record that does not parse is logged
                 // and skipped, the others still reach the caller.
                 let mut leases = Vec::new();

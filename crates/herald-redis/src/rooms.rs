@@ -21,11 +21,11 @@ use herald_proto::ChannelName;
 use redis::Value;
 use uuid::Uuid;
 
+use crate::decode::{array, opt, string};
 use crate::frame::FrameTemplate;
-use crate::ops::{ms, new_epoch, Inner};
+use crate::ops::{ms, new_epoch, Shared};
 use crate::scripts;
 use crate::stats::bump;
-use crate::val::{array, opt, string};
 
 fn malformed(what: impl std::fmt::Display) -> EngineError {
     EngineError::Unavailable(format!("redis room: malformed {what}"))
@@ -35,7 +35,7 @@ fn parse_room(record: &str) -> Result<Room, EngineError> {
     serde_json::from_str(record).map_err(|e| malformed(format_args!("record ({e})")))
 }
 
-impl Inner {
+impl Shared {
     pub async fn room(&self, ch: &ChannelName) -> Result<Option<Room>, EngineError> {
         let key = self.keys.room(ch);
         let r = self

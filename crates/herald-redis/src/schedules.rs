@@ -33,11 +33,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use uuid::Uuid;
 
+use crate::decode::{array, opt, string};
 use crate::frame::FrameTemplate;
-use crate::ops::{hex, ms, new_epoch, Inner};
+use crate::ops::{hex, ms, new_epoch, Shared};
 use crate::scripts;
 use crate::stats::bump;
-use crate::val::{array, opt, string};
 
 /// How overdue (ms) a global entry without a stored schedule must be
 /// before a claim removes it (see the module docs).
@@ -74,7 +74,7 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-impl Inner {
+impl Shared {
     fn refuse_when_closing(&self) -> Result<(), EngineError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(EngineError::ShuttingDown);

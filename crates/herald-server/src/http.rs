@@ -2,100 +2,34 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State as AxState};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Path, State as AxState};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use herald_core::{Health, NamespaceOptions, Receipt};
+use herald_core::{Health, Receipt};
 use herald_proto::{
-    check_id, BatchBody, BodyError, ChannelName, ErrorCode, HistoryPage, PublishBody, StoredFrame,
+    check_id, BatchBody, BatchItem, BatchProblem, BatchReply, ChannelName, CursorsPage, ErrorCode,
+    HistoryPage, HistoryQuery, Inbox, InboxChannel, InboxDevice, ItemError, LimitQuery, PublishBody,
+    Published, StoredFrame, SubscriberCursor,
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::ApiError;
-use crate::publish::{fingerprint, validate_idempotency_key, Publish, ScopedKey};
+// The preamble helpers under their old paths, for handlers that take
+// headers and bytes themselves (new handlers: use the extractors).
+#[allow(unused_imports)]
+pub(crate) use crate::extract::{api_auth, body_bytes, parse_channel, parse_json};
+use crate::extract::{ApiKey, Body, Chan, IdempotencyKey, Q};
+use crate::publish::{fingerprint, Publish, ScopedKey};
 use crate::State;
 
 type St = AxState<Arc<State>>;
 
-/// Check `Authorization: Bearer <api key>`; returns the idempotency scope.
-pub(crate) fn api_auth(state: &State, headers: &HeaderMap) -> Result<String, ApiError> {
-    let bearer = crate::auth::bearer(headers);
-    match bearer {
-        Some(key) => state
-            .api_keys
-            .check(key.trim())
-            .map(|scope| format!("api:{scope}"))
-            .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "unknown API key")),
-        None if state.config.dev => Ok("api:dev".to_owned()),
-        None if state.api_keys.is_empty() => Err(ApiError::new(
-            ErrorCode::Unauthorized,
-            "no API keys are configured: set api_keys in the config or HERALD_API_KEYS (or run with --dev)",
-        )),
-        None => Err(ApiError::new(ErrorCode::Unauthorized, "missing `Authorization: Bearer <api key>`")),
-    }
-}
-
-pub(crate) fn parse_channel<'a>(
-    state: &'a State,
-    name: &str,
-) -> Result<(ChannelName, &'a NamespaceOptions), ApiError> {
-    let channel = ChannelName::new(name).map_err(|e| ApiError::new(ErrorCode::BadChannel, e.to_string()))?;
-    let ns = state.config.namespaces.resolve(&channel)?;
-    Ok((channel, ns))
-}
-
-pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
-    body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(ErrorCode::PayloadTooLarge, format!("request body is larger than {limit} bytes"))
-        } else if crate::listener::body::is_body_timeout(&e) {
-            ApiError::new(ErrorCode::RequestTimeout, "the request body did not arrive in time")
-        } else {
-            ApiError::new(ErrorCode::BadRequest, format!("could not read the body: {e}"))
-        }
-    })
-}
-
-pub(crate) fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
-    herald_proto::parse_json(bytes).map_err(body_error)
-}
-
-fn body_error(e: BodyError) -> ApiError {
-    ApiError::new(e.code, e.message)
-}
-
-/// The `Idempotency-Key` header. A key names one request: two headers are a
-/// malformed request (400), never "the first wins".
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let mut values = headers.get_all("idempotency-key").iter();
-    let Some(v) = values.next() else { return Ok(None) };
-    if values.next().is_some() {
-        return Err(ApiError::new(
-            ErrorCode::IdempotencyKeyInvalid,
-            "more than one Idempotency-Key header: send exactly one",
-        ));
-    }
-    let key = v.to_str().map_err(|_| {
-        ApiError::new(ErrorCode::IdempotencyKeyInvalid, "Idempotency-Key must be printable ASCII")
-    })?;
-    validate_idempotency_key(key)?;
-    Ok(Some(key.to_owned()))
-}
-
-#[derive(Serialize)]
-struct PublishResult<'a> {
-    channel: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    seq: Option<u64>,
-    id: &'a str,
-    epoch: &'a str,
-}
-
-impl<'a> From<&'a Receipt> for PublishResult<'a> {
-    fn from(r: &'a Receipt) -> Self {
-        Self { channel: r.channel.as_str(), seq: r.seq, id: &r.id, epoch: r.epoch.as_str() }
+fn published(r: &Receipt) -> Published {
+    Published {
+        channel: r.channel.to_string(),
+        seq: r.seq,
+        id: r.id.to_string(),
+        epoch: Some(r.epoch.to_string()),
     }
 }
 
@@ -122,15 +56,13 @@ fn publish_status(durable: bool) -> StatusCode {
 /// `POST /api/v1/channels/{channel}/messages`
 pub async fn publish_one(
     AxState(state): St,
-    Path(channel): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    ApiKey(scope): ApiKey,
+    Chan { channel, ns }: Chan,
+    key: Result<IdempotencyKey, ApiError>,
+    Body(PublishBody { data, meta, deliver_at, delay_ms }): Body<PublishBody>,
 ) -> Result<Response, ApiError> {
-    let scope = api_auth(&state, &headers)?;
-    let (channel, ns) = parse_channel(&state, &channel)?;
-    let body = body_bytes(body, state.config.limits.max_body_bytes)?;
-    let PublishBody { data, meta, deliver_at, delay_ms } = PublishBody::parse(&body).map_err(body_error)?;
-    let key = idempotency_key(&headers)?;
+    let ns = &ns;
+    let IdempotencyKey(key) = key?;
     if key.is_none() && ns.require_idempotency_key {
         return Err(ApiError::new(
             ErrorCode::IdempotencyKeyRequired,
@@ -156,7 +88,7 @@ pub async fn publish_one(
         (ScopedKey::new(&scope, &k).anchor(), fp)
     });
     let receipt = state.publish(ns, Publish { channel, data, meta, dedup }).await?;
-    Ok(json_response(publish_status(ns.is_durable()), &PublishResult::from(&receipt), receipt.duplicate))
+    Ok(json_response(publish_status(ns.is_durable()), &published(&receipt), receipt.duplicate))
 }
 
 /// `POST /api/v1/publish`: one message to several channels. With an
@@ -167,13 +99,10 @@ pub async fn publish_one(
 /// failed batch completes it without doubling any channel.
 pub async fn publish_batch(
     AxState(state): St,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    ApiKey(scope): ApiKey,
+    key: Result<IdempotencyKey, ApiError>,
+    Body(BatchBody { channels, data, meta, deliver_at, delay_ms }): Body<BatchBody>,
 ) -> Result<Response, ApiError> {
-    let scope = api_auth(&state, &headers)?;
-    let body = body_bytes(body, state.config.limits.max_body_bytes)?;
-    let BatchBody { channels, data, meta, deliver_at, delay_ms } =
-        BatchBody::parse(&body).map_err(body_error)?;
     if channels.is_empty() || channels.len() > state.config.limits.max_batch_channels {
         return Err(ApiError::new(
             ErrorCode::BadRequest,
@@ -190,7 +119,7 @@ pub async fn publish_batch(
         targets.push((channel, ns));
     }
     state.check_publish_data(&data)?;
-    let key = idempotency_key(&headers)?;
+    let IdempotencyKey(key) = key?;
     if key.is_none() && targets.iter().any(|(_, ns)| ns.require_idempotency_key) {
         return Err(ApiError::new(
             ErrorCode::IdempotencyKeyRequired,
@@ -259,32 +188,30 @@ pub async fn publish_batch(
         match outcome {
             Ok(r) => {
                 all_replayed &= r.duplicate;
-                results.push(serde_json::to_value(PublishResult::from(r)).expect("serialises"));
+                results.push(BatchItem::from(published(r)));
             }
             Err(e) => {
                 first_error.get_or_insert_with(|| e.clone());
-                results.push(serde_json::json!({
-                    "channel": channel.as_str(),
-                    "error": {"code": e.code.as_str(), "detail": e.detail},
-                }));
+                results.push(BatchItem {
+                    channel: channel.to_string(),
+                    seq: None,
+                    id: None,
+                    epoch: None,
+                    error: Some(ItemError { code: e.code.as_str().to_owned(), detail: e.detail.clone() }),
+                });
             }
         }
     }
     match first_error {
         None => {
             let durable = targets.iter().any(|(_, ns)| ns.is_durable());
-            Ok(json_response(
-                publish_status(durable),
-                &serde_json::json!({ "results": results }),
-                all_replayed,
-            ))
+            Ok(json_response(publish_status(durable), &BatchReply { results }, all_replayed))
         }
         Some(err) => {
             // Problem document plus the per-channel outcome, so the caller
             // knows what landed; a retry with the same key completes the rest.
-            let mut problem = serde_json::to_value(herald_proto::Problem::new(err.code, err.detail.clone()))
-                .expect("serialises");
-            problem["results"] = serde_json::Value::Array(results);
+            let problem =
+                BatchProblem { problem: herald_proto::Problem::new(err.code, err.detail.clone()), results };
             let mut resp = err.into_response();
             *resp.body_mut() = axum::body::Body::from(serde_json::to_vec(&problem).expect("serialises"));
             Ok(resp)
@@ -292,24 +219,14 @@ pub async fn publish_batch(
     }
 }
 
-#[derive(Deserialize)]
-pub struct HistoryQuery {
-    #[serde(default)]
-    after: u64,
-    #[serde(default)]
-    limit: Option<usize>,
-}
-
 /// `GET /api/v1/channels/{channel}/messages?after=SEQ&limit=N`
 pub async fn history(
     AxState(state): St,
-    Path(channel): Path<String>,
-    query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
-    headers: HeaderMap,
+    _: ApiKey,
+    Chan { channel, ns }: Chan,
+    query: Result<Q<HistoryQuery>, ApiError>,
 ) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
-    let (channel, ns) = parse_channel(&state, &channel)?;
-    let Query(q) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+    let Q(q) = query?;
     if !ns.is_durable() {
         return Err(ApiError::new(ErrorCode::NotSupported, "volatile channels keep no history"));
     }
@@ -342,19 +259,11 @@ pub async fn history(
     Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
 }
 
-#[derive(Deserialize)]
-pub struct LimitQuery {
-    #[serde(default)]
-    limit: Option<usize>,
-}
-
 /// Most cursors one receipts or inbox request returns.
 const MAX_CURSORS: usize = 10_000;
 
-fn cursor_limit(
-    q: Result<Query<LimitQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<usize, ApiError> {
-    let Query(q) = q.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+fn cursor_limit(q: Result<Q<LimitQuery>, ApiError>) -> Result<usize, ApiError> {
+    let Q(q) = q?;
     let limit = q.limit.unwrap_or(1000);
     if limit == 0 || limit > MAX_CURSORS {
         return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={MAX_CURSORS}")));
@@ -366,12 +275,10 @@ fn cursor_limit(
 /// channel: every subscriber's cursor, unread count and last ack time.
 pub async fn cursors(
     AxState(state): St,
-    Path(channel): Path<String>,
-    query: Result<Query<LimitQuery>, axum::extract::rejection::QueryRejection>,
-    headers: HeaderMap,
+    _: ApiKey,
+    Chan { channel, ns }: Chan,
+    query: Result<Q<LimitQuery>, ApiError>,
 ) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
-    let (channel, ns) = parse_channel(&state, &channel)?;
     let limit = cursor_limit(query)?;
     if ns.delivery != herald_core::Delivery::Acked {
         return Err(ApiError::new(
@@ -381,25 +288,23 @@ pub async fn cursors(
     }
     let pos = state.engine.position(&channel).await?;
     let list = state.engine.cursors(&channel, limit).await?;
-    let cursors: Vec<_> = list
+    let cursors = list
         .iter()
-        .map(|(sub, c)| {
-            serde_json::json!({
-                "user": sub.user(),
-                "device": sub.device(),
-                "cursor": c.seq,
-                "unread": pos.head.saturating_sub(c.seq),
-                "acked_at": c.acked_at_ms,
-            })
+        .map(|(sub, c)| SubscriberCursor {
+            user: sub.user().to_owned(),
+            device: sub.device().map(str::to_owned),
+            cursor: c.seq,
+            unread: pos.head.saturating_sub(c.seq),
+            acked_at: c.acked_at_ms,
         })
         .collect();
-    let body = serde_json::json!({
-        "channel": channel.as_str(),
-        "epoch": pos.epoch.as_str(),
-        "first": pos.first,
-        "head": pos.head,
-        "cursors": cursors,
-    });
+    let body = CursorsPage {
+        channel: channel.to_string(),
+        epoch: pos.epoch.to_string(),
+        first: pos.first,
+        head: pos.head,
+        cursors,
+    };
     Ok(json_response(StatusCode::OK, &body, false))
 }
 
@@ -409,13 +314,12 @@ pub async fn cursors(
 pub async fn inbox(
     AxState(state): St,
     Path(user): Path<String>,
-    query: Result<Query<LimitQuery>, axum::extract::rejection::QueryRejection>,
-    headers: HeaderMap,
+    _: ApiKey,
+    query: Result<Q<LimitQuery>, ApiError>,
 ) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
     let limit = cursor_limit(query)?;
     check_id(&user).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`user` {e}")))?;
-    let mut by_channel: std::collections::BTreeMap<ChannelName, Vec<serde_json::Value>> = Default::default();
+    let mut by_channel: std::collections::BTreeMap<ChannelName, Vec<InboxDevice>> = Default::default();
     if let Ok(own) = ChannelName::new(&format!("user:{user}")) {
         if state.config.namespaces.resolve(&own).is_ok_and(|ns| ns.delivery == herald_core::Delivery::Acked) {
             by_channel.entry(own).or_default();
@@ -423,31 +327,31 @@ pub async fn inbox(
     }
     let list = state.engine.user_cursors(&user, limit).await?;
     for uc in &list {
-        by_channel.entry(uc.channel.clone()).or_default().push(serde_json::json!({
-            "device": uc.device.as_deref(),
-            "cursor": uc.cursor.seq,
-            "acked_at": uc.cursor.acked_at_ms,
-        }));
+        by_channel.entry(uc.channel.clone()).or_default().push(InboxDevice {
+            device: uc.device.as_deref().map(str::to_owned),
+            cursor: uc.cursor.seq,
+            acked_at: uc.cursor.acked_at_ms,
+            unread: 0,
+        });
     }
     let mut channels = Vec::with_capacity(by_channel.len());
     for (channel, mut devices) in by_channel {
         let pos = state.engine.position(&channel).await?;
         for d in &mut devices {
-            let cursor = d["cursor"].as_u64().unwrap_or(0);
-            d["unread"] = pos.head.saturating_sub(cursor).into();
+            d.unread = pos.head.saturating_sub(d.cursor);
         }
         // A device that never acked has everything retained unread.
         let unread_new_device = pos.head + 1 - pos.first;
-        channels.push(serde_json::json!({
-            "channel": channel.as_str(),
-            "epoch": pos.epoch.as_str(),
-            "first": pos.first,
-            "head": pos.head,
-            "unread_without_cursor": unread_new_device,
-            "devices": devices,
-        }));
+        channels.push(InboxChannel {
+            channel: channel.to_string(),
+            epoch: pos.epoch.to_string(),
+            first: pos.first,
+            head: pos.head,
+            unread_without_cursor: unread_new_device,
+            devices,
+        });
     }
-    Ok(json_response(StatusCode::OK, &serde_json::json!({ "user": user, "channels": channels }), false))
+    Ok(json_response(StatusCode::OK, &Inbox { user, channels }, false))
 }
 
 pub async fn healthz() -> &'static str {

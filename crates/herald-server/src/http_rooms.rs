@@ -10,17 +10,16 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State as AxState};
+use axum::extract::{Query, State as AxState};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use herald_core::{NamespaceOptions, Room, RoomReason, RoomStatus, RoomWritten, SubscriberId};
-use herald_proto::{ChannelName, ErrorCode, Member};
-use serde::{Deserialize, Serialize};
+use herald_proto::{
+    ChannelName, CreateRoomBody, ErrorCode, Member, PatchRoomBody, PresenceQuery, PresenceReply, RoomView,
+};
 
 use crate::error::ApiError;
-use crate::http::{api_auth, body_bytes, parse_channel, parse_json};
+use crate::extract::{ApiKey, Body, Chan, RoomChan};
 use crate::rooms::{self, now_ms};
 use crate::State;
 
@@ -31,50 +30,28 @@ const MAX_GRACE_SECS: u64 = 30 * 24 * 3600;
 /// Read-change-write attempts of a change without `If-Match`.
 const CHANGE_RETRIES: usize = 8;
 
-/// A room as the API shows it.
-#[derive(Serialize)]
-struct RoomView<'a> {
-    room: &'a str,
-    state: RoomStatus,
-    version: u64,
-    host: &'a str,
-    attributes: &'a serde_json::Map<String, serde_json::Value>,
-    /// Seconds.
-    grace_period: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    grace_until_ms: Option<u64>,
-    created_at_ms: u64,
-    updated_at_ms: u64,
-    member_count: u64,
-    members: Vec<Member>,
-}
-
-fn view_json(channel: &ChannelName, room: &Room, members: (u64, Vec<Member>)) -> serde_json::Value {
-    serde_json::to_value(RoomView {
-        room: channel.as_str(),
+/// The room as the API shows it; `members` is `None` for errors, where a
+/// listing is not worth another read.
+fn view(channel: &ChannelName, room: &Room, members: Option<(u64, Vec<Member>)>) -> RoomView {
+    let (member_count, members) = members.map_or((None, None), |(n, m)| (Some(n), Some(m)));
+    RoomView {
+        room: channel.to_string(),
         state: room.state,
         version: room.version,
-        host: &room.host,
-        attributes: &room.attributes,
+        host: room.host.clone(),
+        attributes: room.attributes.clone(),
         grace_period: room.grace_period_ms / 1000,
         grace_until_ms: room.grace_until_ms,
         created_at_ms: room.created_at_ms,
         updated_at_ms: room.updated_at_ms,
-        member_count: members.0,
-        members: members.1,
-    })
-    .expect("room views serialise")
+        member_count,
+        members,
+    }
 }
 
-/// The room without its members (for errors, where a listing is not worth
-/// another read).
+/// The room without its members, as a problem's `current`.
 fn current(channel: &ChannelName, room: &Room) -> serde_json::Value {
-    let mut v = view_json(channel, room, (0, Vec::new()));
-    if let Some(o) = v.as_object_mut() {
-        o.remove("members");
-        o.remove("member_count");
-    }
-    v
+    serde_json::to_value(view(channel, room, None)).expect("room views serialise")
 }
 
 async fn respond(state: &State, status: StatusCode, channel: &ChannelName, room: &Room) -> Response {
@@ -86,7 +63,7 @@ async fn respond(state: &State, status: StatusCode, channel: &ChannelName, room:
             Err(e) => return ApiError::from(e).into_response(),
         }
     };
-    let body = serde_json::to_vec(&view_json(channel, room, members)).expect("room views serialise");
+    let body = serde_json::to_vec(&view(channel, room, Some(members))).expect("room views serialise");
     let mut resp = (status, body).into_response();
     let h = resp.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -95,17 +72,6 @@ async fn respond(state: &State, status: StatusCode, channel: &ChannelName, room:
         HeaderValue::from_str(&format!("\"{}\"", room.version)).expect("digits are valid"),
     );
     resp
-}
-
-fn room_channel<'a>(state: &'a State, name: &str) -> Result<(ChannelName, &'a NamespaceOptions), ApiError> {
-    let (channel, ns) = parse_channel(state, name)?;
-    if !ns.room {
-        return Err(ApiError::new(
-            ErrorCode::NotSupported,
-            format!("namespace `{}` is not a room namespace (room = true)", channel.namespace()),
-        ));
-    }
-    Ok((channel, ns))
 }
 
 /// `If-Match: "7"` (also `W/"7"` and a bare `7`); `*` means any version.
@@ -120,26 +86,6 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
     let s = s.strip_prefix("W/").unwrap_or(s);
     let s = s.strip_prefix('"').and_then(|s| s.strip_suffix('"')).unwrap_or(s);
     s.parse().map(Some).map_err(|_| bad())
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CreateBody {
-    host: String,
-    #[serde(default)]
-    attributes: serde_json::Map<String, serde_json::Value>,
-    /// Seconds; the namespace's `grace_period` when absent.
-    #[serde(default)]
-    grace_period: Option<u64>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PatchBody {
-    #[serde(default)]
-    state: Option<RoomStatus>,
-    #[serde(default)]
-    attributes: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 fn check_attributes(
@@ -182,14 +128,11 @@ fn depth<'a>(values: impl Iterator<Item = &'a serde_json::Value>) -> usize {
 /// `PUT /api/v1/rooms/{room}`: create; 201, or 409 if it exists.
 pub async fn create_room(
     AxState(state): St,
-    Path(name): Path<String>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    _: ApiKey,
+    RoomChan(Chan { channel, ns }): RoomChan,
+    Body(req): Body<CreateRoomBody>,
 ) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
-    let (channel, ns) = room_channel(&state, &name)?;
-    let body = body_bytes(body, state.config.limits.max_body_bytes)?;
-    let req: CreateBody = parse_json(&body)?;
+    let ns = &ns;
     if SubscriberId::new(req.host.as_str(), None).is_err() {
         return Err(ApiError::new(
             ErrorCode::BadRequest,
@@ -229,11 +172,9 @@ pub async fn create_room(
 /// `GET /api/v1/rooms/{room}`.
 pub async fn get_room(
     AxState(state): St,
-    Path(name): Path<String>,
-    headers: HeaderMap,
+    _: ApiKey,
+    RoomChan(Chan { channel, .. }): RoomChan,
 ) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
-    let (channel, _) = room_channel(&state, &name)?;
     let room = state.engine.room(&channel).await?.ok_or_else(rooms::no_such_room)?;
     Ok(respond(&state, StatusCode::OK, &channel, &room).await)
 }
@@ -241,15 +182,13 @@ pub async fn get_room(
 /// `PATCH /api/v1/rooms/{room}`: `{"state"?, "attributes"?}`.
 pub async fn patch_room(
     AxState(state): St,
-    Path(name): Path<String>,
+    _: ApiKey,
+    RoomChan(Chan { channel, ns }): RoomChan,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Result<Body<PatchRoomBody>, ApiError>,
 ) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
-    let (channel, ns) = room_channel(&state, &name)?;
     let expected = if_match(&headers)?;
-    let body = body_bytes(body, state.config.limits.max_body_bytes)?;
-    let req: PatchBody = parse_json(&body)?;
+    let Body(req) = body?;
     if req.state.is_none() && req.attributes.is_none() {
         return Err(ApiError::new(
             ErrorCode::BadRequest,
@@ -259,20 +198,19 @@ pub async fn patch_room(
     if let Some(a) = &req.attributes {
         check_attributes(&state, a)?;
     }
-    change(&state, ns, &channel, expected, req.state, req.attributes).await
+    change(&state, &ns, &channel, expected, req.state, req.attributes).await
 }
 
 /// `DELETE /api/v1/rooms/{room}`: close it (final event, members
 /// unsubscribed, no more publishes).
 pub async fn delete_room(
     AxState(state): St,
-    Path(name): Path<String>,
+    _: ApiKey,
+    RoomChan(Chan { channel, ns }): RoomChan,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
-    let (channel, ns) = room_channel(&state, &name)?;
     let expected = if_match(&headers)?;
-    change(&state, ns, &channel, expected, Some(RoomStatus::Closed), None).await
+    change(&state, &ns, &channel, expected, Some(RoomStatus::Closed), None).await
 }
 
 async fn change(
@@ -313,25 +251,14 @@ fn stale(channel: &ChannelName, room: &Room) -> ApiError {
     .with_current(current(channel, room))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PresenceQuery {
-    /// `1`/`true`: only the count.
-    #[serde(default)]
-    count: Option<String>,
-    #[serde(default)]
-    limit: Option<usize>,
-}
-
 /// `GET /api/v1/channels/{channel}/presence[?count=1][&limit=N]`.
 pub async fn presence(
     AxState(state): St,
-    Path(name): Path<String>,
     Query(q): Query<PresenceQuery>,
-    headers: HeaderMap,
+    _: ApiKey,
+    Chan { channel, ns }: Chan,
 ) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
-    let (channel, ns) = parse_channel(&state, &name)?;
+    let ns = &ns;
     if !ns.presence {
         return Err(ApiError::new(
             ErrorCode::NotSupported,
@@ -345,13 +272,7 @@ pub async fn presence(
         return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={max}")));
     }
     let (count, members) = rooms::list(&state, ns, &channel, count_only, limit).await?;
-    #[derive(Serialize)]
-    struct Body<'a> {
-        channel: &'a str,
-        count: u64,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        members: Option<Vec<Member>>,
-    }
-    let body = serde_json::to_vec(&Body { channel: channel.as_str(), count, members }).expect("serialises");
+    let body = serde_json::to_vec(&PresenceReply { channel: channel.to_string(), count, members })
+        .expect("serialises");
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }

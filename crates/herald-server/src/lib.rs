@@ -11,6 +11,7 @@ pub mod browser;
 pub mod config;
 mod console;
 mod error;
+mod extract;
 mod http;
 mod http_rooms;
 mod http_scheduled;

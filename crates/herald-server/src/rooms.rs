@@ -49,7 +49,7 @@ pub fn no_such_room() -> ApiError {
 
 /// A connection's hold on its member lease of one channel.
 #[derive(Debug, Clone)]
-pub struct Hold {
+pub struct MemberLease {
     pub member: Member,
     pub key: String,
     pub token: herald_core::FenceToken,
@@ -95,10 +95,15 @@ pub async fn members(
 
 /// Join `member` to `channel`; announces `join` for a new member and lets a
 /// room see its host.
-pub async fn join(state: &Arc<State>, channel: &ChannelName, member: Member) -> Result<Hold, EngineError> {
+pub async fn join(
+    state: &Arc<State>,
+    channel: &ChannelName,
+    member: Member,
+) -> Result<MemberLease, EngineError> {
     let joined = state.engine.presence_join(channel, &member, state.config.presence.lease_ttl).await?;
     let lease = joined.lease();
-    let hold = Hold { key: lease.key(), token: lease.token, member: lease.member.clone(), lapsed: None };
+    let hold =
+        MemberLease { key: lease.key(), token: lease.token, member: lease.member.clone(), lapsed: None };
     if let Joined::New(_) = &joined {
         state.metrics.presence_joins.inc();
         announce(state, channel, FrameKind::Join, &hold.member).await;
@@ -112,7 +117,11 @@ pub async fn join(state: &Arc<State>, channel: &ChannelName, member: Member) -> 
 /// rejoin loses, see `Engine::presence_rejoin`); a lease that comes back
 /// is announced as a `join` (its `leave` was). `Ok(false)`: the hold is
 /// fenced off for good.
-pub async fn rejoin(state: &Arc<State>, channel: &ChannelName, hold: &Hold) -> Result<bool, EngineError> {
+pub async fn rejoin(
+    state: &Arc<State>,
+    channel: &ChannelName,
+    hold: &MemberLease,
+) -> Result<bool, EngineError> {
     let ttl = state.config.presence.lease_ttl;
     match state.engine.presence_rejoin(channel, &hold.member, hold.token, ttl).await? {
         Rejoined::Back(lease) => {
@@ -129,7 +138,7 @@ pub async fn rejoin(state: &Arc<State>, channel: &ChannelName, hold: &Hold) -> R
 /// End `hold` cleanly: removes the lease if it is still ours and announces
 /// the `leave`. Also for a lapsed hold: the leave then removes nothing but
 /// fences off any rejoin of its token still in flight.
-pub async fn leave(state: &Arc<State>, channel: &ChannelName, hold: &Hold) {
+pub async fn leave(state: &Arc<State>, channel: &ChannelName, hold: &MemberLease) {
     match state.engine.presence_leave(channel, &hold.key, hold.token).await {
         Ok(Some(lease)) => {
             state.metrics.presence_leaves.inc();

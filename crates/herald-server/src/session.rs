@@ -10,7 +10,7 @@
 //! nothing committed after it can be missed.
 //!
 //! Presence: a subscription of a presence channel holds a member lease
-//! (`rooms::Hold`), renewed on every tick. A clean end of the connection
+//! (`rooms::MemberLease`), renewed on every tick. A clean end of the connection
 //! (the peer's close frame, a kick, shutdown) or an unsubscribe leaves at
 //! once; any other end (network loss, I/O error, idle timeout, a panic)
 //! leaves the lease to expire, so a client back within the lease keeps its
@@ -40,7 +40,7 @@ use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::hub::{Charge, ConnBytes, ConnHandle, Outgoing};
-use crate::rooms::Hold;
+use crate::rooms::MemberLease;
 use crate::State;
 
 mod budget;
@@ -62,13 +62,13 @@ const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 struct Sub {
     /// `None` for volatile channels.
-    log: Option<LogCursor>,
+    log: Option<LogDelivery>,
     /// Presence channels: this connection's member lease. Boxed: most
     /// subscriptions have none.
-    presence: Option<Box<Hold>>,
+    presence: Option<Box<MemberLease>>,
 }
 
-struct LogCursor {
+struct LogDelivery {
     delivery: Subscription<Key>,
     /// Acked channels: whose cursor this is (token `sub` + device),
     /// validated once at subscribe. Boxed: most subscriptions have none.
@@ -168,7 +168,7 @@ impl Drop for Registrations {
 }
 
 /// Why the loop ended.
-enum End {
+enum SessionEnd {
     /// The peer closed or the socket failed: nothing more to send.
     Gone,
     /// We close with this code and reason.
@@ -250,18 +250,18 @@ impl Session {
     /// Run the connection to its end. Cleanup is guaranteed by `Registrations`.
     pub async fn run(mut self, outbox_rx: flume::Receiver<Arc<Outgoing>>) {
         let end = self.run_loop(outbox_rx).await;
-        if let End::Close { code, .. } = &end {
+        if let SessionEnd::Close { code, .. } = &end {
             // An idle timeout is a lost client, like a dropped socket.
             self.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
             self.state.metrics.closed(*code);
         }
-        if let End::Close { code, reason, reconnect } = end {
+        if let SessionEnd::Close { code, reason, reconnect } = end {
             Box::pin(self.close(code, reason, reconnect)).await;
         }
         tracing::debug!(conn = self.handle.id, "connection ended");
     }
 
-    async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Outgoing>>) -> End {
+    async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Outgoing>>) -> SessionEnd {
         let mut period = self.tick_period();
         let mut tick = heartbeat(period);
         let mut expiry = self.expiry_timer();
@@ -292,16 +292,16 @@ impl Session {
             // socket, so a peer that stops reading cannot pin the task.
             let result = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => Err(End::Close {
+                _ = shutdown.cancelled() => Err(SessionEnd::Close {
                     code: close::GOING_AWAY,
                     reason: "server shutting down",
                     reconnect: true,
                 }),
                 _ = slow.cancelled() => {
                     self.state.metrics.slow_consumers.inc();
-                    Err(End::Close { code: close::SLOW_CONSUMER, reason: "slow consumer", reconnect: true })
+                    Err(SessionEnd::Close { code: close::SLOW_CONSUMER, reason: "slow consumer", reconnect: true })
                 }
-                () = std::future::poll_fn(|cx| poll_deadline(&mut expiry, cx)) => Err(End::Close {
+                () = std::future::poll_fn(|cx| poll_deadline(&mut expiry, cx)) => Err(SessionEnd::Close {
                     code: close::TOKEN_EXPIRED,
                     reason: "token expired",
                     reconnect: true,
@@ -340,18 +340,20 @@ impl Session {
         Some(Box::pin(tokio::time::sleep(left)))
     }
 
-    fn on_read_error(&self, e: tokio_websockets::Error) -> End {
+    fn on_read_error(&self, e: tokio_websockets::Error) -> SessionEnd {
         match e {
             // tokio-websockets has already queued a 1009 close frame.
-            tokio_websockets::Error::PayloadTooLong { .. } => {
-                End::Close { code: close::MESSAGE_TOO_BIG, reason: "message too big", reconnect: false }
-            }
+            tokio_websockets::Error::PayloadTooLong { .. } => SessionEnd::Close {
+                code: close::MESSAGE_TOO_BIG,
+                reason: "message too big",
+                reconnect: false,
+            },
             tokio_websockets::Error::Protocol(_) => {
-                End::Close { code: close::BAD_REQUEST, reason: "protocol violation", reconnect: false }
+                SessionEnd::Close { code: close::BAD_REQUEST, reason: "protocol violation", reconnect: false }
             }
             e => {
                 tracing::debug!(conn = self.handle.id, error = %e, "socket read failed");
-                End::Gone
+                SessionEnd::Gone
             }
         }
     }
@@ -362,10 +364,10 @@ impl Session {
     async fn on_frames(
         &mut self,
         mut frame: Option<Result<WsMessage, tokio_websockets::Error>>,
-    ) -> Result<(), End> {
+    ) -> Result<(), SessionEnd> {
         loop {
             match frame {
-                None => return Err(End::Gone),
+                None => return Err(SessionEnd::Gone),
                 Some(Err(e)) => return Err(self.on_read_error(e)),
                 Some(Ok(m)) => {
                     self.last_rx = Instant::now();
@@ -384,19 +386,23 @@ impl Session {
         Ok(())
     }
 
-    async fn on_tick(&mut self) -> Result<(), End> {
+    async fn on_tick(&mut self) -> Result<(), SessionEnd> {
         let limits = &self.state.config.limits;
         if self.last_rx.elapsed() >= limits.idle_timeout {
-            return Err(End::Close { code: close::IDLE_TIMEOUT, reason: "idle timeout", reconnect: true });
+            return Err(SessionEnd::Close {
+                code: close::IDLE_TIMEOUT,
+                reason: "idle timeout",
+                reconnect: true,
+            });
         }
         if self.regs.subs.values().any(|s| s.presence.is_some()) {
             Box::pin(self.renew_presence()).await;
         }
         let ping = self.liveness.next_ping();
-        self.ws.send(WsMessage::ping(ping)).await.map_err(|_| End::Gone)
+        self.ws.send(WsMessage::ping(ping)).await.map_err(|_| SessionEnd::Gone)
     }
 
-    async fn on_inbound(&mut self, msg: WsMessage) -> Result<(), End> {
+    async fn on_inbound(&mut self, msg: WsMessage) -> Result<(), SessionEnd> {
         if msg.is_pong() {
             // A lapsed presence lease waits for this (see `renew_presence`).
             if self.liveness.on_pong(msg.as_payload()) && self.has_lapsed() {
@@ -419,7 +425,11 @@ impl Session {
                     .frame(None, None),
             )
             .await?;
-            return Err(End::Close { code: close::BAD_REQUEST, reason: "binary frame", reconnect: false });
+            return Err(SessionEnd::Close {
+                code: close::BAD_REQUEST,
+                reason: "binary frame",
+                reconnect: false,
+            });
         };
         let frame = ClientFrame::parse(text);
         // Acks that move the acked window are free: they are bounded by the
@@ -432,7 +442,7 @@ impl Session {
         if !free && !self.budget.take_frame(limits, now) {
             self.state.metrics.frames_refused.inc();
             if self.budget.refuse(limits, now) {
-                return Err(End::Close {
+                return Err(SessionEnd::Close {
                     code: close::RATE_LIMITED,
                     reason: "rate limited",
                     reconnect: true,
@@ -466,7 +476,7 @@ impl Session {
                         if ended {
                             // A closed room with nothing left to catch up.
                             self.end_subscription(&channel, "room_closed").await?;
-                            self.ws.flush().await.map_err(|_| End::Gone)?;
+                            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
                         }
                         Ok(())
                     }
@@ -528,7 +538,7 @@ impl Session {
         err: &ApiError,
         req: Option<u64>,
         channel: Option<&str>,
-    ) -> Result<(), End> {
+    ) -> Result<(), SessionEnd> {
         if !self.budget.take_error_reply(&self.state.config.limits, Instant::now()) {
             self.state.metrics.error_replies_dropped.inc();
             return Ok(());
@@ -536,8 +546,8 @@ impl Session {
         self.send_bytes(err.frame(req, channel)).await
     }
 
-    async fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), End> {
-        self.ws.send(WsMessage::text(Bytes::from(bytes))).await.map_err(|_| End::Gone)
+    async fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), SessionEnd> {
+        self.ws.send(WsMessage::text(Bytes::from(bytes))).await.map_err(|_| SessionEnd::Gone)
     }
 
     /// Say why, close, and wait briefly for the peer's close so our last

@@ -7,7 +7,8 @@ use std::collections::VecDeque;
 
 use anyhow::{anyhow, bail, Context};
 use futures_util::SinkExt;
-use serde::{Deserialize, Serialize};
+use herald_proto::{OutFrame, Since};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::time::Instant;
 use tokio_websockets::Message;
@@ -24,21 +25,10 @@ pub fn path(auth: &WsAuth, user: &str) -> String {
     }
 }
 
-#[derive(Serialize)]
-struct Since<'a> {
-    seq: u64,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    epoch: Option<&'a str>,
-}
-
-#[derive(Serialize)]
-struct SubscribeFrame<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    req: u64,
-    channel: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    since: Option<Since<'a>>,
+/// The `subscribe` frame, encoded by `herald-proto` like every client's.
+fn subscribe_frame(channel: &str, resume: &ResumePoint) -> String {
+    let since = resume.last_seq.map(|seq| Since { seq, epoch: resume.epoch.clone() });
+    OutFrame::Subscribe { req: Some(SUBSCRIBE_REQ), channel, since, client_id: None, info: None }.encode()
 }
 
 /// The fields of a server frame the bench looks at.
@@ -83,9 +73,7 @@ pub async fn subscribe(
     pending: &mut VecDeque<Incoming>,
     deadline: Instant,
 ) -> anyhow::Result<Subscribed> {
-    let since = resume.last_seq.map(|seq| Since { seq, epoch: resume.epoch.as_deref() });
-    let frame =
-        serde_json::to_string(&SubscribeFrame { kind: "subscribe", req: SUBSCRIBE_REQ, channel, since })?;
+    let frame = subscribe_frame(channel, resume);
     let sent_us = payload::now_micros();
     ws.send(Message::text(frame)).await.context("cannot send subscribe")?;
     loop {
@@ -164,14 +152,6 @@ const ACK_EVERY: u32 = 64;
 /// keep a connection far below the server's client frame budget.
 const ACK_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
 
-#[derive(Serialize)]
-struct AckFrame<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    channel: &'a str,
-    seq: u64,
-}
-
 /// Cumulative acks of one acked subscription, batched like a real client
 /// would: one `ack` up to the highest seq handed to the caller.
 pub struct Acker {
@@ -213,7 +193,7 @@ impl Acker {
         self.due = None;
         self.unacked = 0;
         let seq = self.highest.take()?;
-        let frame = serde_json::to_string(&AckFrame { kind: "ack", channel: &self.channel, seq }).ok()?;
+        let frame = OutFrame::Ack { req: None, channel: &self.channel, seq }.encode();
         Some((seq, Message::text(frame)))
     }
 }
@@ -263,14 +243,9 @@ mod tests {
 
     #[test]
     fn subscribe_frame_carries_since_only_when_resuming() {
-        let f = SubscribeFrame { kind: "subscribe", req: 1, channel: "c", since: None };
-        assert_eq!(serde_json::to_string(&f).unwrap(), r#"{"type":"subscribe","req":1,"channel":"c"}"#);
-        let f = SubscribeFrame {
-            kind: "subscribe",
-            req: 1,
-            channel: "c",
-            since: Some(Since { seq: 4, epoch: Some("E") }),
-        };
-        assert!(serde_json::to_string(&f).unwrap().ends_with(r#""since":{"seq":4,"epoch":"E"}}"#));
+        let fresh = ResumePoint::default();
+        assert_eq!(subscribe_frame("c", &fresh), r#"{"type":"subscribe","req":1,"channel":"c"}"#);
+        let resume = ResumePoint { last_seq: Some(4), epoch: Some("E".into()) };
+        assert!(subscribe_frame("c", &resume).ends_with(r#""since":{"seq":4,"epoch":"E"}}"#));
     }
 }

@@ -16,7 +16,7 @@ use herald_core::Message;
 use herald_proto::{close, encode_unsubscribed, ChannelName};
 use tokio_websockets::Message as WsMessage;
 
-use super::{ChannelTimers, End, Session};
+use super::{ChannelTimers, Session, SessionEnd};
 use crate::hub::Outgoing;
 
 /// Most messages read from the log per catch-up step. Between steps the
@@ -40,7 +40,7 @@ impl Session {
         &mut self,
         first: Arc<Outgoing>,
         outbox_rx: &mut flume::Receiver<Arc<Outgoing>>,
-    ) -> Result<(), End> {
+    ) -> Result<(), SessionEnd> {
         let mut written = 0u64;
         let mut next = Some(first);
         let mut taken = 0;
@@ -63,7 +63,7 @@ impl Session {
             // future while the socket is full.
             self.batch.push(out);
             if let Some(frame) = frame {
-                self.ws.feed(WsMessage::text(frame)).await.map_err(|_| End::Gone)?;
+                self.ws.feed(WsMessage::text(frame)).await.map_err(|_| SessionEnd::Gone)?;
                 written += 1;
             }
             taken += 1;
@@ -75,7 +75,7 @@ impl Session {
             self.end_subscription(&channel, "room_closed").await?;
         }
         if written > 0 {
-            self.ws.flush().await.map_err(|_| End::Gone)?;
+            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
             self.state.metrics.delivered.inc_by(written);
         }
         self.release_held();
@@ -111,7 +111,11 @@ impl Session {
     /// The server ends a subscription whose channel closed (its final
     /// message was just sent): drop it, without a presence leave (closing
     /// cleared the channel's presence), and tell the client.
-    pub(super) async fn end_subscription(&mut self, channel: &ChannelName, reason: &str) -> Result<(), End> {
+    pub(super) async fn end_subscription(
+        &mut self,
+        channel: &ChannelName,
+        reason: &str,
+    ) -> Result<(), SessionEnd> {
         if let Some(sub) = self.regs.remove(channel) {
             if let Some(mut log) = sub.log {
                 log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel });
@@ -120,7 +124,7 @@ impl Session {
             self.ws
                 .feed(WsMessage::text(Bytes::from(encode_unsubscribed(channel, reason))))
                 .await
-                .map_err(|_| End::Gone)?;
+                .map_err(|_| SessionEnd::Gone)?;
         }
         Ok(())
     }
@@ -145,7 +149,7 @@ impl Session {
     }
 
     /// One page of catch-up for the subscription at the front of the queue.
-    pub(super) async fn catchup_step(&mut self) -> Result<(), End> {
+    pub(super) async fn catchup_step(&mut self) -> Result<(), SessionEnd> {
         let Some(channel) = self.catchup.pop_front() else { return Ok(()) };
         let page_bytes = self.state.config.limits.outbox_bytes / 4;
         let page_len = (page_bytes / self.frame_estimate.max(MIN_FRAME_ESTIMATE)).clamp(1, CATCHUP_PAGE);
@@ -160,7 +164,7 @@ impl Session {
             Ok(page) => page,
             Err(e) => {
                 tracing::warn!(channel = %channel, error = %e, "catch-up read failed");
-                return Err(End::Close {
+                return Err(SessionEnd::Close {
                     code: close::INTERNAL,
                     reason: "storage unavailable",
                     reconnect: true,
@@ -193,7 +197,11 @@ impl Session {
             // The log was reset or trimmed past what this client has seen:
             // it must resubscribe, and the reply will say so.
             Paged::Resync => {
-                return Err(End::Close { code: close::RESYNC, reason: "resync needed", reconnect: true })
+                return Err(SessionEnd::Close {
+                    code: close::RESYNC,
+                    reason: "resync needed",
+                    reconnect: true,
+                })
             }
             Paged::Ignore { more } => {
                 self.release_held();
@@ -206,7 +214,7 @@ impl Session {
         };
         let mut closes = false;
         for msg in messages {
-            self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| End::Gone)?;
+            self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| SessionEnd::Gone)?;
             closes |= msg.closes;
         }
         if !messages.is_empty() {
@@ -214,12 +222,12 @@ impl Session {
         }
         if closes {
             self.end_subscription(&channel, "room_closed").await?;
-            self.ws.flush().await.map_err(|_| End::Gone)?;
+            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
             self.release_held();
             return Ok(());
         }
         if !messages.is_empty() {
-            self.ws.flush().await.map_err(|_| End::Gone)?;
+            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
         }
         self.release_held();
         if more {

@@ -35,7 +35,7 @@ use herald_core::Receipt;
 use herald_proto::{ChannelName, OkFrame};
 use tokio_websockets::Message as WsMessage;
 
-use super::{End, Session};
+use super::{Session, SessionEnd};
 use crate::error::ApiError;
 use crate::publish::Publish;
 
@@ -126,7 +126,7 @@ impl Session {
     }
 
     /// Send a batch's answers in one write, then start the next batch.
-    pub(super) async fn on_answers(&mut self, answers: Vec<Answer>) -> Result<(), End> {
+    pub(super) async fn on_answers(&mut self, answers: Vec<Answer>) -> Result<(), SessionEnd> {
         self.start_batch();
         for a in answers {
             let bytes = match a.result {
@@ -147,14 +147,14 @@ impl Session {
                     e.frame(a.req, Some(a.channel.as_str()))
                 }
             };
-            self.ws.feed(WsMessage::text(Bytes::from(bytes))).await.map_err(|_| End::Gone)?;
+            self.ws.feed(WsMessage::text(Bytes::from(bytes))).await.map_err(|_| SessionEnd::Gone)?;
         }
-        self.ws.flush().await.map_err(|_| End::Gone)
+        self.ws.flush().await.map_err(|_| SessionEnd::Gone)
     }
 
     /// Wait until every publish read so far is answered (before any other
     /// frame is handled).
-    pub(super) async fn settle_publishes(&mut self) -> Result<(), End> {
+    pub(super) async fn settle_publishes(&mut self) -> Result<(), SessionEnd> {
         while !self.pipeline.is_empty() {
             self.start_batch();
             let answers = std::future::poll_fn(|cx| poll_in_engine(&mut self.pipeline, cx)).await;

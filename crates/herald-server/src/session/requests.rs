@@ -8,7 +8,7 @@ use herald_core::{
 use herald_proto::{ChannelName, ErrorCode, OkFrame};
 use serde_json::value::RawValue;
 
-use super::{ChannelTimers, End, LogCursor, Session, Sub};
+use super::{ChannelTimers, LogDelivery, Session, SessionEnd, Sub};
 use crate::error::ApiError;
 use crate::publish::{fingerprint, validate_idempotency_key, Publish, ScopedKey};
 use crate::rooms;
@@ -59,7 +59,7 @@ impl Session {
         self.regs.subs.insert(
             channel.clone(),
             Sub {
-                log: durable.then(|| LogCursor { delivery: Subscription::starting(), subscriber: None }),
+                log: durable.then(|| LogDelivery { delivery: Subscription::starting(), subscriber: None }),
                 presence: None,
             },
         );
@@ -132,7 +132,7 @@ impl Session {
     pub(super) async fn renew_presence(&mut self) {
         let state = self.state.clone();
         let ttl = state.config.presence.lease_ttl;
-        let holds: Vec<(ChannelName, rooms::Hold)> = self
+        let holds: Vec<(ChannelName, rooms::MemberLease)> = self
             .regs
             .subs
             .iter()
@@ -168,7 +168,7 @@ impl Session {
     /// for a newer answer.
     pub(super) async fn rejoin_lapsed(&mut self) {
         let state = self.state.clone();
-        let due: Vec<(ChannelName, rooms::Hold)> = self
+        let due: Vec<(ChannelName, rooms::MemberLease)> = self
             .regs
             .subs
             .iter()
@@ -256,7 +256,7 @@ impl Session {
             self.catchup.push_back(channel.clone());
         }
         if let Some(log) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
-            *log = LogCursor { delivery, subscriber };
+            *log = LogDelivery { delivery, subscriber };
         }
         ok.epoch = Some(start.epoch.to_string());
         ok.first = Some(start.first);
@@ -345,7 +345,7 @@ impl Session {
     }
 
     /// A redelivery timer fired.
-    pub(super) async fn on_timer(&mut self, (channel, seq): (ChannelName, Seq)) -> Result<(), End> {
+    pub(super) async fn on_timer(&mut self, (channel, seq): (ChannelName, Seq)) -> Result<(), SessionEnd> {
         let Some(log) = self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else {
             return Ok(());
         };

@@ -1,0 +1,209 @@
+use serde_json::value::RawValue;
+
+use super::client::*;
+use super::server::*;
+use super::*;
+use crate::{ChannelName, ErrorCode};
+
+#[test]
+fn parses_every_client_frame() {
+    let f = ClientFrame::parse(
+        r#"{"type":"subscribe","req":1,"channel":"chat:1","since":{"seq":3,"epoch":"E"}}"#,
+    )
+    .unwrap();
+    match f {
+        ClientFrame::Subscribe { req, channel, since, .. } => {
+            assert_eq!(req, Some(1));
+            assert_eq!(channel.as_str(), "chat:1");
+            assert_eq!(since, Some(Since { seq: 3, epoch: Some("E".into()) }));
+        }
+        other => panic!("{other:?}"),
+    }
+    let f = ClientFrame::parse(
+        r#"{"type":"publish","req":3,"channel":"chat:1","data":{"a":[1, 2]},"idempotency_key":"k1"}"#,
+    )
+    .unwrap();
+    match f {
+        ClientFrame::Publish { data, idempotency_key, .. } => {
+            assert_eq!(data.get(), r#"{"a":[1, 2]}"#, "data is kept raw, byte for byte");
+            assert_eq!(idempotency_key.as_deref(), Some("k1"));
+        }
+        other => panic!("{other:?}"),
+    }
+    match ClientFrame::parse(r#"{"type":"publish","channel":"chat:1","data":null}"#).unwrap() {
+        ClientFrame::Publish { data, .. } => assert_eq!(data.get(), "null"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        ClientFrame::parse(r#"{"type":"ping","req":4}"#),
+        Ok(ClientFrame::Ping { req: Some(4) })
+    ));
+    assert!(matches!(
+        ClientFrame::parse(r#"{"type":"ack","channel":"user:1","seq":15}"#),
+        Ok(ClientFrame::Ack { seq: 15, .. })
+    ));
+}
+
+#[test]
+fn errors_are_precise_and_echo_req() {
+    let e = ClientFrame::parse("{not json").unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadJson);
+    let e = ClientFrame::parse(r#"{"type":"subscribe","req":9}"#).unwrap_err();
+    assert_eq!((e.code, e.req), (ErrorCode::BadRequest, Some(9)));
+    let e = ClientFrame::parse(r#"{"type":"subscribe","req":9,"channel":"a b"}"#).unwrap_err();
+    assert_eq!(e.code, ErrorCode::BadChannel);
+    let e = ClientFrame::parse(r#"{"type":"frobnicate","req":2}"#).unwrap_err();
+    assert_eq!((e.code, e.req), (ErrorCode::BadRequest, Some(2)));
+    let e = ClientFrame::parse(r#"{"type":"publish","req":5,"channel":"chat:1","data":1,"req":"x"}"#);
+    assert!(e.is_err());
+}
+
+#[test]
+fn message_frame_round_trips() {
+    let ch = ChannelName::new("chat:1").unwrap();
+    let data = RawValue::from_string(r#"{"text":"hi"}"#.into()).unwrap();
+    let mut meta = Meta::new();
+    meta.insert("trace_id".into(), "t1".into());
+    let bytes = encode_message_frame(&ch, Some(4), "id-1", 1700, &data, Some(&meta));
+    let v = MessageView::parse(&bytes).unwrap();
+    assert_eq!(v.kind, "message");
+    assert_eq!(v.seq, Some(4));
+    assert_eq!(v.data.unwrap().get(), r#"{"text":"hi"}"#);
+    assert_eq!(v.meta.unwrap()["trace_id"], "t1");
+}
+
+#[test]
+fn event_frames_carry_their_type_and_body_field() {
+    let ch = ChannelName::new("room:1").unwrap();
+    let member = RawValue::from_string(r#"{"client_id":"c","user":"u"}"#.into()).unwrap();
+    let v = MessageView::parse(&encode_frame(FrameKind::Join, &ch, None, "i", 1, &member, None)).unwrap();
+    assert_eq!(v.kind, "join");
+    assert_eq!(v.member.unwrap().client_id, "c");
+    assert!(v.data.is_none() && v.seq.is_none());
+    let state = RawValue::from_string(r#"{"state":"live"}"#.into()).unwrap();
+    let v = MessageView::parse(&encode_frame(FrameKind::Room, &ch, Some(3), "i", 1, &state, None)).unwrap();
+    assert_eq!((v.kind.as_str(), v.seq), ("room", Some(3)));
+    assert_eq!(v.data.unwrap().get(), r#"{"state":"live"}"#);
+    for k in [FrameKind::Message, FrameKind::Room, FrameKind::Join, FrameKind::Leave] {
+        assert_eq!(FrameKind::parse(k.as_str()), Some(k));
+    }
+}
+
+#[test]
+fn subscribe_checks_presence_fields() {
+    let f =
+        ClientFrame::parse(r#"{"type":"subscribe","channel":"room:1","client_id":"tab-1","info":{"n":"A"}}"#);
+    match f.unwrap() {
+        ClientFrame::Subscribe { client_id, info, .. } => {
+            assert_eq!(client_id.as_deref(), Some("tab-1"));
+            assert_eq!(info.unwrap().get(), r#"{"n":"A"}"#);
+        }
+        other => panic!("{other:?}"),
+    }
+    let long = "x".repeat(MAX_CLIENT_ID_LEN + 1);
+    let e = ClientFrame::parse(&format!(
+        r#"{{"type":"subscribe","req":2,"channel":"room:1","client_id":"{long}"}}"#
+    ))
+    .unwrap_err();
+    assert_eq!((e.code, e.req), (ErrorCode::BadRequest, Some(2)));
+    let big =
+        format!(r#"{{"type":"subscribe","channel":"room:1","info":"{}"}}"#, "y".repeat(MAX_MEMBER_INFO_LEN));
+    assert_eq!(ClientFrame::parse(&big).unwrap_err().code, ErrorCode::BadRequest);
+}
+
+#[test]
+fn redelivered_frames_keep_every_field_and_add_the_marker() {
+    let ch = ChannelName::new("user:1").unwrap();
+    let data = RawValue::from_string(r#"{"n":1}"#.into()).unwrap();
+    let frame = encode_message_frame(&ch, Some(7), "id-7", 5, &data, None);
+    let v = MessageView::parse(&mark_redelivered(&frame, 3)).unwrap();
+    assert_eq!((v.seq, v.redelivered, v.attempt), (Some(7), Some(true), Some(3)));
+    assert_eq!(v.data.unwrap().get(), r#"{"n":1}"#);
+}
+
+#[test]
+fn stored_frames_read_in_place_and_garbage_is_an_error() {
+    let ch = ChannelName::new("chat:1").unwrap();
+    let data = RawValue::from_string("{ \"b\" : 1e400, \"a\": 1 }".into()).unwrap();
+    let frame = encode_message_frame(&ch, Some(3), "i", 9, &data, None);
+    let f = StoredFrame::parse(&frame).unwrap();
+    assert_eq!((f.kind.as_str(), f.seq, f.ts), ("message", Some(3), 9));
+    assert_eq!(f.data.unwrap().get(), data.get());
+    assert_eq!(
+        serde_json::to_string(&f).unwrap(),
+        format!(r#"{{"type":"message","seq":3,"id":"i","ts":9,"data":{}}}"#, data.get())
+    );
+    let null = RawValue::from_string("null".into()).unwrap();
+    let frame = encode_message_frame(&ch, Some(4), "i", 9, &null, None);
+    assert_eq!(StoredFrame::parse(&frame).unwrap().data.map(RawValue::get), Some("null"));
+    assert_eq!(MessageView::parse(&frame).unwrap().data.map(|d| d.get().to_owned()).as_deref(), Some("null"));
+    assert_eq!(MessageView::parse(br#"{"type":"pong"}"#).unwrap().data.map(|d| d.get().to_owned()), None);
+    for garbage in [&b""[..], b"{", b"\xff", br#"{"type":"message"}"#, br#"[1]"#] {
+        assert!(StoredFrame::parse(garbage).is_err());
+    }
+}
+
+#[test]
+fn ok_frame_omits_irrelevant_fields() {
+    let ok = OkFrame { req: Some(1), seq: Some(8), duplicate: Some(false), ..Default::default() };
+    assert_eq!(String::from_utf8(ok.encode()).unwrap(), r#"{"type":"ok","req":1,"seq":8,"duplicate":false}"#);
+}
+
+#[test]
+fn every_encoded_client_frame_parses_back() {
+    let data = RawValue::from_string(r#"{ "b" : 1e400, "a":[1] }"#.into()).unwrap();
+    let info = RawValue::from_string(r#"{"n":"A"}"#.into()).unwrap();
+    let mut meta = Meta::new();
+    meta.insert("trace_id".into(), "t".into());
+    let since = Some(Since { seq: 3, epoch: Some("E".into()) });
+    let sub = OutFrame::Subscribe {
+        req: Some(1),
+        channel: "room:1",
+        since: since.clone(),
+        client_id: Some("tab"),
+        info: Some(&info),
+    };
+    match ClientFrame::parse(&sub.encode()).unwrap() {
+        ClientFrame::Subscribe { req, channel, since: s, client_id, info: i } => {
+            assert_eq!(
+                (req, channel.as_str(), s, client_id.as_deref()),
+                (Some(1), "room:1", since, Some("tab"))
+            );
+            assert_eq!(i.unwrap().get(), info.get());
+        }
+        other => panic!("{other:?}"),
+    }
+    let publish = OutFrame::Publish {
+        req: Some(2),
+        channel: "chat:1",
+        data: &data,
+        meta: Some(&meta),
+        idempotency_key: Some("k"),
+    };
+    match ClientFrame::parse(&publish.encode()).unwrap() {
+        ClientFrame::Publish { req, data: d, meta: m, idempotency_key, .. } => {
+            assert_eq!(d.get(), data.get(), "data goes out byte for byte");
+            assert_eq!((req, m, idempotency_key.as_deref()), (Some(2), Some(meta.clone()), Some("k")));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        ClientFrame::parse(&OutFrame::Unsubscribe { req: Some(3), channel: "chat:1" }.encode()),
+        Ok(ClientFrame::Unsubscribe { req: Some(3), .. })
+    ));
+    assert!(matches!(
+        ClientFrame::parse(&OutFrame::Presence { req: Some(4), channel: "room:1" }.encode()),
+        Ok(ClientFrame::Presence { req: Some(4), .. })
+    ));
+    assert!(matches!(
+        ClientFrame::parse(&OutFrame::Ping { req: None }.encode()),
+        Ok(ClientFrame::Ping { req: None })
+    ));
+    let ack = OutFrame::Ack { req: None, channel: "user:1", seq: 5 };
+    assert_eq!(ack.encode(), r#"{"type":"ack","channel":"user:1","seq":5}"#);
+    assert!(matches!(ClientFrame::parse(&ack.encode()), Ok(ClientFrame::Ack { req: None, seq: 5, .. })));
+    assert_eq!(
+        OutFrame::Subscribe { req: Some(1), channel: "c", since: None, client_id: None, info: None }.encode(),
+        r#"{"type":"subscribe","req":1,"channel":"c"}"#
+    );
+}
