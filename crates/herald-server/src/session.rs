@@ -417,7 +417,9 @@ impl Session {
             // tokio-websockets answers the close; the next read ends the
             // loop. A close frame is a clean end: leave presence at once.
             self.regs.leave_on_drop = true;
-            return Ok(());
+            // The publishes sent before the close still go to the engine
+            // (their replies may no longer get through).
+            return Box::pin(self.settle_publishes()).await;
         }
         let Some(text) = msg.as_text() else {
             self.send_bytes(

@@ -173,3 +173,22 @@ async fn closing_with_publishes_in_flight_leaves_nothing_a_retry_duplicates() {
     assert_eq!(data.iter().copied().collect::<HashSet<_>>(), (0..N).collect::<HashSet<_>>());
     assert!(fresh < N, "the first connection's committed publishes are replays on retry");
 }
+
+#[tokio::test]
+async fn publishes_sent_before_a_close_frame_are_appended() {
+    let srv = TestServer::start_with(pipelining).await;
+    let mut c = srv.connect("writer").await;
+    const N: u64 = 200;
+    send_publishes(&mut c, "chat:closing", 0..N, false).await;
+    // A clean close right behind the frames, without reading the replies.
+    let _ = tokio::time::timeout(WAIT, c.close(Some(1000), "done")).await.expect("closed in time");
+    let mut data = Vec::new();
+    for _ in 0..200 {
+        data = srv.history("chat:closing").await.iter().map(|m| m["data"].as_u64().unwrap()).collect();
+        if data.len() as u64 == N {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(data, (0..N).collect::<Vec<_>>(), "every publish before the close, once, in frame order");
+}

@@ -21,6 +21,8 @@
 //!   slows the publisher down, nothing is buffered beyond it);
 //! - any other frame first waits until every earlier publish is answered,
 //!   so it sees their effects, as when publishes were handled one by one;
+//!   so does the peer's close frame (the publishes sent before it are
+//!   appended, though their replies may no longer get through);
 //! - a connection that ends with publishes in flight drops their replies;
 //!   what the engine already took commits (as for a client that
 //!   disconnects while waiting), under the dedup keys it was sent with.
