@@ -43,4 +43,6 @@ pub use connection::{
 };
 pub use error::ClientError;
 pub use herald_proto::{MessageView, Meta};
-pub use http_api::{History, HistoryMessage, HttpApi, PublishResult, RawResponse};
+pub use http_api::{
+    DeliverAt, History, HistoryMessage, HttpApi, PublishResult, RawResponse, ScheduledEntry, ScheduledResult,
+};
