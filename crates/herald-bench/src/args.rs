@@ -27,6 +27,10 @@ pub enum Scenario {
     /// Herald only: N users' acked `user:` channels, every client acking:
     /// offline-inbox drain time, then live deliveries/s; acks/s throughout
     Acked,
+    /// Herald only: M scheduled publishes (`deliver_at`) spread over
+    /// `--spread`, starting `--lead` from now: each appended once, and the
+    /// lateness (append ts - deliver_at) p50/p99
+    Scheduled,
     /// Internal: one connection-holding worker process (spawned by the bench)
     #[value(hide = true)]
     Worker,
@@ -41,6 +45,7 @@ impl Scenario {
             Scenario::Publish => "publish",
             Scenario::Reconnect => "reconnect",
             Scenario::Acked => "acked",
+            Scenario::Scheduled => "scheduled",
             Scenario::Worker => "worker",
         }
     }
@@ -237,6 +242,13 @@ pub struct BenchArgs {
     /// 30 s spans one heartbeat round of every server)
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub hold: Duration,
+    /// scheduled: the delivery times are spread evenly over this window
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub spread: Duration,
+    /// scheduled: the first delivery time is this long after the start
+    /// (scheduling everything must fit in it for the lateness to be clean)
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub lead: Duration,
     /// Deadline of each phase (connect, deliver, reconnect)
     #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
     pub timeout: Duration,
@@ -319,6 +331,9 @@ impl BenchArgs {
             if self.scenario == Scenario::Fanout && self.ws_publishers != 1 {
                 bail!("fanout publishes to one channel: --ws-publishers must be 1");
             }
+        }
+        if self.scenario == Scenario::Scheduled && self.peer != Peer::Herald {
+            bail!("`scheduled` runs against Herald only: the peers have no scheduled delivery");
         }
         if self.scenario == Scenario::Acked && self.peer != Peer::Herald {
             bail!("`acked` runs against Herald only: the peers have no acked delivery");

@@ -4,7 +4,7 @@ use bytes::Bytes;
 pub use herald_proto::{History, HistoryMessage};
 use herald_proto::{Meta, Problem, PublishBodyRef, Published};
 use http::{HeaderMap, Method};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::url::encode_path_segment;
 use crate::ClientError;
@@ -67,6 +67,38 @@ pub struct PublishResult {
     pub replayed: bool,
 }
 
+/// When a scheduled publish is delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliverAt {
+    /// At this time, ms since the Unix epoch (`deliver_at`).
+    At(u64),
+    /// This long after the server receives the request (`delay_ms`).
+    In(std::time::Duration),
+}
+
+/// A publish the server accepted for later delivery (`202 Accepted`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ScheduledResult {
+    pub scheduled_id: String,
+    pub channel: String,
+    /// When it is appended, ms since the Unix epoch.
+    pub deliver_at: u64,
+    /// The Idempotency-Key matched an earlier schedule: its original answer.
+    #[serde(skip)]
+    pub replayed: bool,
+}
+
+/// A pending schedule, as `GET /api/v1/scheduled` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ScheduledEntry {
+    pub id: String,
+    pub channel: String,
+    pub deliver_at: u64,
+    pub created_at: u64,
+    /// Bytes of `data`.
+    pub size: u64,
+}
+
 /// Client for `/api/v1`. Cheap to clone (the connection pool is shared).
 #[derive(Debug, Clone)]
 pub struct HttpApi {
@@ -108,13 +140,73 @@ impl HttpApi {
         meta: Option<&Meta>,
         idempotency_key: Option<&str>,
     ) -> Result<PublishResult, ClientError> {
-        let body = serde_json::to_vec(&PublishBodyRef { data, meta })
+        let body = serde_json::to_vec(&PublishBodyRef { data, meta, deliver_at: None, delay_ms: None })
             .map_err(|e| ClientError::Config(format!("publish body does not serialise: {e}")))?;
         let resp = self.publish_raw(channel, body, idempotency_key).await?.error_for_status()?;
         let Published { channel, seq, id, epoch } = serde_json::from_slice(&resp.body)
             .map_err(|e| ClientError::Protocol(format!("unexpected publish response: {e}")))?;
         let replayed = resp.header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
         Ok(PublishResult { status: resp.status, channel, seq, id, epoch, replayed })
+    }
+
+    /// `POST /api/v1/channels/{channel}/messages` with `deliver_at` or
+    /// `delay_ms`: the server stores the message and appends it at that
+    /// time, exactly once. With an idempotency key a retry schedules once
+    /// (and gets the original answer, `replayed`).
+    pub async fn publish_scheduled<D: Serialize + ?Sized>(
+        &self,
+        channel: &str,
+        data: &D,
+        meta: Option<&Meta>,
+        when: DeliverAt,
+        idempotency_key: Option<&str>,
+    ) -> Result<ScheduledResult, ClientError> {
+        let (deliver_at, delay_ms) = match when {
+            DeliverAt::At(at) => (Some(at), None),
+            DeliverAt::In(d) => (None, Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))),
+        };
+        let body = serde_json::to_vec(&PublishBodyRef { data, meta, deliver_at, delay_ms })
+            .map_err(|e| ClientError::Config(format!("publish body does not serialise: {e}")))?;
+        let resp = self.publish_raw(channel, body, idempotency_key).await?.error_for_status()?;
+        let mut result: ScheduledResult = serde_json::from_slice(&resp.body)
+            .map_err(|e| ClientError::Protocol(format!("unexpected schedule response: {e}")))?;
+        result.replayed = resp.header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        Ok(result)
+    }
+
+    /// `GET /api/v1/scheduled?channel=C&limit=N`: pending schedules of a
+    /// channel, in delivery order.
+    pub async fn scheduled(
+        &self,
+        channel: &str,
+        limit: Option<u32>,
+    ) -> Result<Vec<ScheduledEntry>, ClientError> {
+        let mut path = format!("/api/v1/scheduled?channel={}", encode_path_segment(channel));
+        if let Some(limit) = limit {
+            path.push_str(&format!("&limit={limit}"));
+        }
+        let resp = self.request(Method::GET, &path, &[], None).await?.error_for_status()?;
+        #[derive(Deserialize)]
+        struct List {
+            scheduled: Vec<ScheduledEntry>,
+        }
+        let list: List = serde_json::from_slice(&resp.body)
+            .map_err(|e| ClientError::Protocol(format!("unexpected scheduled list: {e}")))?;
+        Ok(list.scheduled)
+    }
+
+    /// `DELETE /api/v1/scheduled/{id}`: `Ok(None)` when there is no pending
+    /// schedule with this id (never made, delivered or cancelled).
+    pub async fn cancel_scheduled(&self, id: &str) -> Result<Option<ScheduledEntry>, ClientError> {
+        let path = format!("/api/v1/scheduled/{}", encode_path_segment(id));
+        let resp = self.request(Method::DELETE, &path, &[], None).await?;
+        if resp.status == 404 {
+            return Ok(None);
+        }
+        let resp = resp.error_for_status()?;
+        serde_json::from_slice(&resp.body)
+            .map(Some)
+            .map_err(|e| ClientError::Protocol(format!("unexpected cancel response: {e}")))
     }
 
     /// Publish with a body given byte for byte (malformed bodies, exact

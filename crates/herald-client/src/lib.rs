@@ -44,5 +44,7 @@ pub use connection::{
 pub use error::ClientError;
 pub use event::{ClientStatus, ConnState, Delivery, Event, PublishReply, SubscribeInfo};
 pub use herald_proto::{MessageView, Meta};
-pub use http_api::{History, HistoryMessage, HttpApi, PublishResult, RawResponse};
+pub use http_api::{
+    DeliverAt, History, HistoryMessage, HttpApi, PublishResult, RawResponse, ScheduledEntry, ScheduledResult,
+};
 pub use options::ClientOptions;

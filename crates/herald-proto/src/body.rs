@@ -65,6 +65,11 @@ pub struct PublishBodyRef<'a, D: ?Sized> {
     pub data: &'a D,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub meta: Option<&'a Meta>,
+    /// As in [`PublishBody`]: scheduled delivery.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deliver_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
 }
 
 /// `PUT /api/v1/rooms/{room}`: create a room.

@@ -111,9 +111,13 @@ async fn step(state: &Arc<State>) -> Result<Duration, EngineError> {
     if n == CLAIM_PAGE {
         return Ok(Duration::ZERO);
     }
+    let claimed_at = now;
     let now = now_ms();
     Ok(match state.engine.schedule_next().await? {
-        // Due but claimed elsewhere (or delivered meanwhile): look again soon.
+        // Became due since the claim: at once.
+        Some(t) if t > claimed_at && t <= now => Duration::ZERO,
+        // Due at the claim but not claimed: held by another node (or
+        // delivered meanwhile): look again soon.
         Some(t) if t <= now => Duration::from_millis(if n > 0 { 0 } else { 50 }),
         Some(t) => Duration::from_millis(t - now).min(POLL_INTERVAL),
         None => POLL_INTERVAL,

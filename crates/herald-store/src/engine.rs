@@ -374,7 +374,9 @@ impl Schedules for EmbeddedEngine {
         let shared = self.shared.clone();
         let due = self
             .read_blocking(move |storage| {
-                schedules::due(storage, now, limit, |id| shared.claims.held(id, shared.clock.now_ms()))
+                schedules::due(storage, &shared.due_floor, now, limit, |id| {
+                    shared.claims.held(id, shared.clock.now_ms())
+                })
             })
             .await?;
         let at = self.shared.clock.now_ms();
@@ -397,7 +399,8 @@ impl Schedules for EmbeddedEngine {
     }
 
     async fn schedule_next(&self) -> Result<Option<u64>, EngineError> {
-        self.read_blocking(schedules::next).await
+        let shared = self.shared.clone();
+        self.read_blocking(move |storage| schedules::next(storage, &shared.due_floor)).await
     }
 
     async fn schedules_pending(&self) -> Result<u64, EngineError> {

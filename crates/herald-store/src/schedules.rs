@@ -64,6 +64,14 @@ impl SchedCmd {
 }
 
 impl SchedDone {
+    /// The `deliver_at` of a schedule this request stored (not a duplicate).
+    pub fn added_at(&self) -> Option<u64> {
+        match self {
+            SchedDone::Added(_, Ok(r)) if !r.duplicate => Some(r.deliver_at),
+            _ => None,
+        }
+    }
+
     pub fn fail(self, reason: &str) {
         let e = EngineError::Failed(reason.to_owned());
         match self {
@@ -309,20 +317,28 @@ pub(crate) fn by_channel(
 /// claimed, up to `limit`.
 pub(crate) fn due(
     storage: &Storage,
+    floor: &DueFloor,
     now: u64,
     limit: usize,
     mut skip: impl FnMut(&str) -> bool,
 ) -> Result<Vec<Schedule>, StorageError> {
+    let (from, generation) = floor.read();
     let view = storage.view();
     let end = (now.saturating_add(1)).to_be_bytes().to_vec();
     let mut ids = Vec::new();
-    view.scan(Space::SchedulesDue, (Bound::Unbounded, Bound::Excluded(end)), |k, _| {
+    let mut first = None;
+    let range = (Bound::Included(from.to_be_bytes().to_vec()), Bound::Excluded(end));
+    view.scan(Space::SchedulesDue, range, |k, _| {
+        first.get_or_insert_with(|| u64::from_be_bytes(k[..8].try_into().expect("8 bytes")));
         let id = String::from_utf8_lossy(&k[8..]).into_owned();
         if !skip(&id) {
             ids.push(id);
         }
         Ok(if ids.len() >= limit { ControlFlow::Break(()) } else { ControlFlow::Continue(()) })
     })?;
+    // Nothing below `first` (or, with nothing found, below `now + 1`) is
+    // stored any more.
+    floor.raise(first.unwrap_or(now.saturating_add(1)), generation);
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
         if let Some(v) = view.get(Space::Schedules, id.as_bytes())? {
@@ -333,9 +349,10 @@ pub(crate) fn due(
 }
 
 /// The earliest `deliver_at`.
-pub(crate) fn next(storage: &Storage) -> Result<Option<u64>, StorageError> {
+pub(crate) fn next(storage: &Storage, floor: &DueFloor) -> Result<Option<u64>, StorageError> {
     let mut first = None;
-    storage.view().scan(Space::SchedulesDue, (Bound::Unbounded, Bound::Unbounded), |k, _| {
+    let from = floor.read().0.to_be_bytes().to_vec();
+    storage.view().scan(Space::SchedulesDue, (Bound::Included(from), Bound::Unbounded), |k, _| {
         first = k.get(..8).map(|b| u64::from_be_bytes(b.try_into().expect("8 bytes")));
         Ok(ControlFlow::Break(()))
     })?;
@@ -350,6 +367,44 @@ pub(crate) fn count(storage: &Storage) -> Result<u64, StorageError> {
         Ok(ControlFlow::Continue(()))
     })?;
     Ok(n)
+}
+
+/// A lower bound of every `deliver_at` in the due index, so scans start
+/// there instead of walking the tombstones of delivered schedules (an LSM
+/// keeps them until compaction: 100,000 delivered schedules would make
+/// every scan from the start slower and slower). The writer lowers it after
+/// each commit that adds a schedule (and bumps the generation); a scan
+/// raises it to the first key it found only if no add committed since it
+/// read the floor (same generation), so it is never above a stored entry.
+#[derive(Default)]
+pub(crate) struct DueFloor {
+    inner: Mutex<(u64, u64)>,
+}
+
+impl DueFloor {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, u64)> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `(floor, generation)`.
+    pub fn read(&self) -> (u64, u64) {
+        *self.lock()
+    }
+
+    /// A schedule for `at` was committed.
+    pub fn lower(&self, at: u64) {
+        let mut g = self.lock();
+        g.0 = g.0.min(at);
+        g.1 += 1;
+    }
+
+    /// A scan that read `generation` found nothing below `to`.
+    pub fn raise(&self, to: u64, generation: u64) {
+        let mut g = self.lock();
+        if g.1 == generation && to > g.0 {
+            g.0 = to;
+        }
+    }
 }
 
 /// The claims of this process: id → (token, lease end in engine ms).

@@ -26,6 +26,8 @@ pub(crate) struct Shared {
     schedules_pending: AtomicI64,
     /// Claims of schedules (`schedules.rs`).
     pub claims: crate::schedules::ClaimBook,
+    /// Where scans of the due index start (`schedules.rs`, `DueFloor`).
+    pub due_floor: crate::schedules::DueFloor,
 }
 
 impl Shared {
@@ -40,6 +42,7 @@ impl Shared {
             clock: Clock::default(),
             schedules_pending: AtomicI64::new(0),
             claims: Default::default(),
+            due_floor: Default::default(),
         }
     }
 

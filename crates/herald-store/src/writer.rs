@@ -391,6 +391,9 @@ impl Writer {
         let mut storage_error = None;
         // What the batch does to the number of pending schedules.
         let mut sched_delta = 0i64;
+        // The earliest `deliver_at` the batch adds (lowers the due floor
+        // once committed).
+        let mut sched_added_min: Option<u64> = None;
         for op in batch.drain(..) {
             if storage_error.is_some() {
                 done.push(Staged::unstaged(op));
@@ -450,6 +453,9 @@ impl Writer {
                     // answered, and so is its delivery or cancel.
                     appended |= ws.len() > before;
                     sched_delta += delta;
+                    if let Some(at) = staged.added_at() {
+                        sched_added_min = Some(sched_added_min.map_or(at, |m: u64| m.min(at)));
+                    }
                     storage_error = error;
                     done.push(Staged::Sched(staged));
                 }
@@ -476,6 +482,9 @@ impl Writer {
         self.cursors.end_batch();
         counters.add(&tally);
         self.shared.add_schedules_pending(sched_delta);
+        if let Some(at) = sched_added_min {
+            self.shared.due_floor.lower(at);
+        }
         if self.channels.len() > CHANNEL_CACHE_CAP {
             self.channels.clear();
         }

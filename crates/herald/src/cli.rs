@@ -26,6 +26,24 @@ pub struct PublishArgs {
     /// Metadata entry KEY=VALUE (repeatable)
     #[arg(long = "meta", value_name = "KEY=VALUE")]
     pub meta: Vec<String>,
+    /// Scheduled delivery at a time: RFC 3339 (2030-01-01T09:00:00Z) or ms
+    /// since the Unix epoch
+    #[arg(long, value_name = "TIME", conflicts_with = "in_")]
+    pub at: Option<String>,
+    /// Scheduled delivery after a delay, e.g. 90s, 10m, 2h
+    #[arg(long = "in", id = "in_", value_name = "DURATION")]
+    pub in_: Option<String>,
+}
+
+/// `--at`: ms since the Unix epoch, or an RFC 3339 time.
+fn parse_at(s: &str) -> anyhow::Result<u64> {
+    if let Ok(ms) = s.parse::<u64>() {
+        return Ok(ms);
+    }
+    let t = humantime::parse_rfc3339_weak(s)
+        .with_context(|| format!("--at takes ms since the Unix epoch or an RFC 3339 time, got `{s}`"))?;
+    let d = t.duration_since(std::time::UNIX_EPOCH).context("--at is before 1970")?;
+    Ok(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 #[derive(Debug, clap::Args)]
@@ -70,6 +88,29 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
         None => HttpApi::anonymous(&args.url),
     };
     let meta = (!meta.is_empty()).then_some(meta);
+    let when = match (&args.at, &args.in_) {
+        (Some(at), _) => Some(herald_client::DeliverAt::At(parse_at(at)?)),
+        (None, Some(d)) => Some(herald_client::DeliverAt::In(
+            humantime::parse_duration(d)
+                .with_context(|| format!("--in takes a duration like 90s, got `{d}`"))?,
+        )),
+        (None, None) => None,
+    };
+    if let Some(when) = when {
+        let r = api
+            .publish_scheduled(&args.channel, &*data, meta.as_ref(), when, args.idempotency_key.as_deref())
+            .await?;
+        let mut out = serde_json::json!({
+            "scheduled_id": r.scheduled_id,
+            "channel": r.channel,
+            "deliver_at": r.deliver_at,
+        });
+        if r.replayed {
+            out["replayed"] = true.into();
+        }
+        println!("{out}");
+        return Ok(());
+    }
     let result = api.publish(&args.channel, &*data, meta.as_ref(), args.idempotency_key.as_deref()).await?;
     let mut out = serde_json::json!({
         "channel": result.channel,

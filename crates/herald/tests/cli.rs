@@ -115,3 +115,40 @@ fn invalid_config_is_one_line_and_exit_64() {
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(err.contains("herald.toml") && err.contains("max_mesage_bytes"), "{err}");
 }
+
+#[test]
+fn publish_at_or_in_schedules_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve_dev(dir.path());
+    let run = |extra: &[&str], data: &str| {
+        let out = Command::new(BIN)
+            .args(["publish", "chat:sched", data, "--url", &srv.url])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let a = run(&["--in", "300ms", "--idempotency-key", "k"], "1");
+    assert!(a["scheduled_id"].is_string(), "{a}");
+    assert!(a["deliver_at"].as_u64().unwrap() >= now + 300);
+    assert_eq!(run(&["--in", "300ms", "--idempotency-key", "k"], "1")["replayed"], true);
+    let b = run(&["--at", "2000-01-01T00:00:00Z"], "2");
+    assert!(b["deliver_at"].as_u64().unwrap() >= now, "a past time means now");
+    let c = run(&["--at", &(now + 500).to_string()], "3");
+    assert_eq!(c["deliver_at"], now + 500);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let api = herald_client::HttpApi::anonymous(&srv.url);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let h = rt.block_on(api.history("chat:sched", None, None)).expect("history");
+        let datas: Vec<String> = h.messages.iter().map(|m| m.data.get().to_owned()).collect();
+        if datas.len() >= 3 {
+            assert_eq!(datas, ["2", "1", "3"]);
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "scheduled messages delivered: {datas:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -131,6 +131,28 @@ async fn scheduling_requests_are_checked() {
     s.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_rooms_schedules_are_cancelled() {
+    let s = TestServer::start().await;
+    let r = s.call("PUT", "/api/v1/rooms/room:sched", Some(json!({"host": "h"})), &[]).await;
+    assert_eq!(r.status, 201, "{:?}", r.body);
+    let a =
+        s.publish_with("room:sched", json!({"data": "later", "delay_ms": 60_000}), None, Some(API_KEY)).await;
+    assert_eq!(a.status, 202, "{:?}", a.body);
+    let missing = s.publish_with("room:nope", json!({"data": 1, "delay_ms": 10}), None, Some(API_KEY)).await;
+    assert_eq!(missing.status, 404, "a room must exist to be scheduled to");
+    assert_eq!(
+        s.get("/api/v1/scheduled?channel=room:sched").await.body["scheduled"].as_array().unwrap().len(),
+        1
+    );
+    assert_eq!(s.call("DELETE", "/api/v1/rooms/room:sched", None, &[]).await.status, 200);
+    let listed = s.get("/api/v1/scheduled?channel=room:sched").await;
+    assert_eq!(listed.body["scheduled"], json!([]), "closing the room cancelled it");
+    let id = a.body["scheduled_id"].as_str().unwrap();
+    assert_eq!(s.call("DELETE", &format!("/api/v1/scheduled/{id}"), None, &[]).await.status, 404);
+    s.stop().await;
+}
+
 struct Proc {
     child: Child,
     url: String,

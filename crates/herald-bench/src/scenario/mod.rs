@@ -7,6 +7,7 @@ mod idle;
 mod p2p;
 mod publish;
 mod reconnect;
+mod scheduled;
 
 use std::time::Duration;
 
@@ -64,6 +65,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         Scenario::Publish => vec![publish::run(&ctx).await?],
         Scenario::Reconnect => vec![reconnect::run(&ctx).await?],
         Scenario::Acked => acked::run(&ctx).await?,
+        Scenario::Scheduled => vec![scheduled::run(&ctx).await?],
         Scenario::Worker => bail!("`worker` is internal: the bench starts it itself"),
     };
     let mut failed = 0;
