@@ -181,8 +181,12 @@ impl Webhooks {
             {
                 continue;
             }
+            // The position first: if another node created the cursor and
+            // appended meanwhile, the cursor read below sees its cursor (it
+            // was written before that append), so a head read after its
+            // append can never become a cursor that skips it.
+            let pos = engine.position(channel).await?;
             if engine.cursor(channel, &hook.sub).await?.is_none() {
-                let pos = engine.position(channel).await?;
                 let start = match hook.cfg.start {
                     StartAt::Oldest => pos.first.saturating_sub(1),
                     StartAt::Head => pos.head,
