@@ -27,6 +27,10 @@
 //! - **Loss is reported.** Messages removed by retention before delivery
 //!   are counted (`herald_webhook_overtaken_messages_total`), logged, and
 //!   shown by `GET /api/v1/webhooks`.
+//! - **Bounded.** At most `max_parallel` requests per webhook are in flight
+//!   on a node and at most twice that many channels have a worker; other
+//!   channels with lag wait for a worker to finish and are found by the
+//!   next poll.
 //! - Volatile namespaces have no log and are never delivered.
 
 pub mod config;
@@ -281,6 +285,11 @@ fn start(state: &Arc<State>, hook: &Arc<Hook>, channel: ChannelName, tasks: &tok
         let mut workers = hook.workers.lock().expect("workers lock");
         if let Some(w) = workers.get(&channel) {
             w.more.store(true, Ordering::Release);
+            return;
+        }
+        // Bounded: twice `max_parallel` channels have a worker (and its
+        // engine reads) at once; the others wait for a later poll.
+        if workers.len() >= hook.cfg.max_parallel * 2 {
             return;
         }
         let w = Arc::new(Worker { retry_now: Notify::new(), more: AtomicBool::new(false) });
