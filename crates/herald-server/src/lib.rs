@@ -16,6 +16,7 @@ mod http_rooms;
 pub mod hub;
 mod listener;
 pub mod metrics;
+pub mod proxies;
 mod publish;
 mod rooms;
 mod session;

@@ -400,6 +400,16 @@ impl Session {
             }
             None => None,
         };
+        // The backend's say, after the key's fingerprint (of what the client
+        // sent) and before the append (proxies.rs).
+        let data = crate::proxies::publish(
+            &state,
+            &self.identity.sub,
+            self.identity.device.as_deref(),
+            channel,
+            data,
+        )
+        .await?;
         let receipt = state.publish(ns, Publish { channel: channel.clone(), data, meta, dedup }).await?;
         Ok(OkFrame {
             channel: Some(channel.to_string()),

@@ -35,7 +35,7 @@
 
 pub mod config;
 pub mod http;
-mod sign;
+pub(crate) mod sign;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -162,6 +162,11 @@ impl Webhooks {
             holder: uuid::Uuid::new_v4().simple().to_string(),
             http,
         }
+    }
+
+    /// The server's outgoing HTTP client (webhooks and proxies).
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Hook>> {
