@@ -72,6 +72,8 @@ pub struct State {
     pub presence_tick: Duration,
     /// The configured webhooks and their deliverers' shared state.
     pub webhooks: webhooks::Webhooks,
+    /// Answers of the subscribe proxy, when cached.
+    pub subscribe_cache: proxies::SubscribeCache,
 }
 
 /// Raise the soft open-files limit to the hard one and return the
@@ -122,6 +124,7 @@ impl Server {
             cors_origins,
             api_keys: auth::ApiKeys::new(&config.api_keys),
             webhooks: webhooks::Webhooks::new(&config.webhooks),
+            subscribe_cache: Default::default(),
             config,
             engine,
             hub,
