@@ -175,8 +175,19 @@ pub async fn publish(
     let body = serde_json::to_vec(&PublishQuestion { channel: channel.as_str(), user, device, data: &data })
         .expect("questions serialise");
     let bytes = ask(state, p, body, channel, "publish").await?;
-    let answer: PublishAnswer =
-        serde_json::from_slice(&bytes).map_err(|_| unavailable(channel, "publish", "unreadable answer"))?;
+    let answer: PublishAnswer = serde_json::from_slice(&bytes).map_err(|_| {
+        count(state, "publish", "fail");
+        unavailable(channel, "publish", "unreadable answer")
+    })?;
+    count(
+        state,
+        "publish",
+        match (answer.allow, &answer.data) {
+            (false, _) => "refuse",
+            (true, Some(_)) => "replace",
+            (true, None) => "allow",
+        },
+    );
     if !answer.allow {
         return Err(ApiError::new(
             ErrorCode::Forbidden,
@@ -233,6 +244,7 @@ pub async fn subscribe(
     if !p.cache.is_zero() {
         if let Some((at, answer)) = cache.answers.lock().expect("cache lock").get(&key) {
             if at.elapsed() < p.cache {
+                count(state, "subscribe", "cached");
                 return answer.clone().map_err(|m| ApiError::new(ErrorCode::Forbidden, m));
             }
         }
@@ -240,8 +252,11 @@ pub async fn subscribe(
     let body = serde_json::to_vec(&SubscribeQuestion { channel: channel.as_str(), user, device })
         .expect("questions serialise");
     let bytes = ask(state, p, body, channel, "subscribe").await?;
-    let answer: SubscribeAnswer =
-        serde_json::from_slice(&bytes).map_err(|_| unavailable(channel, "subscribe", "unreadable answer"))?;
+    let answer: SubscribeAnswer = serde_json::from_slice(&bytes).map_err(|_| {
+        count(state, "subscribe", "fail");
+        unavailable(channel, "subscribe", "unreadable answer")
+    })?;
+    count(state, "subscribe", if answer.allow { "allow" } else { "refuse" });
     let result =
         if answer.allow { Ok(()) } else { Err(refusal(answer.message, "refused by the subscribe proxy")) };
     if !p.cache.is_zero() {
@@ -264,6 +279,27 @@ async fn ask(
 ) -> Result<bytes::Bytes, ApiError> {
     let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let signature = crate::webhooks::sign::signature(p.secret.as_bytes(), t, &body);
+    let started = std::time::Instant::now();
+    let result = send(state, p, body, signature, channel, which).await;
+    state.metrics.proxy_request_duration.observe(started.elapsed().as_secs_f64());
+    if result.is_err() {
+        count(state, which, "fail");
+    }
+    result
+}
+
+fn count(state: &State, which: &'static str, outcome: &'static str) {
+    state.metrics.proxy_requests.get_or_create(&[("proxy", which), ("outcome", outcome)]).inc();
+}
+
+async fn send(
+    state: &State,
+    p: &ProxyConfig,
+    body: Vec<u8>,
+    signature: String,
+    channel: &ChannelName,
+    which: &'static str,
+) -> Result<bytes::Bytes, ApiError> {
     let resp = state
         .webhooks
         .http()
@@ -333,9 +369,12 @@ pub async fn connect(
         .expect("questions serialise");
     let nowhere = ChannelName::new("connect:-").expect("a valid name");
     let bytes = ask(state, p, body, &nowhere, "connect").await?;
-    let a: ConnectAnswer =
-        serde_json::from_slice(&bytes).map_err(|_| unavailable(&nowhere, "connect", "unreadable answer"))?;
+    let a: ConnectAnswer = serde_json::from_slice(&bytes).map_err(|_| {
+        count(state, "connect", "fail");
+        unavailable(&nowhere, "connect", "unreadable answer")
+    })?;
     if !a.allow {
+        count(state, "connect", "refuse");
         let code = if a.status == Some(403) { ErrorCode::Forbidden } else { ErrorCode::Unauthorized };
         return Err(ApiError::new(code, refusal(a.message, "refused by the connect proxy")));
     }
@@ -345,8 +384,10 @@ pub async fn connect(
         && !user.starts_with(crate::webhooks::RESERVED_USER_PREFIX)
         && device.as_deref().is_none_or(|d| herald_proto::check_id(d).is_ok());
     if !valid {
+        count(state, "connect", "fail");
         return Err(unavailable(&nowhere, "connect", "invalid user or device in the answer"));
     }
+    count(state, "connect", "allow");
     let exp =
         a.expires_in.map(|s| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) + s);
     Ok(crate::auth::Identity::granted(&user, device.as_deref(), &a.channels, &a.publish, exp))

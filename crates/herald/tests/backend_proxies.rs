@@ -190,6 +190,11 @@ async fn the_subscribe_proxy_allows_refuses_caches_and_fails_closed() {
     assert_eq!(c.subscribe("user:carol", None).await.unwrap().kind, "ok");
     assert_eq!(seen.lock().unwrap().len(), asked + 1);
     assert!(seen.lock().unwrap().iter().all(|(q, ok)| *ok && q["user"] == "carol"));
+    let text = reqwest::get(format!("{}/metrics", srv.url)).await.unwrap().text().await.unwrap();
+    for (outcome, n) in [("allow", 1), ("refuse", 1), ("fail", 3), ("cached", 2)] {
+        let line = format!("herald_proxy_requests_total{{proxy=\"subscribe\",outcome=\"{outcome}\"}} {n}");
+        assert!(text.contains(&line), "{line}\n{text}");
+    }
     srv.stop().await;
 }
 
