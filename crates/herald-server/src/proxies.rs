@@ -392,3 +392,76 @@ pub async fn connect(
         a.expires_in.map(|s| SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()) + s);
     Ok(crate::auth::Identity::granted(&user, device.as_deref(), &a.channels, &a.publish, exp))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proxy() -> ProxyConfig {
+        ProxyConfig {
+            url: "http://127.0.0.1:9000/p".into(),
+            namespaces: vec!["chat".into()],
+            secret: "s".repeat(32),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn proxy_settings_are_checked() {
+        let ok = ProxiesConfig { publish: Some(proxy()), subscribe: Some(proxy()), connect: Some(proxy()) };
+        assert_eq!(ok.validate(), Ok(()));
+        let connect_without_namespaces = ProxiesConfig {
+            connect: Some(ProxyConfig { namespaces: vec![], ..proxy() }),
+            ..Default::default()
+        };
+        assert_eq!(connect_without_namespaces.validate(), Ok(()), "connections have no namespace");
+        let bad: Vec<(ProxiesConfig, &str)> = vec![
+            (
+                ProxiesConfig {
+                    publish: Some(ProxyConfig { secret: "short".into(), ..proxy() }),
+                    ..Default::default()
+                },
+                "secret",
+            ),
+            (
+                ProxiesConfig {
+                    publish: Some(ProxyConfig { url: "https://x/".into(), ..proxy() }),
+                    ..Default::default()
+                },
+                "url",
+            ),
+            (
+                ProxiesConfig {
+                    subscribe: Some(ProxyConfig { namespaces: vec![], ..proxy() }),
+                    ..Default::default()
+                },
+                "namespaces",
+            ),
+            (
+                ProxiesConfig {
+                    publish: Some(ProxyConfig { cache: Duration::from_secs(1), ..proxy() }),
+                    ..Default::default()
+                },
+                "cache",
+            ),
+            (
+                ProxiesConfig {
+                    connect: Some(ProxyConfig { timeout: Duration::ZERO, ..proxy() }),
+                    ..Default::default()
+                },
+                "timeout",
+            ),
+        ];
+        for (cfg, key) in bad {
+            let err = cfg.validate().expect_err(key);
+            assert!(err.contains(key), "{err} names {key}");
+        }
+    }
+
+    #[test]
+    fn refusal_messages_are_cleaned_and_bounded() {
+        assert_eq!(refusal(Some("no\nway\u{7}".into()), "d"), "noway");
+        assert_eq!(refusal(None, "default"), "default");
+        assert_eq!(refusal(Some("x".repeat(500)), "d").len(), MESSAGE_MAX);
+    }
+}
