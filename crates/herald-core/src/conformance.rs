@@ -675,28 +675,28 @@ pub async fn concurrent_acks_end_at_the_max(fx: &Fixture) {
 /// take-over (after expiry or a release) gets a greater one. A one-node
 /// engine answers `Local` to every claim and passes trivially.
 pub async fn ownership_is_exclusive_and_fenced(fx: &Fixture) {
-    use crate::engine::Claim;
+    use crate::engine::Owned;
     let key = format!("{}/work", fx.prefix);
     let a = fx.engine.claim(&key, "node-a", LONG_TTL).await.expect("claim");
-    if a == Claim::Local {
-        assert_eq!(fx.engine.claim(&key, "node-b", LONG_TTL).await.expect("claim"), Claim::Local);
+    if a == Owned::Local {
+        assert_eq!(fx.engine.claim(&key, "node-b", LONG_TTL).await.expect("claim"), Owned::Local);
         return;
     }
-    let Claim::Held(t1) = a else { panic!("a free lease is taken: {a:?}") };
-    assert_eq!(fx.engine.claim(&key, "node-a", LONG_TTL).await.expect("renew"), Claim::Held(t1), "renewal");
-    assert_eq!(fx.engine.claim(&key, "node-b", LONG_TTL).await.expect("claim"), Claim::Busy, "exclusive");
+    let Owned::Held(t1) = a else { panic!("a free lease is taken: {a:?}") };
+    assert_eq!(fx.engine.claim(&key, "node-a", LONG_TTL).await.expect("renew"), Owned::Held(t1), "renewal");
+    assert_eq!(fx.engine.claim(&key, "node-b", LONG_TTL).await.expect("claim"), Owned::Busy, "exclusive");
     // Another holder's release changes nothing.
     fx.engine.release(&key, "node-b").await.expect("release");
-    assert_eq!(fx.engine.claim(&key, "node-b", LONG_TTL).await.expect("claim"), Claim::Busy);
+    assert_eq!(fx.engine.claim(&key, "node-b", LONG_TTL).await.expect("claim"), Owned::Busy);
     fx.engine.release(&key, "node-a").await.expect("release");
-    let Claim::Held(t2) = fx.engine.claim(&key, "node-b", SHORT_TTL).await.expect("claim") else {
+    let Owned::Held(t2) = fx.engine.claim(&key, "node-b", SHORT_TTL).await.expect("claim") else {
         panic!("a released lease is free")
     };
     assert!(t2 > t1, "a take-over gets a greater token: {t1} then {t2}");
     // Expiry frees it too, with a greater token again.
     let deadline = tokio::time::Instant::now() + EXPIRY_DEADLINE;
     let t3 = loop {
-        if let Claim::Held(t) = fx.engine.claim(&key, "node-a", LONG_TTL).await.expect("claim") {
+        if let Owned::Held(t) = fx.engine.claim(&key, "node-a", LONG_TTL).await.expect("claim") {
             break Some(t);
         }
         assert!(tokio::time::Instant::now() < deadline, "the lease did not expire");

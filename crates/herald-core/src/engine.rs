@@ -79,7 +79,7 @@ pub use log::{
     AppendRequest, Dedup, Epoch, FanoutSink, Log, Message, Page, Position, Receipt, Retention, Seq,
 };
 pub use metrics::EngineMetric;
-pub use ownership::{Claim, Ownership};
+pub use ownership::{Owned, Ownership};
 pub use presence::Presence;
 pub use rooms::{RoomWrite, RoomWritten, Rooms};
 

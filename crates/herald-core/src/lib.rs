@@ -21,9 +21,9 @@ pub mod room;
 pub mod conformance;
 
 pub use engine::{
-    AckError, AppendRequest, Claim, CursorState, Cursors, Dedup, Engine, EngineError, EngineMetric, Epoch,
-    FanoutSink, Health, InvalidSubscriber, Lifecycle, Log, Message, Ownership, Page, Position, Presence,
-    Receipt, Retention, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
+    AckError, AppendRequest, CursorState, Cursors, Dedup, Engine, EngineError, EngineMetric, Epoch,
+    FanoutSink, Health, InvalidSubscriber, Lifecycle, Log, Message, Owned, Ownership, Page, Position,
+    Presence, Receipt, Retention, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};
 pub use presence::{member_key, FenceToken, Joined, Lease, Member, Rejoined, Renewed, GONE_CAP, GONE_MEMORY};

@@ -252,7 +252,7 @@ impl Rooms for RedisEngine {
 #[async_trait]
 impl herald_core::Ownership for RedisEngine {
     /// One script on the lease's slot (`OWN_CLAIM`), timed by Redis.
-    async fn claim(&self, key: &str, holder: &str, ttl: Duration) -> Result<herald_core::Claim, EngineError> {
+    async fn claim(&self, key: &str, holder: &str, ttl: Duration) -> Result<herald_core::Owned, EngineError> {
         let (owner, counter) = self.inner.keys.owner(key);
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let holder = holder.to_owned();
@@ -266,8 +266,8 @@ impl herald_core::Ownership for RedisEngine {
             })
             .await?;
         Ok(match u64::try_from(token) {
-            Ok(t) => herald_core::Claim::Held(t),
-            Err(_) => herald_core::Claim::Busy,
+            Ok(t) => herald_core::Owned::Held(t),
+            Err(_) => herald_core::Owned::Busy,
         })
     }
 

@@ -10,7 +10,7 @@ use crate::presence::FenceToken;
 
 /// The answer to [`Ownership::claim`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
+pub enum Owned {
     /// The caller holds the lease until now + ttl, with this token. A claim
     /// by the holder that still holds it keeps the token (a renewal); every
     /// take-over (a new holder, or the lease expired meanwhile) gets a token
@@ -23,7 +23,7 @@ pub enum Claim {
     Local,
 }
 
-/// Exclusive leases on named pieces of work (see [`Claim`]). Leases are
+/// Exclusive leases on named pieces of work (see [`Owned`]). Leases are
 /// timed by the engine's clock; a holder that cannot renew in time loses the
 /// lease to the next claimant, and the fencing token lets whoever receives
 /// the work's effects (a webhook backend) refuse the old holder's late
@@ -31,9 +31,9 @@ pub enum Claim {
 #[async_trait]
 pub trait Ownership: Send + Sync + 'static {
     /// Take the lease `key` for `holder` until now + `ttl`, or renew it if
-    /// `holder` holds it. Default: [`Claim::Local`] (one node).
-    async fn claim(&self, _key: &str, _holder: &str, _ttl: Duration) -> Result<Claim, EngineError> {
-        Ok(Claim::Local)
+    /// `holder` holds it. Default: [`Owned::Local`] (one node).
+    async fn claim(&self, _key: &str, _holder: &str, _ttl: Duration) -> Result<Owned, EngineError> {
+        Ok(Owned::Local)
     }
 
     /// Give the lease `key` up if `holder` holds it.

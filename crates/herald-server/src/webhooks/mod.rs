@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use herald_core::{Claim, Engine, EngineError, NamespaceOptions, Seq, SubscriberId};
+use herald_core::{Engine, EngineError, NamespaceOptions, Owned, Seq, SubscriberId};
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, Notify, Semaphore};
 
@@ -329,7 +329,7 @@ async fn channel_worker(state: Arc<State>, hook: Arc<Hook>, channel: ChannelName
         if due {
             let claimed_at = Instant::now();
             match state.engine.claim(&key, &holder, ttl).await {
-                Ok(Claim::Held(token)) => {
+                Ok(Owned::Held(token)) => {
                     if let Some((old, _, _)) = lease {
                         if old != token {
                             tracing::info!(webhook = %name, channel = %channel, token, "webhook lease taken again after it lapsed");
@@ -337,12 +337,12 @@ async fn channel_worker(state: Arc<State>, hook: Arc<Hook>, channel: ChannelName
                     }
                     lease = Some((token, claimed_at, true));
                 }
-                Ok(Claim::Local) => {
+                Ok(Owned::Local) => {
                     if lease.is_none() {
                         lease = Some((local_token(), claimed_at, false));
                     }
                 }
-                Ok(Claim::Busy) => {
+                Ok(Owned::Busy) => {
                     if lease.is_some() {
                         tracing::info!(webhook = %name, channel = %channel, "webhook lease lost to another node");
                     }
