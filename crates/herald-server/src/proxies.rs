@@ -160,6 +160,19 @@ struct PublishAnswer {
 /// Longest backend refusal message passed to the client.
 const MESSAGE_MAX: usize = 200;
 
+/// [`publish`] on a prepared client publish: the same publish with the
+/// backend's `data`, or the refusal. Call it for each client publish after
+/// the session's checks and before the engine (in frame order).
+pub async fn check_publish(
+    state: &State,
+    user: &str,
+    device: Option<&str>,
+    mut p: crate::publish::Publish,
+) -> Result<crate::publish::Publish, ApiError> {
+    p.data = publish(state, user, device, &p.channel, p.data).await?;
+    Ok(p)
+}
+
 /// Ask the publish proxy, if `channel`'s namespace opted in: the `data` to
 /// append (the client's or the backend's replacement), or the refusal.
 pub async fn publish(

@@ -405,15 +405,10 @@ impl Session {
         };
         // The backend's say, after the key's fingerprint (of what the client
         // sent) and before the append (proxies.rs).
-        let data = crate::proxies::publish(
-            &state,
-            &self.identity.sub,
-            self.identity.device.as_deref(),
-            channel,
-            data,
-        )
-        .await?;
-        let receipt = state.publish(ns, Publish { channel: channel.clone(), data, meta, dedup }).await?;
+        let p = Publish { channel: channel.clone(), data, meta, dedup };
+        let p = crate::proxies::check_publish(&state, &self.identity.sub, self.identity.device.as_deref(), p)
+            .await?;
+        let receipt = state.publish(ns, p).await?;
         Ok(OkFrame {
             channel: Some(channel.to_string()),
             seq: receipt.seq,
