@@ -676,6 +676,40 @@ pub async fn concurrent_acks_end_at_the_max(fx: &Fixture) {
     assert_eq!(listed.len() as u64, SUBSCRIBERS);
 }
 
+/// Ownership leases: one holder at a time, a renewal keeps the token, every
+/// take-over (after expiry or a release) gets a greater one. A one-node
+/// engine answers `Local` to every claim and passes trivially.
+pub async fn ownership_is_exclusive_and_fenced(fx: &Fixture) {
+    use crate::engine::Owned;
+    let key = format!("{}/work", fx.prefix);
+    let a = fx.engine.claim(&key, "node-a", LONG_TTL).await.expect("claim");
+    if a == Owned::Local {
+        assert_eq!(fx.engine.claim(&key, "node-b", LONG_TTL).await.expect("claim"), Owned::Local);
+        return;
+    }
+    let Owned::Held(t1) = a else { panic!("a free lease is taken: {a:?}") };
+    assert_eq!(fx.engine.claim(&key, "node-a", LONG_TTL).await.expect("renew"), Owned::Held(t1), "renewal");
+    assert_eq!(fx.engine.claim(&key, "node-b", LONG_TTL).await.expect("claim"), Owned::Busy, "exclusive");
+    // Another holder's release changes nothing.
+    fx.engine.release(&key, "node-b").await.expect("release");
+    assert_eq!(fx.engine.claim(&key, "node-b", LONG_TTL).await.expect("claim"), Owned::Busy);
+    fx.engine.release(&key, "node-a").await.expect("release");
+    let Owned::Held(t2) = fx.engine.claim(&key, "node-b", SHORT_TTL).await.expect("claim") else {
+        panic!("a released lease is free")
+    };
+    assert!(t2 > t1, "a take-over gets a greater token: {t1} then {t2}");
+    // Expiry frees it too, with a greater token again.
+    let deadline = tokio::time::Instant::now() + EXPIRY_DEADLINE;
+    let t3 = loop {
+        if let Owned::Held(t) = fx.engine.claim(&key, "node-a", LONG_TTL).await.expect("claim") {
+            break Some(t);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the lease did not expire");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(t3.expect("taken") > t2, "greater after expiry too");
+}
+
 /// Calls `$callback![name, name, ...]` with the name of every scenario, in
 /// order: the one list of scenarios. An engine's tests generate one test per
 /// scenario from it (see `herald-store/tests/conformance.rs`), so a new
@@ -716,6 +750,7 @@ macro_rules! with_conformance_scenarios {
             schedule_dedup_returns_the_original_receipt,
             cancelled_schedules_are_never_delivered,
             a_later_claim_fences_off_an_earlier_one,
+            ownership_is_exclusive_and_fenced,
         ];
     };
 }

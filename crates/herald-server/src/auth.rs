@@ -47,6 +47,25 @@ impl Identity {
         }
     }
 
+    /// An identity granted by the connect proxy (`proxies.rs`): channel
+    /// patterns as in tokens.
+    pub fn granted(
+        sub: &str,
+        device: Option<&str>,
+        channels: &[String],
+        publish: &[String],
+        exp: Option<u64>,
+    ) -> Self {
+        Self {
+            sub: Arc::from(sub),
+            device: device.map(Arc::from),
+            subscribe: channels.iter().map(|p| Pattern::parse(p)).collect(),
+            publish: publish.iter().map(|p| Pattern::parse(p)).collect(),
+            exp,
+            info: None,
+        }
+    }
+
     /// `user:{sub}` is always allowed for its own sub.
     fn is_own_user_channel(&self, channel: &ChannelName) -> bool {
         channel.namespace() == "user" && channel.local_part() == &*self.sub

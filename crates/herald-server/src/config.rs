@@ -63,6 +63,8 @@ pub struct Config {
     pub namespaces: Namespaces,
     /// `[[webhooks]]`: ordered deliveries to the backend (docs/webhooks.md).
     pub webhooks: Vec<crate::webhooks::WebhookConfig>,
+    /// `[proxies]`: backend endpoints asked before acting (docs/proxies.md).
+    pub proxies: crate::proxies::ProxiesConfig,
 }
 
 impl Default for Config {
@@ -85,6 +87,7 @@ impl Default for Config {
             cors_origins: Vec::new(),
             namespaces: Namespaces::default(),
             webhooks: Vec::new(),
+            proxies: Default::default(),
         }
     }
 }
@@ -282,6 +285,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.namespaces.validate()?;
         crate::webhooks::config::validate_all(&self.webhooks)?;
+        self.proxies.validate()?;
         let l = &self.limits;
         if l.max_connections == 0 {
             return Err("limits.max_connections must be at least 1".into());

@@ -18,6 +18,7 @@ mod http_scheduled;
 pub mod hub;
 mod listener;
 pub mod metrics;
+pub mod proxies;
 mod publish;
 mod rooms;
 mod scheduler;
@@ -76,6 +77,8 @@ pub struct State {
     scheduler: scheduler::Wake,
     /// The configured webhooks and their deliverers' shared state.
     pub webhooks: webhooks::Webhooks,
+    /// Answers of the subscribe proxy, when cached.
+    pub subscribe_cache: proxies::SubscribeCache,
 }
 
 /// Raise the soft open-files limit to the hard one and return the
@@ -126,6 +129,7 @@ impl Server {
             cors_origins,
             api_keys: auth::ApiKeys::new(&config.api_keys),
             webhooks: webhooks::Webhooks::new(&config.webhooks),
+            subscribe_cache: Default::default(),
             config,
             engine,
             hub,

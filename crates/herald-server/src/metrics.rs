@@ -126,6 +126,11 @@ pub struct Metrics {
     pub webhook_overtaken: Family<[(&'static str, String); 1], Counter>,
     /// One webhook request, sent to answered (or failed).
     pub webhook_request_duration: Histogram,
+    /// Proxy questions by proxy (`connect`, `subscribe`, `publish`) and
+    /// outcome (`allow`, `replace`, `refuse`, `fail`, `cached`).
+    pub proxy_requests: Family<[(&'static str, &'static str); 2], Counter>,
+    /// One proxy question, sent to answered (or failed).
+    pub proxy_request_duration: Histogram,
 }
 
 /// The `reason` label of `herald_closes_total` for a close code.
@@ -199,6 +204,8 @@ impl Default for Metrics {
             webhook_lag: Family::default(),
             webhook_overtaken: Family::default(),
             webhook_request_duration: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            proxy_requests: Family::default(),
+            proxy_request_duration: Histogram::new(exponential_buckets(0.001, 2.0, 14)),
             registry: Registry::default(),
         };
         registry.register("connections", "Open WebSocket connections", m.connections.clone());
@@ -345,6 +352,12 @@ impl Default for Metrics {
             "webhook_request_duration_seconds",
             "Webhook request, sent to answered",
             m.webhook_request_duration.clone(),
+        );
+        registry.register("proxy_requests", "Backend proxy questions by outcome", m.proxy_requests.clone());
+        registry.register(
+            "proxy_request_duration_seconds",
+            "Backend proxy question, sent to answered",
+            m.proxy_request_duration.clone(),
         );
         Metrics { registry, ..m }
     }

@@ -122,7 +122,15 @@ pub async fn upgrade(
         Ok(Query(q)) => q,
         Err(e) => return ApiError::new(ErrorCode::BadRequest, e.body_text()).into_response(),
     };
-    let identity = match authenticate(&state, req.headers(), &q) {
+    let no_token = crate::auth::bearer(req.headers()).is_none() && q.token.is_none();
+    let identity = match state.config.proxies.connect.as_ref() {
+        // No token and a connect proxy: the backend decides (proxies.rs).
+        Some(p) if no_token && q.user.is_none() => {
+            crate::proxies::connect(&state, p, req.headers(), q.device.as_deref()).await
+        }
+        _ => authenticate(&state, req.headers(), &q),
+    };
+    let identity = match identity {
         Ok(id) => id,
         Err(e) => return e.into_response(),
     };

@@ -253,3 +253,31 @@ async fn retention_overtaking_a_stalled_webhook_is_reported() {
     assert!(text.contains("herald_webhook_overtaken_messages_total{webhook=\"backend\"} 7"), "{text}");
     srv.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_are_delivered_in_parallel_up_to_max_parallel() {
+    let backend = Backend::start(SECRET).await;
+    backend.set(Mode::Slow);
+    let srv = TestServer::start_with(|c| {
+        let mut h = hook(&backend.url);
+        h.max_parallel = 2;
+        c.webhooks.push(h);
+    })
+    .await;
+    let channels: Vec<String> = (0..8).map(|i| format!("chat:par{i}")).collect();
+    for round in 0..3 {
+        for ch in &channels {
+            assert_eq!(srv.publish(ch, json!(round)).await.status, 201);
+        }
+    }
+    assert_eventually("every channel delivered", || async {
+        channels.iter().all(|ch| backend.accepted(ch).iter().flatten().max() == Some(&3))
+    })
+    .await;
+    for ch in &channels {
+        check_order(ch, &backend.accepted(ch), true);
+    }
+    let max = backend.max_in_flight.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(max, 2, "two channels at once, never more");
+    srv.stop().await;
+}

@@ -23,6 +23,9 @@
 //!   so it sees their effects, as when publishes were handled one by one;
 //!   so does the peer's close frame (the publishes sent before it are
 //!   appended, though their replies may no longer get through);
+//! - a publish of a namespace with the publish proxy is appended only after
+//!   the backend allowed it (with the `data` it answered), asked in frame
+//!   order within the batch;
 //! - a connection that ends with publishes in flight drops their replies;
 //!   what the engine already took commits (as for a client that
 //!   disconnects while waiting), under the dedup keys it was sent with.
@@ -110,12 +113,21 @@ impl Session {
         let queued = std::mem::take(&mut self.pipeline.queued);
         let n = queued.len();
         let state = self.state.clone();
+        let user = self.identity.sub.clone();
+        let device = self.identity.device.clone();
         let fut = async move {
             let mut heads = Vec::with_capacity(queued.len());
             let mut items = Vec::with_capacity(queued.len());
             for q in queued {
                 heads.push((q.req, q.channel));
-                items.push(q.publish);
+                // The backend's say (publish proxy, opted-in namespaces
+                // only), after the key's fingerprint of what the client sent
+                // and before the append; asked in frame order (proxies.rs).
+                let item = match q.publish {
+                    Ok(p) => crate::proxies::check_publish(&state, &user, device.as_deref(), p).await,
+                    Err(e) => Err(e),
+                };
+                items.push(item);
             }
             let results = state.publish_many(items, true).await;
             heads

@@ -37,6 +37,9 @@ impl Session {
         if self.regs.subs.contains_key(channel) {
             return Err(ApiError::new(ErrorCode::AlreadySubscribed, "already subscribed on this connection"));
         }
+        // The backend's say, after the token's (proxies.rs).
+        crate::proxies::subscribe(&state, &self.identity.sub, self.identity.device.as_deref(), channel)
+            .await?;
         if self.regs.subs.len() >= state.config.limits.max_subscriptions {
             return Err(ApiError::new(
                 ErrorCode::TooManySubscriptions,

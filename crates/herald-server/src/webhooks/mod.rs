@@ -27,11 +27,15 @@
 //! - **Loss is reported.** Messages removed by retention before delivery
 //!   are counted (`herald_webhook_overtaken_messages_total`), logged, and
 //!   shown by `GET /api/v1/webhooks`.
+//! - **Bounded.** At most `max_parallel` requests per webhook are in flight
+//!   on a node and at most twice that many channels have a worker; other
+//!   channels with lag wait for a worker to finish and are found by the
+//!   next poll.
 //! - Volatile namespaces have no log and are never delivered.
 
 pub mod config;
 pub mod http;
-mod sign;
+pub(crate) mod sign;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -160,6 +164,11 @@ impl Webhooks {
         }
     }
 
+    /// The server's outgoing HTTP client (webhooks and proxies).
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<Hook>> {
         self.hooks.iter().find(|h| h.cfg.name == name)
     }
@@ -181,8 +190,12 @@ impl Webhooks {
             {
                 continue;
             }
+            // The position first: if another node created the cursor and
+            // appended meanwhile, the cursor read below sees its cursor (it
+            // was written before that append), so a head read after its
+            // append can never become a cursor that skips it.
+            let pos = engine.position(channel).await?;
             if engine.cursor(channel, &hook.sub).await?.is_none() {
-                let pos = engine.position(channel).await?;
                 let start = match hook.cfg.start {
                     StartAt::Oldest => pos.first.saturating_sub(1),
                     StartAt::Head => pos.head,
@@ -277,6 +290,11 @@ fn start(state: &Arc<State>, hook: &Arc<Hook>, channel: ChannelName, tasks: &tok
         let mut workers = hook.workers.lock().expect("workers lock");
         if let Some(w) = workers.get(&channel) {
             w.more.store(true, Ordering::Release);
+            return;
+        }
+        // Bounded: twice `max_parallel` channels have a worker (and its
+        // engine reads) at once; the others wait for a later poll.
+        if workers.len() >= hook.cfg.max_parallel * 2 {
             return;
         }
         let w = Arc::new(Worker { retry_now: Notify::new(), more: AtomicBool::new(false) });

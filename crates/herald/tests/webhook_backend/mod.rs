@@ -6,7 +6,7 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -75,6 +75,9 @@ pub struct Backend {
     /// Rejects (500) requests holding a message whose data contains this.
     poison: Arc<Mutex<Option<String>>>,
     accept: Mutex<Option<JoinHandle<()>>>,
+    in_flight: AtomicUsize,
+    /// The most requests that were being answered at once.
+    pub max_in_flight: AtomicUsize,
 }
 
 impl Backend {
@@ -89,6 +92,8 @@ impl Backend {
             seen: Arc::default(),
             poison: Arc::default(),
             accept: Mutex::new(None),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
         });
         b.serve(listener);
         b
@@ -152,6 +157,19 @@ impl Backend {
         let mut buf = Vec::new();
         loop {
             let Some((head, body)) = read_request(&mut s, &mut buf).await else { return };
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+            let answered = self.answer(&mut s, &head, &body).await;
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            if !answered {
+                return;
+            }
+        }
+    }
+
+    /// Record and answer one request; `false`: the connection is done.
+    async fn answer(&self, s: &mut TcpStream, head: &str, body: &[u8]) -> bool {
+        {
             let mode = self.mode.load(Ordering::SeqCst);
             let header = |name: &str| {
                 head.lines()
@@ -161,8 +179,8 @@ impl Backend {
                     })
                     .unwrap_or_default()
             };
-            let signature_ok = verify(&self.secret, &header("herald-signature"), &body);
-            let parsed: Body = serde_json::from_slice(&body).expect("webhook body parses");
+            let signature_ok = verify(&self.secret, &header("herald-signature"), body);
+            let parsed: Body = serde_json::from_slice(body).expect("webhook body parses");
             let poisoned = self
                 .poison
                 .lock()
@@ -193,24 +211,25 @@ impl Backend {
                 _ if poisoned => {}
                 m if m == Mode::Hang as u8 => {
                     tokio::time::sleep(Duration::from_secs(30)).await;
-                    return;
+                    return false;
                 }
-                m if m == Mode::Close as u8 => return,
+                m if m == Mode::Close as u8 => return false,
                 m if m == Mode::Slow as u8 => tokio::time::sleep(Duration::from_millis(300)).await,
                 _ => {}
             }
             if s.write_all(reply).await.is_err() {
-                return;
+                return false;
             }
             if accepted {
                 self.seen.lock().unwrap()[idx].accepted = true;
             }
+            true
         }
     }
 }
 
 /// One request: head text and body (by `content-length`).
-async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
+pub async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(String, Vec<u8>)> {
     let mut tmp = [0u8; 8192];
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
