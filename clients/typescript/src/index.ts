@@ -23,7 +23,17 @@ export type {
 export { Subscription } from './subscription.js';
 export type { SubscribeOptions, SubscriptionEvents, SubscriptionStatus } from './subscription.js';
 export { HeraldServer } from './server.js';
-export type { ApiPublishResult, ChannelCursors, History, HistoryMessage, HeraldServerOptions, Inbox, Room } from './server.js';
+export type {
+  ApiPublishResult,
+  ChannelCursors,
+  History,
+  HistoryMessage,
+  HeraldServerOptions,
+  Inbox,
+  Room,
+  ScheduledEntry,
+  ScheduledResult,
+} from './server.js';
 export { HeraldError, CloseCode } from './errors.js';
 export type { ClientErrorCode, ErrorCode, HeraldErrorDetails, ServerErrorCode } from './errors.js';
 export { closeAction } from './close.js';

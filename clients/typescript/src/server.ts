@@ -41,6 +41,27 @@ export interface ApiPublishResult {
   idempotencyKey: string;
 }
 
+/** A publish accepted for later delivery (`202`). */
+export interface ScheduledResult {
+  scheduled_id: string;
+  channel: string;
+  /** When it is appended, ms since the Unix epoch. */
+  deliver_at: number;
+  /** The server answered from the schedule's idempotency receipt: an earlier attempt had stored it. */
+  replayed: boolean;
+  idempotencyKey: string;
+}
+
+/** A pending schedule, as `GET /api/v1/scheduled` lists it. */
+export interface ScheduledEntry {
+  id: string;
+  channel: string;
+  deliver_at: number;
+  created_at: number;
+  /** Bytes of `data`. */
+  size: number;
+}
+
 export interface HistoryMessage {
   /** `message`, or `room` for a room's state change. */
   type: 'message' | 'room';
@@ -131,6 +152,45 @@ export class HeraldServer {
     const body = opts.meta ? { channels, data, meta: opts.meta } : { channels, data };
     const { json, replayed } = await this.#call({ method: 'POST', path: '/api/v1/publish', body, retry: true, key });
     return { results: (json as { results: ApiPublishResult[] }).results, replayed, idempotencyKey: key };
+  }
+
+  /**
+   * Schedule one message: stored now, appended exactly once at `deliverAt`
+   * (ms since the Unix epoch, or a Date) or after `delayMs`. Retried under
+   * one idempotency key (generated when not given): a retry schedules once.
+   */
+  async schedule(
+    channel: string,
+    data: Json | unknown,
+    opts: { deliverAt?: number | Date; delayMs?: number; idempotencyKey?: string; meta?: Meta },
+  ): Promise<ScheduledResult> {
+    if ((opts.deliverAt === undefined) === (opts.delayMs === undefined)) {
+      throw new HeraldError('bad_request', 'give deliverAt or delayMs, not both');
+    }
+    const key = opts.idempotencyKey ?? randomId('api-');
+    const body: Record<string, unknown> = { data };
+    if (opts.meta) body.meta = opts.meta;
+    if (opts.deliverAt !== undefined) body.deliver_at = opts.deliverAt instanceof Date ? opts.deliverAt.getTime() : opts.deliverAt;
+    if (opts.delayMs !== undefined) body.delay_ms = opts.delayMs;
+    const { json, replayed } = await this.#call({ method: 'POST', path: `/api/v1/channels/${enc(channel)}/messages`, body, retry: true, key });
+    return { ...(json as Omit<ScheduledResult, 'replayed' | 'idempotencyKey'>), replayed, idempotencyKey: key };
+  }
+
+  /** Pending schedules of a channel, in delivery order (at most `limit`, default 100). */
+  async scheduled(channel: string, opts: { limit?: number } = {}): Promise<ScheduledEntry[]> {
+    const limit = opts.limit === undefined ? '' : `&limit=${opts.limit}`;
+    const json = (await this.#get(`/api/v1/scheduled?channel=${enc(channel)}${limit}`)) as { scheduled: ScheduledEntry[] };
+    return json.scheduled;
+  }
+
+  /** Cancel a pending schedule; `null` when there is none with this id (never made, delivered or cancelled). */
+  async cancelScheduled(id: string): Promise<ScheduledEntry | null> {
+    try {
+      return (await this.#call({ method: 'DELETE', path: `/api/v1/scheduled/${enc(id)}`, retry: false })).json as ScheduledEntry;
+    } catch (e) {
+      if (e instanceof HeraldError && e.status === 404) return null;
+      throw e;
+    }
   }
 
   /** Messages after `after` (default 0), at most `limit` (default 100). */

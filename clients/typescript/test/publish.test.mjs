@@ -95,3 +95,23 @@ test('HeraldServer retries a publish under one key until the server is back: one
   const batch = await api.publishMany(['chat:b1', 'chat:b2'], { all: true }, { idempotencyKey: 'batch-1' });
   assert.deepEqual(batch.results.map((x) => x.seq), [1, 1]);
 });
+
+test('the HTTP helper schedules a message: once, at its time; a retried key schedules once; a cancel sticks', async () => {
+  const at = Date.now() + 400;
+  const a = await api.schedule('chat:ts-sched', { n: 1 }, { deliverAt: at, idempotencyKey: 'ts-sched-1' });
+  assert.equal(a.channel, 'chat:ts-sched');
+  assert.equal(a.deliver_at, at);
+  assert.equal(a.replayed, false);
+  const again = await api.schedule('chat:ts-sched', { n: 1 }, { deliverAt: at, idempotencyKey: 'ts-sched-1' });
+  assert.equal(again.scheduled_id, a.scheduled_id);
+  assert.equal(again.replayed, true);
+  const gone = await api.schedule('chat:ts-sched', { n: 2 }, { delayMs: 60_000 });
+  assert.deepEqual((await api.scheduled('chat:ts-sched')).map((s) => s.id), [a.scheduled_id, gone.scheduled_id]);
+  assert.equal((await api.cancelScheduled(gone.scheduled_id))?.id, gone.scheduled_id);
+  assert.equal(await api.cancelScheduled(gone.scheduled_id), null);
+  await eventually('delivered', async () => (await api.history('chat:ts-sched')).head === 1);
+  const history = await api.history('chat:ts-sched');
+  assert.deepEqual(history.messages.map((m) => m.data), [{ n: 1 }]);
+  assert.ok(history.messages[0].ts >= at, 'not before its time');
+  assert.deepEqual(await api.scheduled('chat:ts-sched'), []);
+});

@@ -194,11 +194,17 @@ mod tests {
             keys.presence_keys(&ch),
             keys.presence_token(&ch),
             keys.room(&ch),
+            keys.sched(&ch),
+            keys.sched_idx(&ch),
+            keys.sched_claims(&ch),
+            keys.sched_receipt(&ch, "abc"),
         ] {
             assert!(k.starts_with("hx:"), "{k}");
             let tag = k.split_once('{').and_then(|(_, r)| r.split_once('}')).map(|(t, _)| t);
             assert_eq!(tag, Some("chat:a-1"), "{k}");
         }
+        assert_eq!(keys.sched_due(), "hx:{sched}:due");
+        assert_eq!(keys.sched_where(), "hx:{sched}:where", "the global schedule keys share one slot");
         assert_eq!(keys.channel_of_fan(keys.fan(&ch).as_bytes()), Some(ch.clone()));
         assert_eq!(keys.channel_of_fan(b"hx:{x}:other"), None);
         assert_eq!(Keys::new("herald").channel_of_fan(keys.fan(&ch).as_bytes()), None, "another prefix");

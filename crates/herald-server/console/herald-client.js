@@ -1115,6 +1115,38 @@ var HeraldServer = class {
     const { json, replayed } = await this.#call({ method: "POST", path: "/api/v1/publish", body, retry: true, key });
     return { results: json.results, replayed, idempotencyKey: key };
   }
+  /**
+   * Schedule one message: stored now, appended exactly once at `deliverAt`
+   * (ms since the Unix epoch, or a Date) or after `delayMs`. Retried under
+   * one idempotency key (generated when not given): a retry schedules once.
+   */
+  async schedule(channel, data, opts) {
+    if (opts.deliverAt === void 0 === (opts.delayMs === void 0)) {
+      throw new HeraldError("bad_request", "give deliverAt or delayMs, not both");
+    }
+    const key = opts.idempotencyKey ?? randomId("api-");
+    const body = { data };
+    if (opts.meta) body.meta = opts.meta;
+    if (opts.deliverAt !== void 0) body.deliver_at = opts.deliverAt instanceof Date ? opts.deliverAt.getTime() : opts.deliverAt;
+    if (opts.delayMs !== void 0) body.delay_ms = opts.delayMs;
+    const { json, replayed } = await this.#call({ method: "POST", path: `/api/v1/channels/${enc(channel)}/messages`, body, retry: true, key });
+    return { ...json, replayed, idempotencyKey: key };
+  }
+  /** Pending schedules of a channel, in delivery order (at most `limit`, default 100). */
+  async scheduled(channel, opts = {}) {
+    const limit = opts.limit === void 0 ? "" : `&limit=${opts.limit}`;
+    const json = await this.#get(`/api/v1/scheduled?channel=${enc(channel)}${limit}`);
+    return json.scheduled;
+  }
+  /** Cancel a pending schedule; `null` when there is none with this id (never made, delivered or cancelled). */
+  async cancelScheduled(id) {
+    try {
+      return (await this.#call({ method: "DELETE", path: `/api/v1/scheduled/${enc(id)}`, retry: false })).json;
+    } catch (e) {
+      if (e instanceof HeraldError && e.status === 404) return null;
+      throw e;
+    }
+  }
   /** Messages after `after` (default 0), at most `limit` (default 100). */
   async history(channel, opts = {}) {
     return this.#get(`/api/v1/channels/${enc(channel)}/messages${query({ after: opts.after, limit: opts.limit })}`);

@@ -80,6 +80,12 @@ pub async fn schedules_are_claimed_in_order_and_delivered_once(fx: &Fixture) {
     assert!(fx.engine.schedule_cancel(&first.id).await.expect("cancel").is_none(), "delivered is gone");
     let next = fx.engine.schedule_next().await.expect("next").expect("one pending");
     assert!(next <= t + 3_600_000);
+    // One earlier than everything claimed so far is still found.
+    let earliest = add(fx, sched(&ch, t - 5000, "0")).await;
+    let claims = claim(fx, LONG_TTL).await;
+    let claimed: Vec<&str> = claims.iter().map(|c| &*c.schedule.id).collect();
+    assert_eq!(claimed, [&*earliest.id], "a schedule earlier than the ones delivered");
+    assert!(matches!(deliver(fx, &claims[0]).await, Delivered::Appended(_)));
 }
 
 /// An idempotency key schedules once: the same request again gets the
