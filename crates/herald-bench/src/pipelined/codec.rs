@@ -294,6 +294,26 @@ mod tests {
         String::from_utf8(m.as_payload().to_vec()).unwrap()
     }
 
+    /// The Herald publish frame is written by hand for speed: it must be
+    /// what the server's parser (`herald_proto::ClientFrame`) reads, `data`
+    /// byte for byte.
+    #[test]
+    fn herald_publish_frames_parse_as_the_server_reads_them() {
+        let payload = br#"{"n":1,"t":2,"p":"x"}"#;
+        let herald = PubCodec::new(Peer::Herald);
+        let f = herald.publish(9, &herald.target("chat:a"), payload);
+        match herald_proto::ClientFrame::parse(&text(&f)).unwrap() {
+            herald_proto::ClientFrame::Publish { req, channel, data, meta, idempotency_key } => {
+                assert_eq!(
+                    (req, channel.as_str(), data.get()),
+                    (Some(9), "chat:a", r#"{"n":1,"t":2,"p":"x"}"#)
+                );
+                assert!(meta.is_none() && idempotency_key.is_none());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn publish_frames_per_protocol() {
         let payload = br#"{"n":1,"t":2,"p":"x"}"#;
