@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State as AxState};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
@@ -22,7 +22,7 @@ use axum::Router;
 use herald_proto::ErrorCode;
 
 use crate::error::ApiError;
-use crate::State;
+use crate::AppState;
 
 /// The embedded files: name, content type, bytes.
 const FILES: &[(&str, &str, &[u8])] = &[
@@ -39,15 +39,15 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 
 /// The console's routes. Each handler answers 404 while the console is off,
 /// so the router does not depend on the configuration.
-pub(crate) fn router() -> Router<Arc<State>> {
+pub(crate) fn router() -> Router<Arc<AppState>> {
     Router::new()
         .route("/console", get(|| async { Redirect::permanent("/console/") }))
-        .route("/console/", get(|st: AxState<Arc<State>>| file(st, Path("index.html".to_owned()))))
+        .route("/console/", get(|st: State<Arc<AppState>>| file(st, Path("index.html".to_owned()))))
         .route("/console/session", get(session))
         .route("/console/{file}", get(file))
 }
 
-fn enabled(state: &State) -> Result<(), ApiError> {
+fn enabled(state: &AppState) -> Result<(), ApiError> {
     if state.config.console_enabled() {
         Ok(())
     } else {
@@ -58,7 +58,7 @@ fn enabled(state: &State) -> Result<(), ApiError> {
     }
 }
 
-async fn file(AxState(state): AxState<Arc<State>>, Path(name): Path<String>) -> Result<Response, ApiError> {
+async fn file(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> Result<Response, ApiError> {
     enabled(&state)?;
     let Some((_, content_type, bytes)) = FILES.iter().find(|(n, _, _)| *n == name) else {
         return Err(ApiError::new(ErrorCode::NotFound, "no such console file"));
@@ -77,7 +77,7 @@ async fn file(AxState(state): AxState<Arc<State>>, Path(name): Path<String>) -> 
 /// `GET /console/session`: what the page must ask for. Outside dev mode it
 /// needs the API key (so the page can check the key it was given); in dev
 /// mode it answers without one.
-async fn session(AxState(state): AxState<Arc<State>>, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn session(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Result<Response, ApiError> {
     enabled(&state)?;
     crate::http::api_auth(&state, &headers)?;
     let body = serde_json::json!({

@@ -25,16 +25,16 @@ use serde::Deserialize;
 
 use crate::error::ApiError;
 use crate::publish::validate_idempotency_key;
-use crate::State;
+use crate::AppState;
 
 /// `Authorization: Bearer <api key>` checked; holds the idempotency scope
 /// (`api:<key name>`, or `api:dev` in dev mode without a key).
 pub struct ApiKey(pub String);
 
-impl FromRequestParts<Arc<State>> for ApiKey {
+impl FromRequestParts<Arc<AppState>> for ApiKey {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
         api_auth(state, &parts.headers).map(ApiKey)
     }
 }
@@ -46,10 +46,10 @@ pub struct Chan {
     pub ns: NamespaceOptions,
 }
 
-impl FromRequestParts<Arc<State>> for Chan {
+impl FromRequestParts<Arc<AppState>> for Chan {
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Response> {
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, Response> {
         let Path(name) =
             Path::<String>::from_request_parts(parts, state).await.map_err(|e| e.into_response())?;
         let (channel, ns) = parse_channel(state, &name).map_err(|e| e.into_response())?;
@@ -60,10 +60,10 @@ impl FromRequestParts<Arc<State>> for Chan {
 /// The `{room}` path segment: a [`Chan`] whose namespace has rooms.
 pub struct RoomChan(pub Chan);
 
-impl FromRequestParts<Arc<State>> for RoomChan {
+impl FromRequestParts<Arc<AppState>> for RoomChan {
     type Rejection = Response;
 
-    async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, Response> {
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, Response> {
         let chan = Chan::from_request_parts(parts, state).await?;
         if !chan.ns.room {
             return Err(ApiError::new(
@@ -80,10 +80,10 @@ impl FromRequestParts<Arc<State>> for RoomChan {
 /// deadline) and parsed as the wire type `T`.
 pub struct Body<T>(pub T);
 
-impl<T: RequestBody> FromRequest<Arc<State>> for Body<T> {
+impl<T: RequestBody> FromRequest<Arc<AppState>> for Body<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &Arc<State>) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
         let body = Bytes::from_request(req, state).await;
         let body = body_bytes(body, state.config.limits.max_body_bytes)?;
         T::parse(&body).map(Body).map_err(body_error)
@@ -95,10 +95,10 @@ impl<T: RequestBody> FromRequest<Arc<State>> for Body<T> {
 /// first wins".
 pub struct IdempotencyKey(pub Option<String>);
 
-impl FromRequestParts<Arc<State>> for IdempotencyKey {
+impl FromRequestParts<Arc<AppState>> for IdempotencyKey {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _: &Arc<State>) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, _: &Arc<AppState>) -> Result<Self, ApiError> {
         idempotency_key(&parts.headers).map(IdempotencyKey)
     }
 }
@@ -106,10 +106,10 @@ impl FromRequestParts<Arc<State>> for IdempotencyKey {
 /// A query string as the wire type `T`; a malformed one is `bad_request`.
 pub struct Q<T>(pub T);
 
-impl<T: DeserializeOwned + Send> FromRequestParts<Arc<State>> for Q<T> {
+impl<T: DeserializeOwned + Send> FromRequestParts<Arc<AppState>> for Q<T> {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &Arc<State>) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &Arc<AppState>) -> Result<Self, ApiError> {
         match Query::<T>::from_request_parts(parts, state).await {
             Ok(Query(q)) => Ok(Q(q)),
             Err(e) => Err(ApiError::new(ErrorCode::BadRequest, e.body_text())),
@@ -118,7 +118,7 @@ impl<T: DeserializeOwned + Send> FromRequestParts<Arc<State>> for Q<T> {
 }
 
 /// Check `Authorization: Bearer <api key>`; returns the idempotency scope.
-pub(crate) fn api_auth(state: &State, headers: &HeaderMap) -> Result<String, ApiError> {
+pub(crate) fn api_auth(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
     let bearer = crate::auth::bearer(headers);
     match bearer {
         Some(key) => state
@@ -137,7 +137,7 @@ pub(crate) fn api_auth(state: &State, headers: &HeaderMap) -> Result<String, Api
 
 /// A channel name from a request, checked and resolved to its namespace.
 pub(crate) fn parse_channel<'a>(
-    state: &'a State,
+    state: &'a AppState,
     name: &str,
 ) -> Result<(ChannelName, &'a NamespaceOptions), ApiError> {
     let channel = ChannelName::new(name).map_err(|e| ApiError::new(ErrorCode::BadChannel, e.to_string()))?;

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State as AxState};
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use herald_core::{Health, Receipt};
@@ -20,9 +20,9 @@ use crate::error::ApiError;
 pub(crate) use crate::extract::{api_auth, body_bytes, parse_channel, parse_json};
 use crate::extract::{ApiKey, Body, Chan, IdempotencyKey, Q};
 use crate::publish::{fingerprint, Publish, ScopedKey};
-use crate::State;
+use crate::AppState;
 
-type St = AxState<Arc<State>>;
+type St = State<Arc<AppState>>;
 
 fn published(r: &Receipt) -> Published {
     Published {
@@ -55,7 +55,7 @@ fn publish_status(durable: bool) -> StatusCode {
 
 /// `POST /api/v1/channels/{channel}/messages`
 pub async fn publish_one(
-    AxState(state): St,
+    State(state): St,
     ApiKey(scope): ApiKey,
     Chan { channel, ns }: Chan,
     key: Result<IdempotencyKey, ApiError>,
@@ -98,7 +98,7 @@ pub async fn publish_one(
 /// other channel's append is deduplicated on its own, so a retry of a partly
 /// failed batch completes it without doubling any channel.
 pub async fn publish_batch(
-    AxState(state): St,
+    State(state): St,
     ApiKey(scope): ApiKey,
     key: Result<IdempotencyKey, ApiError>,
     Body(BatchBody { channels, data, meta, deliver_at, delay_ms }): Body<BatchBody>,
@@ -221,7 +221,7 @@ pub async fn publish_batch(
 
 /// `GET /api/v1/channels/{channel}/messages?after=SEQ&limit=N`
 pub async fn history(
-    AxState(state): St,
+    State(state): St,
     _: ApiKey,
     Chan { channel, ns }: Chan,
     query: Result<Q<HistoryQuery>, ApiError>,
@@ -274,7 +274,7 @@ fn cursor_limit(q: Result<Q<LimitQuery>, ApiError>) -> Result<usize, ApiError> {
 /// `GET /api/v1/channels/{channel}/cursors`: delivery receipts of an acked
 /// channel: every subscriber's cursor, unread count and last ack time.
 pub async fn cursors(
-    AxState(state): St,
+    State(state): St,
     _: ApiKey,
     Chan { channel, ns }: Chan,
     query: Result<Q<LimitQuery>, ApiError>,
@@ -312,7 +312,7 @@ pub async fn cursors(
 /// `user:{user}` channel and every channel it has a cursor on): head, cursor
 /// per device, unread.
 pub async fn inbox(
-    AxState(state): St,
+    State(state): St,
     Path(user): Path<String>,
     _: ApiKey,
     query: Result<Q<LimitQuery>, ApiError>,
@@ -358,7 +358,7 @@ pub async fn healthz() -> &'static str {
     "ok\n"
 }
 
-pub async fn readyz(AxState(state): St) -> Result<&'static str, ApiError> {
+pub async fn readyz(State(state): St) -> Result<&'static str, ApiError> {
     if state.shutdown.is_cancelled() {
         return Err(ApiError::new(ErrorCode::ShuttingDown, "shutting down"));
     }
@@ -370,7 +370,7 @@ pub async fn readyz(AxState(state): St) -> Result<&'static str, ApiError> {
     }
 }
 
-pub async fn metrics(AxState(state): St) -> Response {
+pub async fn metrics(State(state): St) -> Response {
     (
         [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
         state.metrics.render(),

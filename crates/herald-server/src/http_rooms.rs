@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Query, State as AxState};
+use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use herald_core::{NamespaceOptions, Room, RoomReason, RoomStatus, RoomWritten, SubscriberId};
@@ -21,9 +21,9 @@ use herald_proto::{
 use crate::error::ApiError;
 use crate::extract::{ApiKey, Body, Chan, RoomChan};
 use crate::rooms::{self, now_ms};
-use crate::State;
+use crate::AppState;
 
-type St = AxState<Arc<State>>;
+type St = State<Arc<AppState>>;
 
 /// Longest grace period a room may ask for.
 const MAX_GRACE_SECS: u64 = 30 * 24 * 3600;
@@ -54,7 +54,7 @@ fn current(channel: &ChannelName, room: &Room) -> serde_json::Value {
     serde_json::to_value(view(channel, room, None)).expect("room views serialise")
 }
 
-async fn respond(state: &State, status: StatusCode, channel: &ChannelName, room: &Room) -> Response {
+async fn respond(state: &AppState, status: StatusCode, channel: &ChannelName, room: &Room) -> Response {
     let members = if room.state == RoomStatus::Closed {
         (0, Vec::new())
     } else {
@@ -89,7 +89,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 }
 
 fn check_attributes(
-    state: &State,
+    state: &AppState,
     attrs: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<(), ApiError> {
     let len = serde_json::to_vec(attrs).map(|v| v.len()).unwrap_or(usize::MAX);
@@ -127,7 +127,7 @@ fn depth<'a>(values: impl Iterator<Item = &'a serde_json::Value>) -> usize {
 
 /// `PUT /api/v1/rooms/{room}`: create; 201, or 409 if it exists.
 pub async fn create_room(
-    AxState(state): St,
+    State(state): St,
     _: ApiKey,
     RoomChan(Chan { channel, ns }): RoomChan,
     Body(req): Body<CreateRoomBody>,
@@ -171,7 +171,7 @@ pub async fn create_room(
 
 /// `GET /api/v1/rooms/{room}`.
 pub async fn get_room(
-    AxState(state): St,
+    State(state): St,
     _: ApiKey,
     RoomChan(Chan { channel, .. }): RoomChan,
 ) -> Result<Response, ApiError> {
@@ -181,7 +181,7 @@ pub async fn get_room(
 
 /// `PATCH /api/v1/rooms/{room}`: `{"state"?, "attributes"?}`.
 pub async fn patch_room(
-    AxState(state): St,
+    State(state): St,
     _: ApiKey,
     RoomChan(Chan { channel, ns }): RoomChan,
     headers: HeaderMap,
@@ -204,7 +204,7 @@ pub async fn patch_room(
 /// `DELETE /api/v1/rooms/{room}`: close it (final event, members
 /// unsubscribed, no more publishes).
 pub async fn delete_room(
-    AxState(state): St,
+    State(state): St,
     _: ApiKey,
     RoomChan(Chan { channel, ns }): RoomChan,
     headers: HeaderMap,
@@ -214,7 +214,7 @@ pub async fn delete_room(
 }
 
 async fn change(
-    state: &State,
+    state: &AppState,
     ns: &NamespaceOptions,
     channel: &ChannelName,
     expected: Option<u64>,
@@ -253,7 +253,7 @@ fn stale(channel: &ChannelName, room: &Room) -> ApiError {
 
 /// `GET /api/v1/channels/{channel}/presence[?count=1][&limit=N]`.
 pub async fn presence(
-    AxState(state): St,
+    State(state): St,
     Query(q): Query<PresenceQuery>,
     _: ApiKey,
     Chan { channel, ns }: Chan,

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State as AxState};
+use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use herald_core::{Dedup, NamespaceOptions, Schedule, ScheduleReceipt, ScheduleRequest};
@@ -24,9 +24,9 @@ use crate::error::ApiError;
 use crate::http::{api_auth, parse_channel};
 use crate::publish::{fingerprint, ScopedKey};
 use crate::rooms::now_ms;
-use crate::State;
+use crate::AppState;
 
-type St = AxState<Arc<State>>;
+type St = State<Arc<AppState>>;
 
 /// Most schedules one list request returns.
 const MAX_LIST: usize = 1000;
@@ -52,7 +52,7 @@ pub(crate) fn asked(deliver_at: Option<u64>, delay_ms: Option<u64>) -> bool {
 /// The time to deliver at: one of the two fields, at most
 /// `limits.max_schedule_ahead` from now, a past time meaning now.
 fn resolve_time(
-    state: &State,
+    state: &AppState,
     deliver_at: Option<u64>,
     delay_ms: Option<u64>,
     now: u64,
@@ -121,7 +121,7 @@ fn json_response(status: StatusCode, body: &serde_json::Value, replayed: bool) -
 }
 
 /// Store the schedules of a publish request and answer `202`.
-pub(crate) async fn schedule(state: &Arc<State>, ask: ScheduleAsk<'_>) -> Result<Response, ApiError> {
+pub(crate) async fn schedule(state: &Arc<AppState>, ask: ScheduleAsk<'_>) -> Result<Response, ApiError> {
     state.check_publish_data(&ask.data)?;
     let now = now_ms();
     let deliver_at = resolve_time(state, ask.deliver_at, ask.delay_ms, now)?;
@@ -184,7 +184,7 @@ pub struct ListQuery {
 /// `GET /api/v1/scheduled?channel=C&limit=N`: pending schedules of a
 /// channel, in delivery order.
 pub async fn list(
-    AxState(state): St,
+    State(state): St,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -208,7 +208,7 @@ pub async fn list(
 
 /// `DELETE /api/v1/scheduled/{id}`: cancel a pending schedule.
 pub async fn cancel(
-    AxState(state): St,
+    State(state): St,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {

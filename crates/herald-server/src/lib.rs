@@ -46,7 +46,7 @@ pub use config::Config;
 pub use error::ApiError;
 
 /// Shared server state. Sessions and handlers hold it by `Arc`.
-pub struct State {
+pub struct AppState {
     pub config: Config,
     pub engine: Arc<dyn Engine>,
     pub hub: Arc<hub::Hub>,
@@ -99,7 +99,7 @@ fn fit_caps(limit: usize, ws: usize, http: usize) -> (usize, usize) {
 }
 
 pub struct Server {
-    state: Arc<State>,
+    state: Arc<AppState>,
     listener: TcpListener,
 }
 
@@ -121,7 +121,7 @@ impl Server {
         let cors_origins = origins("cors_origins", &config.cors_origins)?;
         let (max_connections, max_http_connections) =
             fit_connection_caps(config.limits.max_connections, config.limits.max_http_connections);
-        let state = Arc::new(State {
+        let state = Arc::new(AppState {
             presence_tick,
             max_connections,
             max_http_connections,
@@ -149,7 +149,7 @@ impl Server {
         self.listener.local_addr().expect("bound listener has an address")
     }
 
-    pub fn state(&self) -> &Arc<State> {
+    pub fn state(&self) -> &Arc<AppState> {
         &self.state
     }
 

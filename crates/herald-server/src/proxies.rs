@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
-use crate::State;
+use crate::AppState;
 
 /// `[proxies]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -164,7 +164,7 @@ const MESSAGE_MAX: usize = 200;
 /// backend's `data`, or the refusal. Call it for each client publish after
 /// the session's checks and before the engine (in frame order).
 pub async fn check_publish(
-    state: &State,
+    state: &AppState,
     user: &str,
     device: Option<&str>,
     mut p: crate::publish::Publish,
@@ -176,7 +176,7 @@ pub async fn check_publish(
 /// Ask the publish proxy, if `channel`'s namespace opted in: the `data` to
 /// append (the client's or the backend's replacement), or the refusal.
 pub async fn publish(
-    state: &State,
+    state: &AppState,
     user: &str,
     device: Option<&str>,
     channel: &ChannelName,
@@ -244,7 +244,7 @@ const CACHE_CAP: usize = 100_000;
 
 /// Ask the subscribe proxy, if `channel`'s namespace opted in.
 pub async fn subscribe(
-    state: &State,
+    state: &AppState,
     user: &str,
     device: Option<&str>,
     channel: &ChannelName,
@@ -284,7 +284,7 @@ pub async fn subscribe(
 
 /// POST a signed question; the answer's body, or `unavailable`.
 async fn ask(
-    state: &State,
+    state: &AppState,
     p: &ProxyConfig,
     body: Vec<u8>,
     channel: &ChannelName,
@@ -301,12 +301,12 @@ async fn ask(
     result
 }
 
-fn count(state: &State, which: &'static str, outcome: &'static str) {
+fn count(state: &AppState, which: &'static str, outcome: &'static str) {
     state.metrics.proxy_requests.get_or_create(&[("proxy", which), ("outcome", outcome)]).inc();
 }
 
 async fn send(
-    state: &State,
+    state: &AppState,
     p: &ProxyConfig,
     body: Vec<u8>,
     signature: String,
@@ -365,7 +365,7 @@ struct ConnectAnswer {
 
 /// Ask the connect proxy who a token-less connection is.
 pub async fn connect(
-    state: &State,
+    state: &AppState,
     p: &ProxyConfig,
     headers: &http::HeaderMap,
     device: Option<&str>,

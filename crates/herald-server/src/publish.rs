@@ -15,7 +15,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
-use crate::State;
+use crate::AppState;
 
 /// Longest accepted `Idempotency-Key`.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -134,7 +134,7 @@ pub struct Publish {
     pub dedup: Option<(Arc<str>, [u8; 32])>,
 }
 
-impl State {
+impl AppState {
     /// The checks of `data` every publish path applies before anything is
     /// appended: size, then the rules of [`check_data`] (what is stored must
     /// be servable to every client as it is).
@@ -161,7 +161,7 @@ impl State {
         self.append(ns, p).await
     }
 
-    /// [`State::publish`] for a caller that holds the in-flight claim of the
+    /// [`AppState::publish`] for a caller that holds the in-flight claim of the
     /// request's key already (a batch holds its anchor for all channels).
     pub async fn publish_claimed(&self, ns: &NamespaceOptions, p: Publish) -> Result<Receipt, ApiError> {
         self.check_publish_data(&p.data)?;
@@ -172,7 +172,7 @@ impl State {
     /// ([`Log::append_batch`](herald_core::Log::append_batch): one queue
     /// hand-off, one group commit on the embedded engine), results in the
     /// order given; per channel the messages are appended in that order.
-    /// Each item is checked as [`State::publish`] checks it (namespace
+    /// Each item is checked as [`AppState::publish`] checks it (namespace
     /// rules, `data`, rooms) and one refused item affects no other; an item
     /// that is already an `Err` is passed through. With `claim`, each item
     /// holds the in-flight claim of its dedup key until the batch is
@@ -216,7 +216,7 @@ impl State {
             .collect()
     }
 
-    /// One item of [`State::publish_many`], checked and made a request.
+    /// One item of [`AppState::publish_many`], checked and made a request.
     async fn prepare<'a>(
         &'a self,
         p: Publish,

@@ -29,7 +29,7 @@ use herald_proto::{ChannelName, ErrorCode, FrameKind};
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
-use crate::State;
+use crate::AppState;
 
 /// Rooms read per keeper step.
 const ROOM_PAGE: usize = 256;
@@ -62,7 +62,7 @@ pub struct MemberLease {
 /// The member count and (unless `count_only`) up to `limit` members of a
 /// presence channel. A room channel must exist.
 pub async fn list(
-    state: &State,
+    state: &AppState,
     ns: &NamespaceOptions,
     channel: &ChannelName,
     count_only: bool,
@@ -81,7 +81,7 @@ pub async fn list(
 /// The member count and up to `limit` members. A listing shorter than
 /// `limit` is the whole membership, so only a truncated one costs a count.
 pub async fn members(
-    state: &State,
+    state: &AppState,
     channel: &ChannelName,
     limit: usize,
 ) -> Result<(u64, Vec<Member>), EngineError> {
@@ -96,7 +96,7 @@ pub async fn members(
 /// Join `member` to `channel`; announces `join` for a new member and lets a
 /// room see its host.
 pub async fn join(
-    state: &Arc<State>,
+    state: &Arc<AppState>,
     channel: &ChannelName,
     member: Member,
 ) -> Result<MemberLease, EngineError> {
@@ -118,7 +118,7 @@ pub async fn join(
 /// is announced as a `join` (its `leave` was). `Ok(false)`: the hold is
 /// fenced off for good.
 pub async fn rejoin(
-    state: &Arc<State>,
+    state: &Arc<AppState>,
     channel: &ChannelName,
     hold: &MemberLease,
 ) -> Result<bool, EngineError> {
@@ -138,7 +138,7 @@ pub async fn rejoin(
 /// End `hold` cleanly: removes the lease if it is still ours and announces
 /// the `leave`. Also for a lapsed hold: the leave then removes nothing but
 /// fences off any rejoin of its token still in flight.
-pub async fn leave(state: &Arc<State>, channel: &ChannelName, hold: &MemberLease) {
+pub async fn leave(state: &Arc<AppState>, channel: &ChannelName, hold: &MemberLease) {
     match state.engine.presence_leave(channel, &hold.key, hold.token).await {
         Ok(Some(lease)) => {
             state.metrics.presence_leaves.inc();
@@ -155,7 +155,7 @@ pub async fn leave(state: &Arc<State>, channel: &ChannelName, hold: &MemberLease
 
 /// Push a `join` or `leave` to the channel's subscribers on every node. Live
 /// only: a subscriber that misses one re-lists presence.
-async fn announce(state: &State, channel: &ChannelName, kind: FrameKind, member: &Member) {
+async fn announce(state: &AppState, channel: &ChannelName, kind: FrameKind, member: &Member) {
     let body = serde_json::to_string(member).expect("members serialise");
     let body = RawValue::from_string(body).expect("serde_json output is valid JSON");
     let req = AppendRequest {
@@ -176,7 +176,7 @@ async fn announce(state: &State, channel: &ChannelName, kind: FrameKind, member:
 /// A member of `user` joined or left `channel`. Only the host's presence
 /// moves a room, so only then is its state checked now (one room read for
 /// everyone else); the keeper's pass would make the same transition later.
-async fn member_changed(state: &State, channel: &ChannelName, user: &str) {
+async fn member_changed(state: &AppState, channel: &ChannelName, user: &str) {
     if !state.config.namespaces.resolve(channel).is_ok_and(|ns| ns.room) {
         return;
     }
@@ -189,7 +189,7 @@ async fn member_changed(state: &State, channel: &ChannelName, user: &str) {
 
 /// Write the next version of a room together with its event.
 pub async fn write_room(
-    state: &State,
+    state: &AppState,
     ns: &NamespaceOptions,
     channel: &ChannelName,
     expected_version: Option<u64>,
@@ -221,13 +221,13 @@ pub async fn write_room(
 
 /// Apply the transition due for `channel` now, if any. Errors are logged:
 /// the keeper tries again on its next pass.
-pub async fn check_room(state: &State, channel: &ChannelName) {
+pub async fn check_room(state: &AppState, channel: &ChannelName) {
     if let Err(e) = try_check_room(state, channel).await {
         tracing::warn!(room = %channel, error = %e, "room check failed; retrying on the next pass");
     }
 }
 
-async fn try_check_room(state: &State, channel: &ChannelName) -> Result<(), EngineError> {
+async fn try_check_room(state: &AppState, channel: &ChannelName) -> Result<(), EngineError> {
     let Ok(ns) = state.config.namespaces.resolve(channel) else { return Ok(()) };
     for _ in 0..CAS_RETRIES {
         let Some(room) = state.engine.room(channel).await? else { return Ok(()) };
@@ -245,7 +245,7 @@ async fn try_check_room(state: &State, channel: &ChannelName) -> Result<(), Engi
 /// The keeper: sweeps expired leases and drives room timers until shutdown.
 /// Every node runs one; the engine makes their work disjoint (a lease is
 /// swept once, a room version is written once).
-pub async fn keeper(state: Arc<State>) {
+pub async fn keeper(state: Arc<AppState>) {
     let mut tick = tokio::time::interval(state.config.presence.sweep_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let has_presence = state.config.namespaces.0.values().any(|ns| ns.presence);
@@ -278,7 +278,7 @@ pub async fn keeper(state: Arc<State>) {
     }
 }
 
-async fn sweep_leases(state: &Arc<State>) -> Result<(), EngineError> {
+async fn sweep_leases(state: &Arc<AppState>) -> Result<(), EngineError> {
     // Bounded: a backlog larger than this waits for the next tick.
     for _ in 0..16 {
         let expired = state.engine.presence_expire(EXPIRE_PAGE).await?;
@@ -293,14 +293,14 @@ async fn sweep_leases(state: &Arc<State>) -> Result<(), EngineError> {
     Ok(())
 }
 
-async fn expired_lease(state: &Arc<State>, channel: &ChannelName, lease: &Lease) {
+async fn expired_lease(state: &Arc<AppState>, channel: &ChannelName, lease: &Lease) {
     state.metrics.presence_expired.inc();
     tracing::debug!(channel = %channel, "presence lease expired");
     announce(state, channel, FrameKind::Leave, &lease.member).await;
     member_changed(state, channel, &lease.member.user).await;
 }
 
-async fn sweep_rooms(state: &Arc<State>) -> Result<(), EngineError> {
+async fn sweep_rooms(state: &Arc<AppState>) -> Result<(), EngineError> {
     let mut after: Option<ChannelName> = None;
     loop {
         let page = state.engine.rooms_active(after.as_ref(), ROOM_PAGE).await?;

@@ -26,7 +26,7 @@ use herald_proto::{ChannelName, FrameKind};
 use tokio::sync::Notify;
 
 use crate::rooms::now_ms;
-use crate::State;
+use crate::AppState;
 
 /// Longest sleep between two looks at the engine.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -59,7 +59,7 @@ impl Wake {
 }
 
 /// The scheduler task; returns on shutdown.
-pub async fn run(state: Arc<State>) {
+pub async fn run(state: Arc<AppState>) {
     let mut failing = false;
     loop {
         if state.shutdown.is_cancelled() {
@@ -98,7 +98,7 @@ pub async fn run(state: Arc<State>) {
 }
 
 /// Deliver one page of due schedules; returns how long to sleep.
-async fn step(state: &Arc<State>) -> Result<Duration, EngineError> {
+async fn step(state: &Arc<AppState>) -> Result<Duration, EngineError> {
     let now = now_ms();
     let claims = state.engine.schedules_claim(now, CLAIM_PAGE, CLAIM_LEASE).await?;
     let n = claims.len();
@@ -124,7 +124,7 @@ async fn step(state: &Arc<State>) -> Result<Duration, EngineError> {
     })
 }
 
-async fn deliver_page(state: &Arc<State>, claims: Vec<Claim>) {
+async fn deliver_page(state: &Arc<AppState>, claims: Vec<Claim>) {
     // Per channel in claim order (which is schedule order).
     let mut order: Vec<ChannelName> = Vec::new();
     let mut by_channel: HashMap<ChannelName, Vec<Claim>> = HashMap::new();
@@ -149,7 +149,7 @@ async fn deliver_page(state: &Arc<State>, claims: Vec<Claim>) {
 
 /// Deliver one claim. Failures leave the schedule pending: the claim
 /// expires and it is claimed again.
-async fn deliver(state: &State, claim: &Claim) {
+async fn deliver(state: &AppState, claim: &Claim) {
     let s = &claim.schedule;
     let Ok(ns) = state.config.namespaces.resolve(&s.channel) else {
         tracing::warn!(channel = %s.channel, id = %s.id, "scheduled message for a namespace no longer configured; cancelled");
@@ -185,7 +185,7 @@ async fn deliver(state: &State, claim: &Claim) {
     }
 }
 
-async fn cancel(state: &State, id: &str) {
+async fn cancel(state: &AppState, id: &str) {
     match state.engine.schedule_cancel(id).await {
         Ok(Some(_)) => {
             state.metrics.scheduled_cancelled.inc();
@@ -197,7 +197,7 @@ async fn cancel(state: &State, id: &str) {
 
 /// Cancel every pending schedule of `channel` (its room closed). Bounded:
 /// pages of 256 until none is left or nothing could be cancelled.
-pub async fn cancel_channel(state: &State, channel: &ChannelName) {
+pub async fn cancel_channel(state: &AppState, channel: &ChannelName) {
     for _ in 0..1024 {
         let page = match state.engine.scheduled(channel, 256).await {
             Ok(p) => p,

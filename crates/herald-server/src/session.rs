@@ -41,7 +41,7 @@ use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::hub::{Charge, ConnBytes, ConnHandle, Outgoing};
 use crate::rooms::MemberLease;
-use crate::State;
+use crate::AppState;
 
 mod budget;
 mod deliver;
@@ -112,7 +112,7 @@ impl delivery::Timers for ChannelTimers<'_> {
 /// removes them all, so cleanup runs on every exit path of the task, panics
 /// included.
 struct Registrations {
-    state: Arc<State>,
+    state: Arc<AppState>,
     conn_id: u64,
     subs: HashMap<ChannelName, Sub>,
     /// The connection ended cleanly: leave presence at once on drop instead
@@ -176,7 +176,7 @@ enum SessionEnd {
 }
 
 pub struct Session {
-    state: Arc<State>,
+    state: Arc<AppState>,
     identity: Identity,
     /// Redelivery timers of acked subscriptions.
     timers: Timers,
@@ -210,7 +210,7 @@ impl Session {
     /// connection task then holds the `Session` once, not also the pieces it
     /// was made from (an async fn keeps its arguments alive in its future).
     pub fn new(
-        state: Arc<State>,
+        state: Arc<AppState>,
         ws: Ws,
         identity: Identity,
         conn_id: u64,

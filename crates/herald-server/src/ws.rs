@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::extract::{Query, Request, State as AxState};
+use axum::extract::{Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -17,7 +17,7 @@ use tokio_websockets::{Limits, ServerBuilder};
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::session::Session;
-use crate::State;
+use crate::AppState;
 
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
@@ -28,7 +28,7 @@ pub struct WsQuery {
     device: Option<String>,
 }
 
-fn authenticate(state: &State, headers: &HeaderMap, q: &WsQuery) -> Result<Identity, ApiError> {
+fn authenticate(state: &AppState, headers: &HeaderMap, q: &WsQuery) -> Result<Identity, ApiError> {
     if let Some(device) = &q.device {
         check_id(device).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`device` {e}")))?;
     }
@@ -86,10 +86,10 @@ fn accept_key(headers: &HeaderMap) -> Result<String, ApiError> {
 }
 
 /// Holds one place under the connection cap; released on drop.
-pub struct ConnSlot(Arc<State>);
+pub struct ConnSlot(Arc<AppState>);
 
 impl ConnSlot {
-    fn acquire(state: &Arc<State>) -> Option<Self> {
+    fn acquire(state: &Arc<AppState>) -> Option<Self> {
         let prev = state.open_connections.fetch_add(1, Ordering::AcqRel);
         if prev >= state.max_connections {
             state.open_connections.fetch_sub(1, Ordering::AcqRel);
@@ -106,7 +106,7 @@ impl Drop for ConnSlot {
 }
 
 pub async fn upgrade(
-    AxState(state): AxState<Arc<State>>,
+    State(state): State<Arc<AppState>>,
     query: Result<Query<WsQuery>, axum::extract::rejection::QueryRejection>,
     mut req: Request,
 ) -> Response {

@@ -355,7 +355,7 @@ pub struct Node {
     pub addr: SocketAddr,
     pub url: String,
     pub engine: Arc<RedisEngine>,
-    pub state: Arc<herald_server::State>,
+    pub state: Arc<herald_server::AppState>,
     stop_tx: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<std::io::Result<()>>>,
     http: reqwest::Client,

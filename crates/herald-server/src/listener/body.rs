@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes, HttpBody};
-use axum::extract::{Request, State as AxState};
+use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -22,7 +22,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::State;
+use crate::AppState;
 
 /// The body of a request did not arrive within `limits.body_read_timeout`.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +44,7 @@ pub(crate) fn is_body_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
 /// Middleware: 413 before reading a body whose `Content-Length` is above
 /// `limits.max_body_bytes` (a chunked body is cut at the limit while it is
 /// read), then the body deadline.
-pub(crate) async fn guard(AxState(state): AxState<Arc<State>>, req: Request, next: Next) -> Response {
+pub(crate) async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
     let limit = state.config.limits.max_body_bytes;
     let declared = req
         .headers()

@@ -5,7 +5,7 @@
 //! queues the publish frames read meanwhile (`queued`); when the batch is
 //! answered, its replies go out (in one write) and the queued frames go to
 //! the engine as the next batch, one submission
-//! ([`State::publish_many`](crate::State::publish_many), one group commit on
+//! ([`AppState::publish_many`](crate::AppState::publish_many), one group commit on
 //! the embedded engine). Frames that arrive together are read together
 //! before a batch starts, so they share one submission too.
 //!

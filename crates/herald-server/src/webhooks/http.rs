@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State as AxState};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -13,12 +13,12 @@ use serde_json::{json, Value};
 use super::{now_ms, Hook};
 use crate::error::ApiError;
 use crate::http::api_auth;
-use crate::State;
+use crate::AppState;
 
 /// Channels reported per webhook.
 const STATUS_LIMIT: usize = 10_000;
 
-fn hook<'a>(state: &'a State, name: &str) -> Result<&'a Arc<Hook>, ApiError> {
+fn hook<'a>(state: &'a AppState, name: &str) -> Result<&'a Arc<Hook>, ApiError> {
     state
         .webhooks
         .get(name)
@@ -38,7 +38,7 @@ fn channel(hook: &Hook, ch: &str) -> Result<ChannelName, ApiError> {
 /// message's age, the last error seen by this node, how many undelivered
 /// messages retention removed already (`overtaken`), and whether it is
 /// stalled (failing or overtaken).
-pub async fn status(AxState(state): AxState<Arc<State>>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn status(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Result<Response, ApiError> {
     api_auth(&state, &headers)?;
     let mut out = Vec::new();
     for hook in &state.webhooks.hooks {
@@ -90,7 +90,7 @@ pub async fn status(AxState(state): AxState<Arc<State>>, headers: HeaderMap) -> 
 /// past the next undelivered message (a poison message the backend keeps
 /// refusing). Logged at warn with the skipped seq.
 pub async fn skip(
-    AxState(state): AxState<Arc<State>>,
+    State(state): State<Arc<AppState>>,
     Path((name, ch)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
@@ -120,7 +120,7 @@ pub async fn skip(
 /// `POST /api/v1/webhooks/{name}/channels/{channel}/retry`: send the
 /// channel's next request now instead of after its backoff.
 pub async fn retry(
-    AxState(state): AxState<Arc<State>>,
+    State(state): State<Arc<AppState>>,
     Path((name, ch)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {

@@ -48,7 +48,7 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 
 pub use config::{StartAt, WebhookConfig};
 
-use crate::State;
+use crate::AppState;
 
 /// Channels whose cursor is known to exist, per webhook, before the cache
 /// is cleared (a miss costs one cursor read).
@@ -226,7 +226,7 @@ impl Webhooks {
 
 /// The deliverer: one loop per webhook until shutdown, each starting
 /// channel workers. Every node runs it; leases make the work disjoint.
-pub async fn run(state: Arc<State>) {
+pub async fn run(state: Arc<AppState>) {
     let tasks = tokio_util::task::TaskTracker::new();
     for hook in &state.webhooks.hooks {
         tasks.spawn(hook_loop(state.clone(), hook.clone(), tasks.clone()));
@@ -235,7 +235,7 @@ pub async fn run(state: Arc<State>) {
     tasks.wait().await;
 }
 
-async fn hook_loop(state: Arc<State>, hook: Arc<Hook>, tasks: tokio_util::task::TaskTracker) {
+async fn hook_loop(state: Arc<AppState>, hook: Arc<Hook>, tasks: tokio_util::task::TaskTracker) {
     let Some(mut wake) = hook.wake_rx.lock().expect("wake lock").take() else { return };
     let mut tick = tokio::time::interval(hook.cfg.poll_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -264,7 +264,7 @@ async fn hook_loop(state: Arc<State>, hook: Arc<Hook>, tasks: tokio_util::task::
 /// Compare every cursor of the webhook with its channel's head and start a
 /// worker where there is work. Also refreshes the lag gauge.
 async fn scan(
-    state: &Arc<State>,
+    state: &Arc<AppState>,
     hook: &Arc<Hook>,
     tasks: &tokio_util::task::TaskTracker,
 ) -> Result<(), EngineError> {
@@ -285,7 +285,12 @@ async fn scan(
     Ok(())
 }
 
-fn start(state: &Arc<State>, hook: &Arc<Hook>, channel: ChannelName, tasks: &tokio_util::task::TaskTracker) {
+fn start(
+    state: &Arc<AppState>,
+    hook: &Arc<Hook>,
+    channel: ChannelName,
+    tasks: &tokio_util::task::TaskTracker,
+) {
     let worker = {
         let mut workers = hook.workers.lock().expect("workers lock");
         if let Some(w) = workers.get(&channel) {
@@ -310,7 +315,7 @@ enum Sent {
     Failed { class: &'static str, message: String },
 }
 
-async fn channel_worker(state: Arc<State>, hook: Arc<Hook>, channel: ChannelName, worker: Arc<Worker>) {
+async fn channel_worker(state: Arc<AppState>, hook: Arc<Hook>, channel: ChannelName, worker: Arc<Worker>) {
     let name = hook.cfg.name.clone();
     let key = hook.lease_key(&channel);
     let holder = state.webhooks.holder.clone();
@@ -405,7 +410,7 @@ async fn channel_worker(state: Arc<State>, hook: Arc<Hook>, channel: ChannelName
     release(&state, &key, &holder, lease).await;
 }
 
-async fn release(state: &State, key: &str, holder: &str, lease: Option<(u64, Instant, bool)>) {
+async fn release(state: &AppState, key: &str, holder: &str, lease: Option<(u64, Instant, bool)>) {
     if let Some((_, _, true)) = lease {
         if let Err(e) = state.engine.release(key, holder).await {
             tracing::debug!(error = %e, "webhook lease release failed; it expires");
@@ -416,7 +421,7 @@ async fn release(state: &State, key: &str, holder: &str, lease: Option<(u64, Ins
 /// Wait the backoff (with jitter, at most a third of the lease so it is
 /// renewed in time), or less on `retry`; doubles it for next time. `false`
 /// on shutdown.
-async fn pause(state: &State, worker: &Worker, backoff: &mut Duration, cap: Duration) -> bool {
+async fn pause(state: &AppState, worker: &Worker, backoff: &mut Duration, cap: Duration) -> bool {
     let jittered = backoff.mul_f64(0.5 + fastrand::f64() * 0.5);
     *backoff = (*backoff * 2).min(cap.max(FIRST_BACKOFF));
     tokio::select! {
@@ -429,7 +434,7 @@ async fn pause(state: &State, worker: &Worker, backoff: &mut Duration, cap: Dura
 /// Send the next batch of `channel` after its cursor. `None`: nothing to
 /// send.
 async fn step(
-    state: &State,
+    state: &AppState,
     hook: &Hook,
     channel: &ChannelName,
     token: u64,
@@ -484,7 +489,7 @@ async fn step(
 }
 
 /// Retention removed `from .. first` before they were delivered.
-fn overtaken(state: &State, hook: &Hook, channel: &ChannelName, from: Seq, first: Seq) {
+fn overtaken(state: &AppState, hook: &Hook, channel: &ChannelName, from: Seq, first: Seq) {
     let lost = first - from;
     state.metrics.webhook_overtaken.get_or_create(&[("webhook", hook.cfg.name.clone())]).inc_by(lost);
     tracing::warn!(

@@ -25,7 +25,7 @@ pub const WAIT: Duration = Duration::from_secs(20);
 pub struct TestServer {
     pub addr: SocketAddr,
     pub url: String,
-    pub state: Arc<herald_server::State>,
+    pub state: Arc<herald_server::AppState>,
     pub engine: Arc<EmbeddedEngine>,
     pub data_dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
