@@ -2,9 +2,9 @@
 
 use bytes::Bytes;
 pub use herald_proto::{History, HistoryMessage};
-use herald_proto::{Meta, Problem, PublishBodyRef, Published};
+use herald_proto::{Meta, Problem, PublishBodyRef, Published, ScheduledList, ScheduledReceipt};
 use http::{HeaderMap, Method};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::url::encode_path_segment;
 use crate::ClientError;
@@ -77,27 +77,18 @@ pub enum DeliverAt {
 }
 
 /// A publish the server accepted for later delivery (`202 Accepted`).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScheduledResult {
     pub scheduled_id: String,
     pub channel: String,
     /// When it is appended, ms since the Unix epoch.
     pub deliver_at: u64,
     /// The Idempotency-Key matched an earlier schedule: its original answer.
-    #[serde(skip)]
     pub replayed: bool,
 }
 
 /// A pending schedule, as `GET /api/v1/scheduled` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct ScheduledEntry {
-    pub id: String,
-    pub channel: String,
-    pub deliver_at: u64,
-    pub created_at: u64,
-    /// Bytes of `data`.
-    pub size: u64,
-}
+pub use herald_proto::ScheduledEntry;
 
 /// Client for `/api/v1`. Cheap to clone (the connection pool is shared).
 #[derive(Debug, Clone)]
@@ -168,10 +159,10 @@ impl HttpApi {
         let body = serde_json::to_vec(&PublishBodyRef { data, meta, deliver_at, delay_ms })
             .map_err(|e| ClientError::Config(format!("publish body does not serialise: {e}")))?;
         let resp = self.publish_raw(channel, body, idempotency_key).await?.error_for_status()?;
-        let mut result: ScheduledResult = serde_json::from_slice(&resp.body)
+        let ScheduledReceipt { scheduled_id, channel, deliver_at } = serde_json::from_slice(&resp.body)
             .map_err(|e| ClientError::Protocol(format!("unexpected schedule response: {e}")))?;
-        result.replayed = resp.header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        Ok(result)
+        let replayed = resp.header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        Ok(ScheduledResult { scheduled_id, channel, deliver_at, replayed })
     }
 
     /// `GET /api/v1/scheduled?channel=C&limit=N`: pending schedules of a
@@ -186,11 +177,7 @@ impl HttpApi {
             path.push_str(&format!("&limit={limit}"));
         }
         let resp = self.request(Method::GET, &path, &[], None).await?.error_for_status()?;
-        #[derive(Deserialize)]
-        struct List {
-            scheduled: Vec<ScheduledEntry>,
-        }
-        let list: List = serde_json::from_slice(&resp.body)
+        let list: ScheduledList = serde_json::from_slice(&resp.body)
             .map_err(|e| ClientError::Protocol(format!("unexpected scheduled list: {e}")))?;
         Ok(list.scheduled)
     }

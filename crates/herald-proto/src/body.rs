@@ -110,6 +110,16 @@ pub struct LimitQuery {
     pub limit: Option<usize>,
 }
 
+/// `GET /api/v1/scheduled?channel=C&limit=N` (`channel` is required; the
+/// handler says so when it is missing).
+#[derive(Debug, Default, Deserialize, Serialize)]
+pub struct ScheduledQuery {
+    #[serde(default)]
+    pub channel: Option<String>,
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
 /// `GET /api/v1/channels/{channel}/presence[?count=1][&limit=N]`.
 #[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -225,10 +225,135 @@ pub struct RoomView {
     pub members: Option<Vec<Member>>,
 }
 
+/// `202` reply to a scheduled publish (and one entry of a scheduled batch):
+/// the schedule's id and when its message is appended, ms since the Unix
+/// epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduledReceipt {
+    pub scheduled_id: String,
+    pub channel: String,
+    pub deliver_at: u64,
+}
+
+/// `202` reply to a scheduled `POST /api/v1/publish`: one receipt per
+/// channel, in the order of the request's `channels`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduledBatchReply {
+    pub results: Vec<ScheduledReceipt>,
+}
+
+/// A pending schedule (`GET /api/v1/scheduled`, and the reply to its
+/// `DELETE`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduledEntry {
+    pub id: String,
+    pub channel: String,
+    /// ms since the Unix epoch.
+    pub deliver_at: u64,
+    pub created_at: u64,
+    /// Bytes of `data`.
+    pub size: u64,
+}
+
+/// `GET /api/v1/scheduled?channel=C`: the channel's pending schedules, in
+/// delivery order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduledList {
+    pub channel: String,
+    pub scheduled: Vec<ScheduledEntry>,
+}
+
+/// `GET /api/v1/webhooks`: the delivery status of every configured webhook.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhooksStatus {
+    pub webhooks: Vec<WebhookStatus>,
+}
+
+/// One webhook: its total lag, how many channels are stalled, and every
+/// channel with undelivered messages or a failure.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookStatus {
+    pub name: String,
+    pub lag: u64,
+    pub stalled: u64,
+    pub channels: Vec<WebhookChannelStatus>,
+}
+
+/// One channel of a webhook. `null` fields are written out, not left out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookChannelStatus {
+    pub channel: String,
+    /// The last seq the backend acknowledged.
+    pub cursor: u64,
+    pub head: u64,
+    pub lag: u64,
+    pub oldest_undelivered_age_ms: Option<u64>,
+    /// The last failure seen by the node that answers.
+    pub last_error: Option<WebhookError>,
+    /// Undelivered messages retention removed already.
+    pub overtaken: u64,
+    /// Failing, or overtaken by retention.
+    pub stalled: bool,
+}
+
+/// A failed webhook request: when (ms since the Unix epoch), its class
+/// (`timeout`, `connect`, `status`, ...) and a detail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookError {
+    pub at: u64,
+    pub class: String,
+    pub message: String,
+}
+
+/// `POST /api/v1/webhooks/{name}/channels/{channel}/skip`: the seq skipped
+/// (`null`: nothing was undelivered) and the cursor after it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookSkipped {
+    pub channel: String,
+    pub skipped: Option<u64>,
+    pub cursor: u64,
+}
+
+/// `POST /api/v1/webhooks/{name}/channels/{channel}/retry` (`202`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebhookRetrying {
+    pub channel: String,
+    pub retrying: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ErrorCode;
+
+    #[test]
+    fn webhook_status_writes_its_nulls_and_reads_back() {
+        let ch = WebhookChannelStatus {
+            channel: "orders:1".into(),
+            cursor: 4,
+            head: 4,
+            lag: 0,
+            oldest_undelivered_age_ms: None,
+            last_error: None,
+            overtaken: 0,
+            stalled: false,
+        };
+        let text = serde_json::to_string(&ch).unwrap();
+        assert!(text.contains(r#""oldest_undelivered_age_ms":null"#), "{text}");
+        assert!(text.contains(r#""last_error":null"#), "{text}");
+        assert_eq!(serde_json::from_str::<WebhookChannelStatus>(&text).unwrap(), ch);
+        let skipped =
+            serde_json::to_string(&WebhookSkipped { channel: "c".into(), skipped: None, cursor: 0 }).unwrap();
+        assert_eq!(skipped, r#"{"channel":"c","skipped":null,"cursor":0}"#);
+    }
+
+    #[test]
+    fn scheduled_receipts_keep_their_field_names() {
+        let r = ScheduledReceipt { scheduled_id: "s1".into(), channel: "c".into(), deliver_at: 5 };
+        let text = serde_json::to_string(&ScheduledBatchReply { results: vec![r.clone()] }).unwrap();
+        assert_eq!(text, r#"{"results":[{"scheduled_id":"s1","channel":"c","deliver_at":5}]}"#);
+        assert_eq!(serde_json::from_str::<ScheduledBatchReply>(&text).unwrap().results, vec![r]);
+    }
 
     #[test]
     fn batch_items_and_problems_keep_their_shape() {

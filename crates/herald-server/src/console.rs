@@ -15,13 +15,14 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::get;
 use axum::Router;
 use herald_proto::ErrorCode;
 
 use crate::error::ApiError;
+use crate::extract::ApiKey;
 use crate::AppState;
 
 /// The embedded files: name, content type, bytes.
@@ -77,9 +78,12 @@ async fn file(State(state): State<Arc<AppState>>, Path(name): Path<String>) -> R
 /// `GET /console/session`: what the page must ask for. Outside dev mode it
 /// needs the API key (so the page can check the key it was given); in dev
 /// mode it answers without one.
-async fn session(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn session(
+    State(state): State<Arc<AppState>>,
+    key: Result<ApiKey, ApiError>,
+) -> Result<Response, ApiError> {
     enabled(&state)?;
-    crate::http::api_auth(&state, &headers)?;
+    key?;
     let body = serde_json::json!({
         "dev": state.config.dev,
         "jwt": state.jwt.is_configured(),

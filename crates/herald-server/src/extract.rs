@@ -118,7 +118,7 @@ impl<T: DeserializeOwned + Send> FromRequestParts<Arc<AppState>> for Q<T> {
 }
 
 /// Check `Authorization: Bearer <api key>`; returns the idempotency scope.
-pub(crate) fn api_auth(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
+fn api_auth(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
     let bearer = crate::auth::bearer(headers);
     match bearer {
         Some(key) => state

@@ -17,7 +17,7 @@ use crate::error::ApiError;
 // The preamble helpers under their old paths, for handlers that take
 // headers and bytes themselves (new handlers: use the extractors).
 #[allow(unused_imports)]
-pub(crate) use crate::extract::{api_auth, body_bytes, parse_channel, parse_json};
+pub(crate) use crate::extract::{body_bytes, parse_channel, parse_json};
 use crate::extract::{ApiKey, Body, Chan, IdempotencyKey, Q};
 use crate::publish::{fingerprint, Publish, ScopedKey};
 use crate::AppState;

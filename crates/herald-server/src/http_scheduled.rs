@@ -10,18 +10,21 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use herald_core::{Dedup, NamespaceOptions, Schedule, ScheduleReceipt, ScheduleRequest};
-use herald_proto::{ChannelName, ErrorCode, Meta};
-use serde::Deserialize;
-use serde_json::json;
+use herald_proto::{
+    ChannelName, ErrorCode, Meta, ScheduledBatchReply, ScheduledEntry, ScheduledList, ScheduledQuery,
+    ScheduledReceipt,
+};
+use serde::Serialize;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
-use crate::http::{api_auth, parse_channel};
+use crate::extract::{ApiKey, Q};
+use crate::http::parse_channel;
 use crate::publish::{fingerprint, ScopedKey};
 use crate::rooms::now_ms;
 use crate::AppState;
@@ -96,21 +99,25 @@ fn schedule_fingerprint(channels: &[ChannelName], ask: &ScheduleAsk<'_>) -> [u8;
     h.finalize().into()
 }
 
-fn receipt_json(r: &ScheduleReceipt) -> serde_json::Value {
-    json!({"scheduled_id": &*r.id, "channel": r.channel.as_str(), "deliver_at": r.deliver_at})
+fn receipt(r: &ScheduleReceipt) -> ScheduledReceipt {
+    ScheduledReceipt {
+        scheduled_id: r.id.to_string(),
+        channel: r.channel.as_str().to_owned(),
+        deliver_at: r.deliver_at,
+    }
 }
 
-fn schedule_json(s: &Schedule) -> serde_json::Value {
-    json!({
-        "id": &*s.id,
-        "channel": s.channel.as_str(),
-        "deliver_at": s.deliver_at,
-        "created_at": s.created_at,
-        "size": s.size(),
-    })
+fn entry(s: &Schedule) -> ScheduledEntry {
+    ScheduledEntry {
+        id: s.id.to_string(),
+        channel: s.channel.as_str().to_owned(),
+        deliver_at: s.deliver_at,
+        created_at: s.created_at,
+        size: s.size() as u64,
+    }
 }
 
-fn json_response(status: StatusCode, body: &serde_json::Value, replayed: bool) -> Response {
+fn json_response(status: StatusCode, body: &impl Serialize, replayed: bool) -> Response {
     let bytes = serde_json::to_vec(body).expect("response serialises");
     let mut resp = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], bytes)
         .into_response();
@@ -166,30 +173,17 @@ pub(crate) async fn schedule(state: &Arc<AppState>, ask: ScheduleAsk<'_>) -> Res
         receipts.push(r);
     }
     let replayed = receipts.iter().all(|r| r.duplicate);
-    let body = if ask.batch {
-        json!({"results": receipts.iter().map(receipt_json).collect::<Vec<_>>()})
+    Ok(if ask.batch {
+        let body = ScheduledBatchReply { results: receipts.iter().map(receipt).collect() };
+        json_response(StatusCode::ACCEPTED, &body, replayed)
     } else {
-        receipt_json(&receipts[0])
-    };
-    Ok(json_response(StatusCode::ACCEPTED, &body, replayed))
-}
-
-#[derive(Deserialize)]
-pub struct ListQuery {
-    channel: Option<String>,
-    #[serde(default)]
-    limit: Option<usize>,
+        json_response(StatusCode::ACCEPTED, &receipt(&receipts[0]), replayed)
+    })
 }
 
 /// `GET /api/v1/scheduled?channel=C&limit=N`: pending schedules of a
 /// channel, in delivery order.
-pub async fn list(
-    State(state): St,
-    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
-    let Query(q) = query.map_err(|e| ApiError::new(ErrorCode::BadRequest, e.body_text()))?;
+pub async fn list(State(state): St, _key: ApiKey, Q(q): Q<ScheduledQuery>) -> Result<Response, ApiError> {
     let Some(channel) = q.channel else {
         return Err(ApiError::new(ErrorCode::BadRequest, "`channel` is required"));
     };
@@ -199,27 +193,20 @@ pub async fn list(
         return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={MAX_LIST}")));
     }
     let list = state.engine.scheduled(&channel, limit).await?;
-    let body = json!({
-        "channel": channel.as_str(),
-        "scheduled": list.iter().map(schedule_json).collect::<Vec<_>>(),
-    });
+    let body =
+        ScheduledList { channel: channel.as_str().to_owned(), scheduled: list.iter().map(entry).collect() };
     Ok(json_response(StatusCode::OK, &body, false))
 }
 
 /// `DELETE /api/v1/scheduled/{id}`: cancel a pending schedule.
-pub async fn cancel(
-    State(state): St,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
+pub async fn cancel(State(state): St, _key: ApiKey, Path(id): Path<String>) -> Result<Response, ApiError> {
     if id.is_empty() || id.len() > 64 || id.chars().any(char::is_control) {
         return Err(no_such_schedule());
     }
     match state.engine.schedule_cancel(&id).await? {
         Some(s) => {
             state.metrics.scheduled_cancelled.inc();
-            Ok(json_response(StatusCode::OK, &schedule_json(&s), false))
+            Ok(json_response(StatusCode::OK, &entry(&s), false))
         }
         None => Err(no_such_schedule()),
     }

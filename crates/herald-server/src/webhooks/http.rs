@@ -4,15 +4,17 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use herald_proto::{ChannelName, ErrorCode};
-use serde_json::{json, Value};
+use herald_proto::{
+    ChannelName, ErrorCode, WebhookChannelStatus, WebhookError, WebhookRetrying, WebhookSkipped,
+    WebhookStatus, WebhooksStatus,
+};
 
 use super::{now_ms, Hook};
 use crate::error::ApiError;
-use crate::http::api_auth;
+use crate::extract::ApiKey;
 use crate::AppState;
 
 /// Channels reported per webhook.
@@ -38,8 +40,7 @@ fn channel(hook: &Hook, ch: &str) -> Result<ChannelName, ApiError> {
 /// message's age, the last error seen by this node, how many undelivered
 /// messages retention removed already (`overtaken`), and whether it is
 /// stalled (failing or overtaken).
-pub async fn status(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
+pub async fn status(State(state): State<Arc<AppState>>, _key: ApiKey) -> Result<Response, ApiError> {
     let mut out = Vec::new();
     for hook in &state.webhooks.hooks {
         let cursors = state.engine.user_cursors(hook.sub.user(), STATUS_LIMIT).await?;
@@ -65,25 +66,29 @@ pub async fn status(State(state): State<Arc<AppState>>, headers: HeaderMap) -> R
                 }
             }
             let stalled = overtaken > 0 || (lag > 0 && last_error.is_some());
-            channels.push(json!({
-                "channel": c.channel.as_str(),
-                "cursor": c.cursor.seq,
-                "head": pos.head,
-                "lag": lag,
-                "oldest_undelivered_age_ms": oldest_age_ms,
-                "last_error": last_error.map(|e| json!({"at": e.at_ms, "class": e.class, "message": e.message})),
-                "overtaken": overtaken,
-                "stalled": stalled,
-            }));
+            channels.push(WebhookChannelStatus {
+                channel: c.channel.as_str().to_owned(),
+                cursor: c.cursor.seq,
+                head: pos.head,
+                lag,
+                oldest_undelivered_age_ms: oldest_age_ms,
+                last_error: last_error.map(|e| WebhookError {
+                    at: e.at_ms,
+                    class: e.class.to_owned(),
+                    message: e.message,
+                }),
+                overtaken,
+                stalled,
+            });
         }
-        out.push(json!({
-            "name": hook.cfg.name,
-            "lag": lag_total,
-            "stalled": channels.iter().filter(|c| c["stalled"] == Value::Bool(true)).count(),
-            "channels": channels,
-        }));
+        out.push(WebhookStatus {
+            name: hook.cfg.name.clone(),
+            lag: lag_total,
+            stalled: channels.iter().filter(|c| c.stalled).count() as u64,
+            channels,
+        });
     }
-    Ok(Json(json!({ "webhooks": out })).into_response())
+    Ok(Json(WebhooksStatus { webhooks: out }).into_response())
 }
 
 /// `POST /api/v1/webhooks/{name}/channels/{channel}/skip`: move the cursor
@@ -91,21 +96,18 @@ pub async fn status(State(state): State<Arc<AppState>>, headers: HeaderMap) -> R
 /// refusing). Logged at warn with the skipped seq.
 pub async fn skip(
     State(state): State<Arc<AppState>>,
+    ApiKey(scope): ApiKey,
     Path((name, ch)): Path<(String, String)>,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     // The scope names the API key by a digest prefix, never the key.
-    let scope = api_auth(&state, &headers)?;
     let hook = hook(&state, &name)?;
     let ch = channel(hook, &ch)?;
     let cursor = state.engine.cursor(&ch, &hook.sub).await?.map_or(0, |c| c.seq);
     let page = state.engine.read(&ch, cursor, 1).await?;
     let Some(next) = page.messages.first().and_then(|m| m.seq) else {
-        return Ok((
-            StatusCode::OK,
-            Json(json!({ "channel": ch.as_str(), "skipped": null, "cursor": cursor })),
-        )
-            .into_response());
+        return Ok(
+            Json(WebhookSkipped { channel: ch.as_str().to_owned(), skipped: None, cursor }).into_response()
+        );
     };
     let new = state.engine.ack(&ch, &hook.sub, next).await.map_err(|e| match e {
         herald_core::AckError::Engine(e) => ApiError::from(e),
@@ -114,19 +116,20 @@ pub async fn skip(
     tracing::warn!(webhook = %name, channel = %ch, seq = next, by = %scope, "webhook message skipped by an operator");
     hook.errors.lock().expect("errors lock").remove(&ch);
     hook.retry(ch.clone());
-    Ok(Json(json!({ "channel": ch.as_str(), "skipped": next, "cursor": new.seq })).into_response())
+    Ok(Json(WebhookSkipped { channel: ch.as_str().to_owned(), skipped: Some(next), cursor: new.seq })
+        .into_response())
 }
 
 /// `POST /api/v1/webhooks/{name}/channels/{channel}/retry`: send the
 /// channel's next request now instead of after its backoff.
 pub async fn retry(
     State(state): State<Arc<AppState>>,
+    _key: ApiKey,
     Path((name, ch)): Path<(String, String)>,
-    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    api_auth(&state, &headers)?;
     let hook = hook(&state, &name)?;
     let ch = channel(hook, &ch)?;
     hook.retry(ch.clone());
-    Ok((StatusCode::ACCEPTED, Json(json!({ "channel": ch.as_str(), "retrying": true }))).into_response())
+    let reply = WebhookRetrying { channel: ch.as_str().to_owned(), retrying: true };
+    Ok((StatusCode::ACCEPTED, Json(reply)).into_response())
 }
