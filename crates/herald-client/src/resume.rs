@@ -10,7 +10,7 @@ use herald_proto::Since;
 /// subscribe reply of a subscription that started without `since`, and for
 /// volatile channels (no log, no seq).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Cursor {
+pub(crate) struct ResumePoint {
     position: Option<u64>,
     epoch: Option<String>,
 }
@@ -27,7 +27,7 @@ pub(crate) enum Verdict {
     Gap { expected: u64 },
 }
 
-/// The fields of a subscribe reply the cursor acts on.
+/// The fields of a subscribe reply the resume point acts on.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Subscribed<'a> {
     pub epoch: Option<&'a str>,
@@ -37,7 +37,7 @@ pub(crate) struct Subscribed<'a> {
     pub epoch_changed: bool,
 }
 
-/// Discontinuities a subscribe reply reported (or the cursor detected).
+/// Discontinuities a subscribe reply reported (or the resume point detected).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Reset {
     pub truncated: bool,
@@ -50,7 +50,7 @@ impl Reset {
     }
 }
 
-impl Cursor {
+impl ResumePoint {
     /// Start from a caller-supplied position (`since` = last seq the caller
     /// already has, and its epoch; an empty epoch means "unknown").
     pub fn new(since: Option<(u64, String)>) -> Self {
@@ -129,7 +129,7 @@ mod tests {
 
     #[test]
     fn fresh_subscription_resumes_from_head_even_without_messages() {
-        let mut c = Cursor::new(None);
+        let mut c = ResumePoint::new(None);
         assert_eq!(c.since(), None);
         assert_eq!(c.on_subscribed(&reply("E", 1, 7)), Reset::default());
         assert_eq!(c.since(), Some(Since { seq: 7, epoch: Some("E".into()) }));
@@ -139,7 +139,7 @@ mod tests {
 
     #[test]
     fn drops_duplicates_at_and_below_the_position() {
-        let mut c = Cursor::new(Some((3, "E".into())));
+        let mut c = ResumePoint::new(Some((3, "E".into())));
         c.on_subscribed(&reply("E", 1, 9));
         assert_eq!(c.on_message(Some(2)), Verdict::Duplicate);
         assert_eq!(c.on_message(Some(3)), Verdict::Duplicate);
@@ -151,7 +151,7 @@ mod tests {
 
     #[test]
     fn reports_gaps_but_keeps_going() {
-        let mut c = Cursor::new(Some((3, "E".into())));
+        let mut c = ResumePoint::new(Some((3, "E".into())));
         c.on_subscribed(&reply("E", 1, 9));
         assert_eq!(c.on_message(Some(6)), Verdict::Gap { expected: 4 });
         assert_eq!(c.on_message(Some(7)), Verdict::Deliver);
@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn truncation_restarts_at_first_and_is_reported() {
-        let mut c = Cursor::new(Some((3, "E".into())));
+        let mut c = ResumePoint::new(Some((3, "E".into())));
         let r = c.on_subscribed(&Subscribed { truncated: true, ..reply("E", 10, 20) });
         assert_eq!(r, Reset { truncated: true, epoch_changed: false });
         assert_eq!(c.on_message(Some(10)), Verdict::Deliver, "first retained seq is not a gap");
@@ -167,7 +167,7 @@ mod tests {
 
     #[test]
     fn epoch_change_restarts_even_when_the_server_forgets_the_flag() {
-        let mut c = Cursor::new(Some((50, "OLD".into())));
+        let mut c = ResumePoint::new(Some((50, "OLD".into())));
         let r = c.on_subscribed(&reply("NEW", 1, 3));
         assert!(r.epoch_changed && r.any());
         assert_eq!(c.since(), Some(Since { seq: 0, epoch: Some("NEW".into()) }));
@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn flagged_epoch_change_is_reported() {
-        let mut c = Cursor::new(Some((5, String::new())));
+        let mut c = ResumePoint::new(Some((5, String::new())));
         assert_eq!(c.since(), Some(Since { seq: 5, epoch: None }), "empty epoch is not sent");
         let r = c.on_subscribed(&Subscribed { epoch_changed: true, ..reply("E2", 2, 4) });
         assert_eq!(r, Reset { truncated: false, epoch_changed: true });
@@ -185,7 +185,7 @@ mod tests {
 
     #[test]
     fn volatile_channels_pass_everything_through() {
-        let mut c = Cursor::new(None);
+        let mut c = ResumePoint::new(None);
         assert_eq!(c.on_subscribed(&Subscribed::default()), Reset::default());
         assert_eq!(c.on_message(None), Verdict::Deliver);
         assert_eq!(c.on_message(None), Verdict::Deliver);

@@ -3,7 +3,7 @@
 //!
 //! Shape: `run` loops connect → session → backoff. While offline it keeps
 //! serving commands (subscriptions are recorded, publishes queued). A
-//! session first re-subscribes every channel with `since` = its cursor, then
+//! session first re-subscribes every channel with `since` = its resume point, then
 //! loops over a biased `select!` of commands, the next frame, and an idle
 //! timer that probes a silent connection with a ping.
 //!
@@ -281,7 +281,7 @@ impl Worker {
     }
 
     /// On a new connection: subscribe every wanted channel with its
-    /// cursor, then send the publishes that waited for a connection.
+    /// resume point, then send the publishes that waited for a connection.
     async fn resume_all(&mut self, conn: &mut Connection) -> Result<(), ClientError> {
         // Subscriptions whose caller went away are not resumed.
         self.subs

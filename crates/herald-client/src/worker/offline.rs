@@ -8,7 +8,7 @@ use tokio::sync::oneshot;
 use super::queue::Sub;
 use super::Worker;
 use crate::command::{Command, SubscribeCmd};
-use crate::resume::Cursor;
+use crate::resume::ResumePoint;
 use crate::ClientError;
 
 impl Worker {
@@ -65,7 +65,7 @@ impl Worker {
             id,
             channel: channel.clone(),
             events_tx,
-            cursor: Cursor::new(since),
+            resume: ResumePoint::new(since),
             initial: Some(reply),
             confirmed: false,
         };

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::Worker;
 use crate::command::Shared;
 use crate::event::{Delivery, Event, SubscribeInfo};
-use crate::resume::{Cursor, Verdict};
+use crate::resume::{ResumePoint, Verdict};
 use crate::{ClientError, Connection};
 
 /// Events a subscription's queue could not take yet, in order. Empty
@@ -28,7 +28,7 @@ pub(super) struct Sub {
     pub id: u64,
     pub channel: ChannelName,
     pub events_tx: mpsc::Sender<Result<Event, ClientError>>,
-    pub cursor: Cursor,
+    pub resume: ResumePoint,
     /// The caller's `subscribe` is still waiting for the first reply.
     pub initial: Option<oneshot::Sender<Result<SubscribeInfo, ClientError>>>,
     /// The subscribe reply arrived on the current connection. Durable
@@ -38,7 +38,7 @@ pub(super) struct Sub {
 }
 
 impl Worker {
-    /// Judge a `message` frame against its subscription's cursor and hand
+    /// Judge a `message` frame against its subscription's resume point and hand
     /// it over if the queue has room. `Some` when the rest needs
     /// [`Worker::finish_delivery`].
     pub(super) fn on_message(&mut self, view: MessageView) -> Option<Stalled> {
@@ -52,7 +52,7 @@ impl Worker {
             // earlier subscription on this connection (see `Sub::confirmed`).
             return None;
         }
-        let gap = match sub.cursor.on_message(seq) {
+        let gap = match sub.resume.on_message(seq) {
             Verdict::Duplicate => return None,
             Verdict::Deliver => None,
             Verdict::Gap { expected } => {
@@ -98,7 +98,7 @@ impl Worker {
 
     /// Deliver what [`Worker::offer`] could not, waiting for room: a slow
     /// caller stalls the socket, which is the backpressure we want (the
-    /// server disconnects a slow consumer and we resume from the cursor).
+    /// server disconnects a slow consumer and we resume from the resume point).
     /// A subscription whose caller is gone is dropped and unsubscribed. A
     /// closing client abandons the wait.
     pub(super) async fn finish_delivery(&mut self, conn: &mut Connection, stalled: Stalled) {

@@ -39,7 +39,7 @@ impl Worker {
         sub.confirmed = false;
         let client_id = Some(self.opts.client_id.as_str());
         let frame =
-            OutFrame::Subscribe { req: Some(req), channel, since: sub.cursor.since(), client_id, info: None };
+            OutFrame::Subscribe { req: Some(req), channel, since: sub.resume.since(), client_id, info: None };
         let text = frame.encode();
         self.pending.insert(req, Pending::Subscribe { channel: sub.channel.clone(), id: sub.id });
         conn.send_text(text).await
@@ -160,7 +160,7 @@ impl Worker {
                 return None;
             }
             if view_code(&view).as_deref().and_then(parse_error_code).is_some_and(is_transient) {
-                // Resume later with the same cursor.
+                // Resume later from the same point.
                 return Some(SessionEnd::Retry { error, healthy: false });
             }
             tracing::debug!(%channel, %error, "herald resubscribe refused; ending the subscription");
@@ -169,7 +169,7 @@ impl Worker {
             return None;
         }
 
-        let reset = sub.cursor.on_subscribed(&Subscribed {
+        let reset = sub.resume.on_subscribed(&Subscribed {
             epoch: view.epoch.as_deref(),
             first: view.first,
             head: view.head,
