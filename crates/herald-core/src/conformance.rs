@@ -42,7 +42,7 @@ pub use presence::{
     presence_tokens_stay_monotonic_without_leases,
 };
 pub use rooms::{
-    closing_a_room_seals_its_channel, room_cas_admits_one_writer_per_version,
+    closing_a_room_closes_its_channel, room_cas_admits_one_writer_per_version,
     room_create_conflicts_with_an_existing_room, room_versions_are_logged_in_order_with_messages, room_write,
 };
 pub use schedules::{
@@ -745,7 +745,7 @@ macro_rules! with_conformance_scenarios {
             room_create_conflicts_with_an_existing_room,
             room_cas_admits_one_writer_per_version,
             room_versions_are_logged_in_order_with_messages,
-            closing_a_room_seals_its_channel,
+            closing_a_room_closes_its_channel,
             schedules_are_claimed_in_order_and_delivered_once,
             schedule_dedup_returns_the_original_receipt,
             cancelled_schedules_are_never_delivered,

@@ -57,7 +57,7 @@ pub(crate) fn opt(s: &str) -> Option<&str> {
 }
 
 /// One XRANGE entry: `[id, [t, ts, i, id, f, frame]]`. `closes_at`: the
-/// seq of the channel's sealing message, if it is sealed.
+/// seq of the channel's closing message, if it is closed.
 pub(crate) fn message(
     v: Value,
     channel: &ChannelName,

@@ -129,7 +129,7 @@ struct Payload {
     ts: u64,
     id: Arc<str>,
     epoch: String,
-    /// The channel's sealing message.
+    /// The channel's closing message.
     closes: bool,
     frame: Bytes,
 }

@@ -8,7 +8,7 @@
 //!
 //! | key | type | contents |
 //! |---|---|---|
-//! | `p:{c}:meta` | hash | `epoch`, `seq` (head), `ts` (last message time, ms), `closed` (`1` once sealed) |
+//! | `p:{c}:meta` | hash | `epoch`, `seq` (head), `ts` (last message time, ms), `closed` (`1` once closed) |
 //! | `p:{c}:log` | stream | one entry per durable message, id `<seq>-0`, fields `t` (ts), `i` (id), `f` (the frame) |
 //! | `p:{c}:cursors` | hash | subscriber key → `<seq>:<acked_at_ms>` |
 //! | `p:{c}:idem:<key>` | string, TTL | the receipt: `<fingerprint> <seq or -> <id> <ts> <epoch or ->` |

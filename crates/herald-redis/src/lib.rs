@@ -63,7 +63,7 @@
 //! lease is removed and returned once (`presence.rs`). Each removal is
 //! remembered for a while (`presence:gone`), so a late rejoin loses. A room write is one
 //! script: version compare-and-set, the event appended like any append,
-//! and on close the seal (every later append is refused after the dedup
+//! and on close the closed flag (every later append is refused after the dedup
 //! check) and the removal of the channel's leases (`rooms.rs`).
 //!
 //! # Failure

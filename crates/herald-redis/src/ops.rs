@@ -154,7 +154,7 @@ impl Shared {
             .arg(ch.as_str())
             .arg(self.keys.fan(ch))
             .arg(self.publish_cmd())
-            .arg(if req.durable && req.seal { "1" } else { "0" });
+            .arg(if req.durable && req.closes { "1" } else { "0" });
         let reply: Value =
             self.redis.call("append", |mut c| async move { inv.invoke_async(&mut c).await }).await?;
         let parsed = (|| {
@@ -228,7 +228,7 @@ impl Shared {
             let lost = u64_of(next("lost")?, "lost")? == 1;
             let entries = array(next("entries")?, "entries")?;
             let closed = u64_of(next("closed")?, "closed")? == 1;
-            // The sealing message is the head of a closed channel.
+            // The closing message is the head of a closed channel.
             let closes_at = closed.then_some(head);
             let messages = entries
                 .into_iter()

@@ -1,6 +1,6 @@
 //! Rooms on Redis: the record in the channel's slot, changed by one
 //! compare-and-set script together with the append of its event (and, on
-//! close, the seal and the removal of every lease), and the index of rooms
+//! close, the closed flag and the removal of every lease), and the index of rooms
 //! that are not closed.
 //!
 //! The index, `rooms:active`, is one sorted set (score 0, lex order) in its
@@ -54,7 +54,7 @@ impl Shared {
         let RoomWrite { expected_version, room, event } = write;
         let ch = event.channel.clone();
         let closing = room.state == RoomStatus::Closed;
-        // The event is durable, seals exactly when closing, and has no
+        // The event is durable, closes exactly when closing, and has no
         // dedup (the version check makes a retried write a conflict), as
         // the contract shapes it, whatever the caller set.
         let id = Uuid::now_v7().hyphenated().to_string();

@@ -50,7 +50,7 @@ local function first_of(log, head)
 end
 local function is_closed(meta) return redis.call('HGET', meta, 'closed') == '1' end
 -- Append one message to the channel and publish it on its fan-out channel:
--- the common part of APPEND and ROOM_WRITE. `a` holds durable, seal,
+-- the common part of APPEND and ROOM_WRITE. `a` holds durable, closes,
 -- epoch (a fresh one, used if the channel has none), max_len, max_age,
 -- the frame's head, middle and tail, id, channel, fan, publish. Returns
 -- {sseq, ts, sepoch, lost}, or {err = <error reply>} before any write of
@@ -83,7 +83,7 @@ local function append_msg(meta, log, a)
       if type(added) == 'table' and added.err then return {err = added} end
     end
     redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', fmt(ts))
-    if a.seal then redis.call('HSET', meta, 'closed', '1') end
+    if a.closes then redis.call('HSET', meta, 'closed', '1') end
     if a.max_age > 0 then
       -- Messages older than max_age go. The log is ordered by ts and
       -- gap-free, so a binary search finds the first one to keep; the
@@ -117,7 +117,7 @@ local function append_msg(meta, log, a)
   local sepoch = epoch
   if sepoch == '' then sepoch = '-' end
   local closes = '0'
-  if seq and a.seal then closes = '1' end
+  if seq and a.closes then closes = '1' end
   redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' ' .. sseq .. ' ' .. fmt(ts) .. ' ' .. a.id .. ' '
     .. sepoch .. ' ' .. closes .. '\n' .. frame)
   return {sseq = sseq, ts = ts, sepoch = sepoch, lost = lost}
@@ -179,12 +179,12 @@ fn read_only(body: &str) -> Script {
 /// KEYS: meta, log, [receipt]. ARGV: durable (`1`/`0`), a fresh epoch (used
 /// if the channel has none), max_len, max_age_ms, fingerprint (hex),
 /// receipt ttl ms, frame head, frame middle, frame tail, message id,
-/// channel, fan-out pub/sub channel, `PUBLISH` or `SPUBLISH`, seal
+/// channel, fan-out pub/sub channel, `PUBLISH` or `SPUBLISH`, closes
 /// (`1`/`0`: durable only, the channel's last message).
 ///
 /// Returns `{'ok', seq|'-', ts, epoch|'-', lost}`, `{'dup', seq|'-', id,
-/// ts, epoch|'-'}`, `{'mismatch'}` or `{'closed'}` (the channel is sealed;
-/// checked after the receipt, so a retry of an append made before the seal
+/// ts, epoch|'-'}`, `{'mismatch'}` or `{'closed'}` (the channel is closed;
+/// checked after the receipt, so a retry of an append made before the close
 /// still gets its receipt).
 ///
 /// The fan-out is published from inside the script: Redis runs scripts of
@@ -215,7 +215,7 @@ if receipt then
 end
 if is_closed(meta) then return {'closed'} end
 local r = append_msg(meta, log, {
-  durable = durable, seal = durable and ARGV[14] == '1', epoch = ARGV[2], max_len = max_len,
+  durable = durable, closes = durable and ARGV[14] == '1', epoch = ARGV[2], max_len = max_len,
   max_age = max_age, head = ARGV[7], middle = ARGV[8], tail = ARGV[9], id = ARGV[10],
   channel = ARGV[11], fan = ARGV[12], publish = ARGV[13],
 })
@@ -234,7 +234,7 @@ return {'ok', r.sseq, fmt(r.ts), r.sepoch, r.lost}
 /// KEYS: meta, log. ARGV: a fresh epoch (used if the channel has none),
 /// after, limit. Returns `{epoch, head, first, lost, entries, closed}`,
 /// entries as XRANGE gives them, seqs `after+1 ..= head`; closed is 1 when
-/// the channel is sealed (its head is its last message).
+/// the channel is closed (its head is its last message).
 pub(crate) static READ: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
@@ -695,7 +695,7 @@ return 1
 // ---- Rooms ----
 
 /// Compare-and-set of a room's record plus the append of its event, as
-/// one step; closing also seals the channel and removes every lease.
+/// one step; closing also closes the channel and removes every lease.
 ///
 /// KEYS: meta, log, room, presence, presence:exp, presence:keys,
 /// presence:gone, presence:gone:exp. ARGV:
@@ -705,7 +705,7 @@ return 1
 /// channel, `PUBLISH` or `SPUBLISH`.
 ///
 /// Returns `{'ok', seq, ts, epoch, lost}`, `{'conflict', record | ''}` or
-/// `{'closed'}` (the version matched but the channel is sealed).
+/// `{'closed'}` (the version matched but the channel is closed).
 pub(crate) static ROOM_WRITE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r#"
@@ -722,7 +722,7 @@ end
 if is_closed(KEYS[1]) then return {'closed'} end
 local closing = ARGV[4] == '1'
 local r = append_msg(KEYS[1], KEYS[2], {
-  durable = true, seal = closing, epoch = ARGV[5], max_len = max_len, max_age = max_age,
+  durable = true, closes = closing, epoch = ARGV[5], max_len = max_len, max_age = max_age,
   head = ARGV[8], middle = ARGV[9], tail = ARGV[10], id = ARGV[11], channel = ARGV[12],
   fan = ARGV[13], publish = ARGV[14],
 })
@@ -823,7 +823,7 @@ if not cur or string.match(cur, '^(%d+) ') ~= ARGV[2] then return {'stale'} end
 if is_closed(KEYS[1]) then return {'closed'} end
 local durable = ARGV[3] == '1'
 local r = append_msg(KEYS[1], KEYS[2], {
-  durable = durable, seal = false, epoch = ARGV[4], max_len = max_len, max_age = max_age,
+  durable = durable, closes = false, epoch = ARGV[4], max_len = max_len, max_age = max_age,
   head = ARGV[7], middle = ARGV[8], tail = ARGV[9], id = ARGV[10], channel = ARGV[11],
   fan = ARGV[12], publish = ARGV[13],
 })

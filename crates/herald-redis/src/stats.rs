@@ -43,7 +43,7 @@ herald_core::engine_counters! {
         epoch_changes => "epoch_changes": "Epoch changes of watched channels seen by this node",
         /// Times the node's lease was found lost and registered again.
         lease_reregistrations => "lease_reregistrations": "Times this node's lease was lost and registered again",
-        /// Appends, joins and room writes refused because the channel is sealed.
+        /// Appends, joins and room writes refused because the channel is closed.
         closed_refused => "closed_refused": "Writes refused because the channel is closed",
         /// Expired leases removed by this node's sweeps.
         presence_expired,

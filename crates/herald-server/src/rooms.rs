@@ -201,7 +201,7 @@ pub async fn write_room(
     let closes = room.state == RoomStatus::Closed;
     let event = AppendRequest {
         kind: FrameKind::Room,
-        seal: closes,
+        closes,
         ..AppendRequest::message(channel.clone(), body, true, ns.retention())
     };
     state.webhooks.ensure(&*state.engine, ns, channel).await?;

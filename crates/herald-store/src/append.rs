@@ -1,6 +1,6 @@
 //! Staging one append into the writer's batch: the dedup check (requests
 //! of the batch first, then the `idem` space; an expired receipt counts as
-//! absent), the seal check, `seq = head + 1`, the UUIDv7 id, the frame
+//! absent), the closed check, `seq = head + 1`, the UUIDv7 id, the frame
 //! encoded once, the log entry, the channel meta, `max_len` trimming and
 //! the receipt.
 //!
@@ -26,7 +26,7 @@ use crate::writer::{StageError, Tally, Writer};
 const TRIM_BUDGET_PER_APPEND: u64 = 1024;
 
 impl Writer {
-    /// Stage one request into `ws`: dedup check, seal check, then append
+    /// Stage one request into `ws`: dedup check, closed check, then append
     /// (durable) or broadcast (volatile), then the receipt. Refusals stage
     /// nothing.
     pub(crate) fn stage_append(
@@ -67,7 +67,7 @@ impl Writer {
         }
 
         let channel = &req.channel;
-        // After the dedup check: a retry of an append made before the seal
+        // After the dedup check: a retry of an append made before the close
         // still gets its receipt.
         if self.channel_meta(channel)?.closed {
             tally.closed_refused += 1;
@@ -77,8 +77,8 @@ impl Writer {
         let id_str: Arc<str> = Arc::from(id.hyphenated().to_string());
         let ts = now;
         let seq = if req.durable { Some(self.channel_meta(channel)?.head + 1) } else { None };
-        // Only a durable append can seal (there is no final seq otherwise).
-        let seal = req.seal && req.durable;
+        // Only a durable append can close (there is no final seq otherwise).
+        let closes = req.closes && req.durable;
         let frame =
             Bytes::from(encode_frame(req.kind, channel, seq, &id_str, ts, &req.data, req.meta.as_ref()));
         if let Some(seq) = seq {
@@ -91,7 +91,7 @@ impl Writer {
             // For a channel whose log was empty, `first` is already `seq`.
             meta.head = seq;
             meta.max_age = req.retention.max_age;
-            meta.closed = seal;
+            meta.closed = closes;
             let old_first = meta.first;
             let trimmed = trim_to_len(channel.as_str(), meta, req.retention.max_len, ws);
             ws.put(Space::Channels, channel.as_str().as_bytes().to_vec(), meta.encode());
@@ -135,7 +135,7 @@ impl Writer {
             ts,
             duplicate: false,
         };
-        let msg = Message { channel: channel.clone(), seq, id: id_str, ts, epoch, frame, closes: seal };
+        let msg = Message { channel: channel.clone(), seq, id: id_str, ts, epoch, frame, closes };
         Ok((receipt, Some(Arc::new(msg))))
     }
 }

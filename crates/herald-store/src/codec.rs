@@ -92,7 +92,7 @@ pub(crate) struct ChannelMeta {
     pub first: u64,
     /// Age limit from the channel's latest append; applied by the sweeper.
     pub max_age: Option<Duration>,
-    /// Sealed: `head` is the final message; every append is refused.
+    /// Closed: `head` is the final message; every append is refused.
     pub closed: bool,
 }
 
@@ -106,7 +106,7 @@ impl Default for ChannelMeta {
 impl ChannelMeta {
     /// Format 2: `format ++ head ++ first ++ has_max_age (u8) ++ max_age_ms
     /// ++ closed (u8)`. Format 1, still decoded (data dirs written before
-    /// channels could be sealed), is the same without `closed`.
+    /// channels could be closed), is the same without `closed`.
     pub fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(1 + 8 + 8 + 1 + 8 + 1);
         v.push(FORMAT_V2);
@@ -534,7 +534,7 @@ mod tests {
         assert!(ChannelMeta::decode(&future).is_err(), "an unknown format is not guessed at");
     }
 
-    /// Data dirs written before channels could be sealed hold format 1
+    /// Data dirs written before channels could be closed hold format 1
     /// metas (exactly these bytes); they decode as open channels.
     #[test]
     fn channel_meta_format_1_still_decodes() {

@@ -238,7 +238,7 @@ impl Cursors for EmbeddedEngine {
 #[async_trait]
 impl Presence for EmbeddedEngine {
     /// Through the writer, like an ack: no fsync of its own (see
-    /// `presence.rs`). Refused with [`EngineError::Closed`] on a sealed
+    /// `presence.rs`). Refused with [`EngineError::Closed`] on a closed
     /// channel: a closed room has no members.
     async fn presence_join(
         &self,
@@ -324,7 +324,7 @@ impl Rooms for EmbeddedEngine {
     }
 
     /// Through the writer, in the group commit of the appends around it,
-    /// with their fsync. The event is always staged durable, sealing
+    /// with their fsync. The event is always staged durable, closing
     /// exactly when the new state is closed, and without dedup (see
     /// `rooms.rs`).
     async fn room_write(&self, write: RoomWrite) -> Result<RoomWritten, EngineError> {

@@ -5,7 +5,7 @@
 //! This crate must never answer an append `Ok` before the append (and its
 //! idempotency receipt) is durable under the configured [`FsyncMode`], let a
 //! reader see a message whose append could still fail, append anything to a
-//! sealed channel, hand out a channel's fencing token twice, change a room
+//! closed channel, hand out a channel's fencing token twice, change a room
 //! record without appending its event (or the reverse), or keep accepting
 //! writes after a storage error (fail-stop). It knows nothing of sockets or
 //! HTTP.
@@ -19,10 +19,10 @@
 //! [`StoreConfig::max_batch`]), and for each one checks dedup (requests of
 //! the same batch first, then the `idem` space; an expired receipt counts as
 //! absent), refuses it with [`EngineError::Closed`](herald_core::EngineError::Closed)
-//! if the channel is sealed (durable or volatile alike; a dedup hit still
+//! if the channel is closed (durable or volatile alike; a dedup hit still
 //! gets its receipt), assigns `seq = head + 1`, a UUIDv7 id and a
 //! timestamp, encodes the frame (of the request's `kind`) once, and stages
-//! the log entry, the channel meta (with `closed` set by a sealing append),
+//! the log entry, the channel meta (with `closed` set by a closing append),
 //! the `max_len` trimming and the receipt. The whole batch is one atomic storage
 //! commit with one fsync ([`FsyncMode::Always`]). Only then are the callers
 //! answered, and then the new messages are handed to the
@@ -72,7 +72,7 @@
 //! why losing that window to a machine crash cannot break fencing on a
 //! single node). A join takes the channel's next fencing token from
 //! `presence_tokens` (never reset or deleted, so tokens grow across leaves,
-//! sweeps, room closes and restarts) and is refused on a sealed channel.
+//! sweeps, room closes and restarts) and is refused on a closed channel.
 //! Renew and leave act only with the stored token. A rejoin re-creates a
 //! removed lease with its holder's token unless a later token of the member
 //! was removed since, or its holder left: the writer remembers removals in
@@ -91,7 +91,7 @@
 //! `room_write` goes through the writer and its group commit like an
 //! append, with the fsync (`rooms.rs`): compare-and-set on the record's
 //! version, the event's append, the record and the `rooms_active` entry in
-//! one commit, or nothing. A write to `closed` seals the channel in the
+//! one commit, or nothing. A write to `closed` closes the channel in the
 //! event's append, deletes every lease of the channel and the
 //! `rooms_active` entry, in the same commit.
 //!
@@ -127,8 +127,8 @@
 //!   acknowledges are in journal order).
 //! - Presence writes: like acks (see "Presence" above). Room writes: like
 //!   appends.
-//! - A sealed channel stays sealed: `closed` is in the channel meta,
-//!   committed with the sealing append, and nothing clears it.
+//! - A closed channel stays closed: `closed` is in the channel meta,
+//!   committed with the closing append, and nothing clears it.
 //!
 //! # On-disk layout (fjall keyspaces; integers big-endian)
 //!

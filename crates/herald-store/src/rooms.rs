@@ -7,7 +7,7 @@
 //! against the record as this batch leaves it, the event's append (an
 //! ordinary durable append, so it gets the next seq of the room's channel
 //! and is fanned out after the commit), the new record, and the index
-//! entry. A write to `closed` also seals the channel in the event's append,
+//! entry. A write to `closed` also closes the channel in the event's append,
 //! removes every lease of the channel and the index entry. A refused step
 //! stages nothing, so the record and the log never disagree: the log holds
 //! exactly one event per version, in version order.
@@ -51,12 +51,12 @@ impl Writer {
         }
         let closing = room.state == RoomStatus::Closed;
         // The contract's shape of a room event, kept here whatever the
-        // caller set: durable (one event per version in the log), sealing
+        // caller set: durable (one event per version in the log), closing
         // exactly when closing, and no dedup (the version check already
         // makes a retried write a conflict, and a dedup hit would skip the
         // append while the record changes).
         event.durable = true;
-        event.seal = closing;
+        event.closes = closing;
         event.dedup = None;
         let (receipt, msg) = self.stage_append(event, ws, pending_idem, tally)?;
         let key = channel.as_str().as_bytes().to_vec();

@@ -44,7 +44,7 @@ herald_core::engine_counters! {
         /// Idempotency receipts removed after their TTL.
         receipts_expired => "receipts_expired": "Idempotency receipts removed after their TTL",
         /// Appends, room writes and presence joins refused because their
-        /// channel was sealed.
+        /// channel was closed.
         closed_refused => "closed_refused": "Writes refused because the channel is closed",
         /// Presence joins, renews and leaves that changed a lease.
         presence_writes => "presence_writes": "Presence joins, renews and leaves that changed a lease",

@@ -2,7 +2,7 @@
 //! the batch loop; what each request stages is beside it.
 //!
 //! It takes every queued request (up to `max_batch`), stages them into one
-//! [`WriteSet`] (appends: seal check, dedup check, seq assignment, frame
+//! [`WriteSet`] (appends: closed check, dedup check, seq assignment, frame
 //! encoding, trimming, receipt, see `append.rs`; acks: compare-and-raise of a cursor, see
 //! `cursors.rs`; presence: lease changes with fencing tokens, see
 //! `presence.rs`; rooms: compare-and-set plus the event's append, see

@@ -1,5 +1,5 @@
 //! Presence in the embedded engine: what survives a restart, what a
-//! presence write costs in fsyncs, and how it behaves on a sealed channel
+//! presence write costs in fsyncs, and how it behaves on a closed channel
 //! or after a storage failure. (The engine-neutral semantics are in the
 //! conformance suite.)
 
@@ -133,12 +133,12 @@ async fn presence_writes_cost_no_fsync_of_their_own() {
     engine.close().await;
 }
 
-/// A closed room has no members: joins on its sealed channel are refused,
+/// A closed room has no members: joins on its closed channel are refused,
 /// and the leases removed by the close stay gone.
 #[tokio::test]
-async fn joins_on_a_sealed_channel_are_refused() {
+async fn joins_on_a_closed_channel_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let ch = channel("room:sealed");
+    let ch = channel("room:closed");
     let engine = open(dir.path(), |_| {});
     let room = Room::new("host".into(), Default::default(), 1_000, now_ms());
     engine.room_write(room_write(&ch, None, room.clone(), RoomReason::Created)).await.unwrap();

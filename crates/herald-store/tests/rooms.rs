@@ -35,9 +35,9 @@ async fn change(engine: &impl Engine, ch: &ChannelName, from: &Room, to: RoomSta
 }
 
 /// Room records (with their grace deadline), the active index and the
-/// sealed flag of closed rooms' channels all come back after a restart.
+/// closed flag of closed rooms' channels all come back after a restart.
 #[tokio::test]
-async fn rooms_and_sealed_channels_survive_restart() {
+async fn rooms_and_closed_channels_survive_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (waiting, ended) = (channel("room:waiting"), channel("room:ended"));
     let engine = open(dir.path(), |_| {});
@@ -55,7 +55,7 @@ async fn rooms_and_sealed_channels_survive_restart() {
     assert_eq!(engine.room(&ended).await.unwrap(), Some(closed));
     assert_eq!(engine.rooms_active(None, 10).await.unwrap(), vec![(waiting.clone(), grace.clone())]);
     let pos = engine.position(&ended).await.unwrap();
-    assert_eq!((pos.head, pos.closed), (3, true), "sealed for good");
+    assert_eq!((pos.head, pos.closed), (3, true), "closed for good");
     assert_eq!(engine.append(req(&ended, "1")).await, Err(EngineError::Closed));
     let log = engine.read(&ended, 0, 10).await.unwrap().messages;
     assert_eq!(log.iter().map(|m| m.closes).collect::<Vec<_>>(), vec![false, false, true]);

@@ -24,7 +24,7 @@ pub fn room_write(channel: &ChannelName, from: Option<&Room>, room: Room, reason
     let closing = room.state == RoomStatus::Closed;
     let event = AppendRequest {
         kind: FrameKind::Room,
-        seal: closing,
+        closes: closing,
         ..AppendRequest::message(channel.clone(), data, true, Retention { max_len: 0, max_age: None })
     };
     RoomWrite { expected_version: from.map(|r| r.version), room, event }
@@ -191,11 +191,11 @@ pub async fn room_versions_are_logged_in_order_with_messages(fx: &Fixture) {
     assert!(data["grace_until_ms"].as_u64().is_some(), "the grace deadline is in the event");
 }
 
-/// Closing a room seals its channel in the same step: the closing event is
+/// Closing a room closes its channel in the same step: the closing event is
 /// the channel's last message (`closes` on fan-out and read), every later
 /// append is refused, every lease of the channel is gone (leases elsewhere
 /// stay), the room leaves `rooms_active`, and no write reopens it.
-pub async fn closing_a_room_seals_its_channel(fx: &Fixture) {
+pub async fn closing_a_room_closes_its_channel(fx: &Fixture) {
     let (ch, open_room, elsewhere) = (fx.channel("room-end"), fx.channel("room-open"), fx.channel("room-x"));
     fx.watch(&ch).await;
     let (room, _) = create(fx, &ch).await;
@@ -215,7 +215,7 @@ pub async fn closing_a_room_seals_its_channel(fx: &Fixture) {
     assert_eq!((closed.state, closed.version, receipt.seq), (RoomStatus::Closed, 2, Some(3)));
 
     let pos = fx.engine.position(&ch).await.expect("position");
-    assert_eq!((pos.head, pos.closed), (3, true), "sealed at the closing event");
+    assert_eq!((pos.head, pos.closed), (3, true), "closed at the closing event");
     assert_eq!(fx.engine.append(request(&ch, "1")).await, Err(EngineError::Closed), "no durable append");
     let volatile = AppendRequest { durable: false, ..request(&ch, "2") };
     assert_eq!(fx.engine.append(volatile).await, Err(EngineError::Closed), "no volatile append");
@@ -252,7 +252,7 @@ pub async fn closing_a_room_seals_its_channel(fx: &Fixture) {
     // Nothing reopens it, even a write that passes the version check.
     let reopened = Room { state: RoomStatus::Live, version: closed.version + 1, ..closed.clone() };
     let r = fx.engine.room_write(room_write(&ch, Some(&closed), reopened, RoomReason::Api)).await;
-    assert!(!matches!(r, Ok(RoomWritten::Written { .. })), "a sealed channel takes no event: {r:?}");
+    assert!(!matches!(r, Ok(RoomWritten::Written { .. })), "a closed channel takes no event: {r:?}");
     assert_eq!(fx.engine.room(&ch).await.expect("room"), Some(closed));
     assert_eq!(fx.engine.position(&ch).await.expect("position").head, 3);
 }

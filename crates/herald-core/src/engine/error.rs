@@ -16,7 +16,7 @@ pub enum EngineError {
     /// The engine is closing.
     #[error("storage is shutting down")]
     ShuttingDown,
-    /// The channel was sealed (a closed room): nothing more is appended.
+    /// The channel was closed (a closed room): nothing more is appended.
     #[error("the channel is closed")]
     Closed,
 }

@@ -88,7 +88,7 @@ pub struct AppendRequest {
     /// Durable only: this is the channel's last message. The channel is
     /// closed for good in the same atomic step ([`Position::closed`]); any
     /// later append fails with [`EngineError::Closed`].
-    pub seal: bool,
+    pub closes: bool,
 }
 
 impl AppendRequest {
@@ -102,7 +102,7 @@ impl AppendRequest {
             retention,
             dedup: None,
             kind: FrameKind::Message,
-            seal: false,
+            closes: false,
         }
     }
 }
@@ -135,7 +135,7 @@ pub struct Message {
     /// The complete `{"type":"message",...}` frame (or another
     /// [`FrameKind`]), shared by every subscriber.
     pub frame: Bytes,
-    /// The channel's final message ([`AppendRequest::seal`]): after it a
+    /// The channel's final message ([`AppendRequest::closes`]): after it a
     /// subscriber is unsubscribed. Engines set it on fan-out and on reads.
     pub closes: bool,
 }
@@ -178,7 +178,7 @@ pub struct Position {
     pub first: Seq,
     /// Last assigned seq; 0 before the first append.
     pub head: Seq,
-    /// The channel was sealed: `head` is its final message and no append
+    /// The channel was closed: `head` is its final message and no append
     /// will follow.
     pub closed: bool,
 }

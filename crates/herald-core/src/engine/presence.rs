@@ -16,7 +16,7 @@ pub trait Presence: Send + Sync + 'static {
     /// Make `member` present on `channel` until now + `ttl`, with a new
     /// fencing token. A stored lease with the same key (expired or not, as
     /// long as no sweep removed it) is taken over: [`Joined::Reclaimed`].
-    /// A sealed channel (a closed room) takes no members:
+    /// A closed channel (a closed room) takes no members:
     /// [`EngineError::Closed`].
     ///
     /// Durability of presence writes (join, renew, leave, expire): like an
@@ -68,7 +68,7 @@ pub trait Presence: Send + Sync + 'static {
     ///   a leave with `token` still removes it) until now + `ttl`,
     ///   [`Rejoined::Back`]: announce a `join`.
     ///
-    /// A sealed channel (a closed room): [`EngineError::Closed`].
+    /// A closed channel (a closed room): [`EngineError::Closed`].
     async fn presence_rejoin(
         &self,
         channel: &ChannelName,

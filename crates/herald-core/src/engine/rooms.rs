@@ -27,7 +27,7 @@ pub struct RoomWrite {
     /// The new record; its `version` is `expected_version + 1` (1 on create).
     pub room: Room,
     /// The room event: durable, on the room's channel, `kind` [`FrameKind::Room`](herald_proto::FrameKind::Room),
-    /// `seal` set exactly when `room.state` is closed.
+    /// `closes` set exactly when `room.state` is closed.
     pub event: AppendRequest,
 }
 
@@ -39,11 +39,11 @@ pub trait Rooms: Send + Sync + 'static {
 
     /// Compare-and-set the room record on `write.expected_version` and
     /// append `write.event` to the room's channel, as one atomic step: both
-    /// happen or neither. When the new state is closed the same step seals
+    /// happen or neither. When the new state is closed the same step closes
     /// the channel, removes every lease of it (no `leave` is announced: the
     /// final event says it all) and takes the room out of
     /// [`rooms_active`](Rooms::rooms_active). A write to a room whose
-    /// channel is already sealed is [`EngineError::Closed`].
+    /// channel is already closed is [`EngineError::Closed`].
     async fn room_write(&self, write: RoomWrite) -> Result<RoomWritten, EngineError>;
 
     /// Up to `limit` rooms that are not closed, with channel names greater
