@@ -375,7 +375,7 @@ impl Session {
             // delivered whole) start live, unrecovered.
             let same_epoch = s.epoch.is_empty() || s.epoch == pos.epoch.as_str();
             let retained = s.offset + 1 >= pos.first;
-            let within = ns.delivery == Delivery::Acked || pos.head - s.offset <= bound as u64;
+            let within = ns.delivery == Delivery::Acked || pos.head.saturating_sub(s.offset) <= bound as u64;
             if same_epoch && s.offset <= pos.head && retained && within {
                 since = Some(Since { seq: s.offset, epoch: Some(s.epoch.clone()).filter(|e| !e.is_empty()) });
             }
