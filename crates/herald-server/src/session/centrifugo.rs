@@ -166,10 +166,13 @@ fn bad_request(reason: &'static str) -> SessionEnd {
     SessionEnd::Close { code: close::BAD_REQUEST, reason, reconnect: false }
 }
 
-/// Seconds until `exp`, at least 1.
+/// When the SDK should refresh a token expiring at `exp`: after three
+/// quarters of the time left (at least 1 s), so the new token arrives
+/// before the connection closes at `exp` (plus `jwt.leeway_secs`).
 fn ttl(exp: u64) -> u32 {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    u32::try_from(exp.saturating_sub(now)).unwrap_or(u32::MAX).max(1)
+    let left = exp.saturating_sub(now);
+    u32::try_from(left - left.div_ceil(4)).unwrap_or(u32::MAX).max(1)
 }
 
 impl Session {
