@@ -121,6 +121,8 @@ struct Registrations {
     /// The connection ended cleanly: leave presence at once on drop instead
     /// of letting the leases expire.
     leave_on_drop: bool,
+    /// The protocol's metrics label.
+    protocol: &'static str,
 }
 
 impl Registrations {
@@ -167,6 +169,7 @@ impl Drop for Registrations {
             });
         }
         self.state.metrics.connections.dec();
+        self.state.metrics.protocol_connection(self.protocol, -1);
     }
 }
 
@@ -230,10 +233,18 @@ impl Session {
         };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
+        let protocol = wire.protocol();
+        state.metrics.protocol_connection(protocol, 1);
         let budget = budget::Budget::new(&state.config.limits, Instant::now());
         let frame_estimate = state.config.limits.max_message_bytes;
         let session = Session {
-            regs: Registrations { state: state.clone(), conn_id, subs: HashMap::new(), leave_on_drop: false },
+            regs: Registrations {
+                state: state.clone(),
+                conn_id,
+                subs: HashMap::new(),
+                leave_on_drop: false,
+                protocol,
+            },
             state,
             timers: None,
             identity,
@@ -443,6 +454,7 @@ impl Session {
         if self.wire.is_centrifugo() {
             return Box::pin(self.on_commands(text)).await;
         }
+        self.state.metrics.protocol_frame("herald");
         let frame = ClientFrame::parse(text);
         // Acks that move the acked window are free: they are bounded by the
         // messages delivered. Every other frame, other acks included,

@@ -184,10 +184,12 @@ async fn bad_token_closes_in_the_sdk_stop_range() {
     let mut c = Cf::dial(&srv, "?user=u1").await;
     c.send(vec![json!({ "connect": {} })]).await;
     assert_eq!(c.closed().await, Some(3500));
-    // Expired: a reconnect code, so the SDK fetches a new token.
+    // Expired: error 109, so the SDK fetches a new token and connects again.
     let mut c = Cf::dial(&srv, "").await;
-    c.send(vec![json!({ "connect": { "token": token("u1", &["chat:*"], -3600) } })]).await;
-    assert_eq!(c.closed().await, Some(3005));
+    let r = c.call(json!({ "connect": { "token": token("u1", &["chat:*"], -3600) } })).await;
+    assert_eq!(r["error"]["code"], 109, "{r}");
+    let r = c.call(json!({ "connect": { "token": token("u1", &["chat:*"], 3600) } })).await;
+    assert!(r["connect"].is_object(), "{r}");
     // A command before connect, and a malformed one: protocol violations.
     let mut c = Cf::dial(&srv, "").await;
     c.send(vec![json!({ "subscribe": { "channel": "chat:a" } })]).await;
@@ -203,13 +205,13 @@ async fn token_permissions_apply_and_refresh_keeps_the_connection() {
     let mut c = Cf::dial(&srv, "").await;
     let r = c.call(json!({ "connect": { "token": token("u1", &["chat:ok*"], 3600) } })).await;
     assert_eq!(r["connect"]["expires"], true);
-    assert!(r["connect"]["ttl"].as_u64().unwrap() > 3000);
+    assert!(r["connect"]["ttl"].as_u64().unwrap() > 2000, "refresh ahead of exp: {r}");
     let r = c.call(json!({ "subscribe": { "channel": "chat:no" } })).await;
     assert_eq!(r["error"]["code"], 103, "{r}");
     let r = c.call(json!({ "subscribe": { "channel": "chat:ok1" } })).await;
     assert!(r["subscribe"].is_object(), "{r}");
     let r = c.call(json!({ "refresh": { "token": token("u1", &["chat:*"], 7200) } })).await;
-    assert!(r["refresh"]["ttl"].as_u64().unwrap() > 7000, "{r}");
+    assert!(r["refresh"]["ttl"].as_u64().unwrap() > 5000, "{r}");
     let r = c.call(json!({ "subscribe": { "channel": "chat:no" } })).await;
     assert!(r["subscribe"].is_object(), "the refreshed token allows it: {r}");
     // Another user's token on this connection: refused, and the SDK stops.
@@ -383,4 +385,38 @@ async fn the_server_pings_with_an_empty_object() {
     // The pong keeps the connection alive past the idle timeout's checks.
     c.ws.send(Message::text("{}")).await.unwrap();
     assert_eq!(c.next().await, json!({}));
+}
+
+#[tokio::test]
+async fn shutdown_and_rate_limits_close_with_reconnect_codes() {
+    let mut srv = TestServer::start_with(|c| c.limits.client_frames_per_sec = 5).await;
+    let mut c = Cf::dev(&srv, "u1").await;
+    // Over the budget: error 111 (temporary) replies, then a close the SDK
+    // reconnects after.
+    let ids = c.send((0..40).map(|_| json!({ "ping": {} })).collect()).await;
+    let mut limited = 0;
+    for id in ids {
+        let r = c.reply(id).await;
+        if r["error"]["code"] == 111 {
+            assert_eq!(r["error"]["temporary"], true);
+            limited += 1;
+            break;
+        }
+    }
+    assert!(limited > 0);
+    let mut c = Cf::dev(&srv, "u2").await;
+    srv.stop_now().await;
+    assert_eq!(c.closed().await, Some(3001));
+}
+
+#[tokio::test]
+async fn metrics_count_connections_and_commands_by_protocol() {
+    let srv = TestServer::start().await;
+    let mut c = Cf::dev(&srv, "u1").await;
+    c.call(json!({ "ping": {} })).await;
+    let _herald = srv.connect("h").await;
+    let text = reqwest::get(format!("{}/metrics", srv.url)).await.unwrap().text().await.unwrap();
+    assert!(text.contains("herald_protocol_connections{protocol=\"centrifugo\"} 1"), "{text}");
+    assert!(text.contains("herald_protocol_connections{protocol=\"herald\"} 1"), "{text}");
+    assert!(text.contains("herald_protocol_frames_total{protocol=\"centrifugo\"} 2"), "{text}");
 }

@@ -65,6 +65,9 @@ pub struct Conn {
     ping: Option<Bytes>,
     /// `connect` or `refresh` changed the identity (its expiry).
     identity_changed: bool,
+    /// When the socket opened: `connect` must come within
+    /// `limits.idle_timeout`.
+    opened: Instant,
 }
 
 impl Wire {
@@ -77,11 +80,20 @@ impl Wire {
             device,
             ping: None,
             identity_changed: false,
+            opened: Instant::now(),
         }))
     }
 
     pub fn is_centrifugo(&self) -> bool {
         matches!(self, Wire::Centrifugo(_))
+    }
+
+    /// The metrics label.
+    pub fn protocol(&self) -> &'static str {
+        match self {
+            Wire::Herald => "herald",
+            Wire::Centrifugo(_) => "centrifugo",
+        }
     }
 
     /// A message or presence frame as this wire sends it; `None` if a
@@ -196,7 +208,13 @@ impl Session {
                     .await
                     .map_err(|_| SessionEnd::Gone)
             }
-            Wire::Centrifugo(_) => self.ws.send(WsMessage::ping(ping)).await.map_err(|_| SessionEnd::Gone),
+            // Not connected yet: only a WebSocket ping, and a deadline.
+            Wire::Centrifugo(c) => {
+                if c.opened.elapsed() >= self.state.config.limits.idle_timeout {
+                    return Err(bad_request("no connect command in time"));
+                }
+                self.ws.send(WsMessage::ping(ping)).await.map_err(|_| SessionEnd::Gone)
+            }
         }
     }
 
@@ -206,6 +224,7 @@ impl Session {
             let Ok(cmd) = Command::parse(line) else {
                 return Err(bad_request("malformed command"));
             };
+            self.state.metrics.protocol_frame("centrifugo");
             let id = cmd.id;
             let method = cmd.method();
             // Each command costs one frame of the budget, as a frame of /ws.
@@ -290,10 +309,8 @@ impl Session {
     }
 
     /// The identity of a `connect` or `refresh` token (dev mode: the
-    /// upgrade's `?user=` when there is no token), or the close that says
-    /// why not: a bad token stops the SDK, an expired one makes it fetch a
-    /// new one.
-    fn identity_of(&mut self, token: &str) -> Result<Identity, SessionEnd> {
+    /// upgrade's `?user=` when there is no token).
+    fn identity_of(&mut self, token: &str) -> Result<Identity, ApiError> {
         let device = self.conn().device.clone();
         let result = if !token.is_empty() {
             crate::ws::verify_token(&self.state, token, device.as_deref())
@@ -303,19 +320,32 @@ impl Session {
         } else {
             Err(ApiError::new(ErrorCode::Unauthorized, "missing token"))
         };
-        result.map_err(|e| match e.code {
+        result
+    }
+
+    /// The close for a refused token: an expired one makes the SDK
+    /// reconnect (and fetch a new token), any other stops it.
+    fn token_refused(e: &ApiError) -> SessionEnd {
+        match e.code {
             ErrorCode::TokenExpired => {
                 SessionEnd::Close { code: close::TOKEN_EXPIRED, reason: "token expired", reconnect: true }
             }
             _ => SessionEnd::Close { code: close::UNAUTHORIZED, reason: "invalid token", reconnect: false },
-        })
+        }
     }
 
     async fn connect(&mut self, id: u32, token: &str) -> Result<(), SessionEnd> {
         if self.conn().connected {
             return Err(bad_request("already connected"));
         }
-        self.identity = self.identity_of(token)?;
+        self.identity = match self.identity_of(token) {
+            Ok(identity) => identity,
+            // Error 109: the SDK fetches a new token and connects again.
+            Err(e) if e.code == ErrorCode::TokenExpired => {
+                return self.send_error(&e, Some(id.into()), None).await
+            }
+            Err(e) => return Err(Self::token_refused(&e)),
+        };
         let conn = self.conn();
         conn.connected = true;
         conn.identity_changed = true;
@@ -334,7 +364,7 @@ impl Session {
     /// expiry. Subscriptions the new token no longer allows stay until the
     /// client ends them (as on `/ws`, permissions are checked at subscribe).
     async fn refresh(&mut self, id: u32, token: &str) -> Result<(), SessionEnd> {
-        let identity = self.identity_of(token)?;
+        let identity = self.identity_of(token).map_err(|e| Self::token_refused(&e))?;
         if identity.sub != self.identity.sub {
             return Err(SessionEnd::Close {
                 code: close::UNAUTHORIZED,
