@@ -3,7 +3,8 @@
 //!
 //! The upgrade makes the checks of `/ws` that need no credential (shutdown,
 //! the page's `Origin`, the connection cap); the token comes in the
-//! `connect` command. The socket is then served by the same `Session` as
+//! `connect` command (without one, the connect proxy decides, given the
+//! upgrade's headers, as on `/ws`). The socket is then served by the same `Session` as
 //! `/ws`, with `Wire::Centrifugo` (`session/centrifugo.rs`): same engine,
 //! hub, channels, permissions, limits and delivery guarantees.
 
@@ -46,5 +47,6 @@ pub async fn upgrade(
     }
     // Anonymous until `connect` sets the identity: it may do nothing.
     let nobody = Identity::granted("-", None, &[], &[], None);
-    crate::ws::start_session(state, req, nobody, Wire::centrifugo(q.user, q.device))
+    let headers = state.config.proxies.connect.is_some().then(|| Box::new(req.headers().clone()));
+    crate::ws::start_session(state, req, nobody, Wire::centrifugo(q.user, q.device, headers))
 }

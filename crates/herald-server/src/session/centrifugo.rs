@@ -60,6 +60,9 @@ pub struct Conn {
     dev_user: Option<String>,
     /// The upgrade's `?device=`.
     device: Option<String>,
+    /// The upgrade's headers, kept until `connect` when a connect proxy
+    /// is configured (it decides for a connect without token).
+    headers: Option<Box<http::HeaderMap>>,
     /// The payload of the last `{}` ping sent; the client's `{}` echoes it
     /// (presence rejoins wait for one).
     ping: Option<Bytes>,
@@ -72,12 +75,17 @@ pub struct Conn {
 
 impl Wire {
     /// A Centrifugo wire for a new connection.
-    pub fn centrifugo(dev_user: Option<String>, device: Option<String>) -> Self {
+    pub fn centrifugo(
+        dev_user: Option<String>,
+        device: Option<String>,
+        headers: Option<Box<http::HeaderMap>>,
+    ) -> Self {
         Wire::Centrifugo(Box::new(Conn {
             connected: false,
             client: super::requests::new_client_id(),
             dev_user,
             device,
+            headers,
             ping: None,
             identity_changed: false,
             opened: Instant::now(),
@@ -338,7 +346,17 @@ impl Session {
         if self.conn().connected {
             return Err(bad_request("already connected"));
         }
-        self.identity = match self.identity_of(token) {
+        let headers = self.conn().headers.take();
+        let state = self.state.clone();
+        let identity = match (&state.config.proxies.connect, headers) {
+            // No token and a connect proxy: the backend decides, as on /ws.
+            (Some(p), Some(headers)) if token.is_empty() && self.conn().dev_user.is_none() => {
+                let device = self.conn().device.clone();
+                Box::pin(crate::proxies::connect(&state, p, &headers, device.as_deref())).await
+            }
+            _ => self.identity_of(token),
+        };
+        self.identity = match identity {
             Ok(identity) => identity,
             // Error 109: the SDK fetches a new token and connects again.
             Err(e) if e.code == ErrorCode::TokenExpired => {
