@@ -292,50 +292,49 @@ pub struct Error {
 }
 
 /// A reply: `id` and one result, or an error.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Serialize)]
 pub struct Reply<'a> {
     #[serde(skip_serializing_if = "is_zero32")]
     pub id: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<Error>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub connect: Option<ConnectResult>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub subscribe: Option<SubscribeResult<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub unsubscribe: Option<Empty>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub publish: Option<Empty>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub presence: Option<PresenceResult>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub presence_stats: Option<PresenceStatsResult>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub history: Option<HistoryResult<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ping: Option<Empty>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub refresh: Option<RefreshResult>,
+    #[serde(flatten)]
+    pub result: Answer<'a>,
 }
 
-impl Reply<'_> {
+/// What a reply carries, under its method's name (`{"publish":{}}`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer<'a> {
+    Error(Error),
+    Connect(ConnectResult),
+    Subscribe(SubscribeResult<'a>),
+    Unsubscribe(Empty),
+    Publish(Empty),
+    Presence(PresenceResult),
+    PresenceStats(PresenceStatsResult),
+    History(HistoryResult<'a>),
+    Ping(Empty),
+    Refresh(RefreshResult),
+}
+
+impl<'a> Reply<'a> {
+    pub fn new(id: u32, result: Answer<'a>) -> Self {
+        Reply { id, result }
+    }
+
     /// An error reply to command `id`.
     pub fn error(id: u32, code: ErrorCode, message: impl Into<String>) -> Self {
         let (code, temporary) = error_of(code);
-        Reply { id, error: Some(Error { code, message: message.into(), temporary }), ..Default::default() }
+        Self::new(id, Answer::Error(Error { code, message: message.into(), temporary }))
+    }
+
+    /// An error reply with one of the protocol's own codes.
+    pub fn error_code(id: u32, code: u32, message: impl Into<String>) -> Self {
+        Self::new(id, Answer::Error(Error { code, message: message.into(), temporary: false }))
     }
 
     /// The error reply to a command this server does not offer.
     pub fn not_available(id: u32) -> Self {
-        Reply {
-            id,
-            error: Some(Error {
-                code: error_code::NOT_AVAILABLE,
-                message: "not available".into(),
-                temporary: false,
-            }),
-            ..Default::default()
-        }
+        Self::error_code(id, error_code::NOT_AVAILABLE, "not available")
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -345,12 +344,9 @@ impl Reply<'_> {
 
 #[derive(Debug, Default, Serialize)]
 pub struct ConnectResult {
-    pub client: String,
-    pub version: String,
-    #[serde(skip_serializing_if = "is_false")]
-    pub expires: bool,
-    #[serde(skip_serializing_if = "is_zero32")]
-    pub ttl: u32,
+    /// `client`, `version`, `expires`, `ttl`: as a refresh answers them.
+    #[serde(flatten)]
+    pub session: RefreshResult,
     /// Seconds between the server's pings (`{}`).
     pub ping: u32,
     /// The server expects `{}` back for each ping.
@@ -566,6 +562,11 @@ mod tests {
             Command::parse(r#"{"id":1,"rpc":{"method":"m"}}"#).unwrap().method(),
             Method::NotAvailable
         ));
+        assert_eq!(Reply::new(2, Answer::Publish(Empty {})).encode(), br#"{"id":2,"publish":{}}"#);
+        assert_eq!(
+            Reply::error(3, ErrorCode::RateLimited, "slow").encode(),
+            br#"{"id":3,"error":{"code":111,"message":"slow","temporary":true}}"#
+        );
     }
 
     #[test]

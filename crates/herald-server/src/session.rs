@@ -461,17 +461,7 @@ impl Session {
         // costs one frame of the budget (see `session/budget.rs`).
         let free =
             matches!(&frame, Ok(ClientFrame::Ack { channel, seq, .. }) if self.ack_moves(channel, *seq));
-        let now = Instant::now();
-        let limits = &self.state.config.limits;
-        if !free && !self.budget.take_frame(limits, now) {
-            self.state.metrics.frames_refused.inc();
-            if self.budget.refuse(limits, now) {
-                return Err(SessionEnd::Close {
-                    code: close::RATE_LIMITED,
-                    reason: "rate limited",
-                    reconnect: true,
-                });
-            }
+        if !free && !self.take_budget()? {
             let req = match &frame {
                 Ok(f) => f.req(),
                 Err(e) => e.req,
@@ -549,6 +539,26 @@ impl Session {
         }
         self.catchup.retain(|c| c != channel);
         true
+    }
+
+    /// Take one frame of the budget (see `session/budget.rs`): false when
+    /// refused (the caller answers `rate_limited`); the close once
+    /// refusals go on.
+    fn take_budget(&mut self) -> Result<bool, SessionEnd> {
+        let now = Instant::now();
+        let limits = &self.state.config.limits;
+        if self.budget.take_frame(limits, now) {
+            return Ok(true);
+        }
+        self.state.metrics.frames_refused.inc();
+        if self.budget.refuse(limits, now) {
+            return Err(SessionEnd::Close {
+                code: close::RATE_LIMITED,
+                reason: "rate limited",
+                reconnect: true,
+            });
+        }
+        Ok(false)
     }
 
     /// Whether an ack of `seq` on `channel` moves the subscription's acked

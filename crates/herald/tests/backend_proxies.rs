@@ -213,17 +213,9 @@ async fn the_connect_proxy_grants_identity_or_refuses_before_the_upgrade() {
     })
     .await;
     let ws_url = format!("ws://{}/ws", srv.addr);
-    let dial = |cookie: &'static str| {
+    let dial = |cookie| {
         let ws_url = ws_url.clone();
-        async move {
-            tokio_websockets::ClientBuilder::new()
-                .uri(&ws_url)
-                .unwrap()
-                .add_header(http_header("cookie"), http::HeaderValue::from_static(cookie))
-                .unwrap()
-                .connect()
-                .await
-        }
+        async move { dial_with_cookie(&ws_url, cookie).await }
     };
     // Granted: the backend's user and permissions.
     let (mut ws, _) = dial("session=good").await.expect("granted");
@@ -284,19 +276,9 @@ async fn the_connect_proxy_decides_a_centrifugo_connect_without_token() {
     })
     .await;
     let ws_url = format!("ws://{}/connection/websocket", srv.addr);
-    let dial = |cookie: &'static str| {
+    let dial = |cookie| {
         let ws_url = ws_url.clone();
-        async move {
-            let (ws, _) = tokio_websockets::ClientBuilder::new()
-                .uri(&ws_url)
-                .unwrap()
-                .add_header(http_header("cookie"), http::HeaderValue::from_static(cookie))
-                .unwrap()
-                .connect()
-                .await
-                .expect("upgrade");
-            ws
-        }
+        async move { dial_with_cookie(&ws_url, cookie).await.expect("upgrade").0 }
     };
     let mut ws = dial("session=good").await;
     let cmds = [
@@ -328,9 +310,24 @@ async fn the_connect_proxy_decides_a_centrifugo_connect_without_token() {
     srv.stop().await;
 }
 
-async fn next_message(
-    ws: &mut tokio_websockets::WebSocketStream<tokio_websockets::MaybeTlsStream<tokio::net::TcpStream>>,
-) -> tokio_websockets::Message {
+type ClientSocket =
+    tokio_websockets::WebSocketStream<tokio_websockets::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A WebSocket upgrade with a `Cookie` header (what the connect proxy sees).
+async fn dial_with_cookie(
+    url: &str,
+    cookie: &'static str,
+) -> Result<(ClientSocket, tokio_websockets::upgrade::Response), tokio_websockets::Error> {
+    tokio_websockets::ClientBuilder::new()
+        .uri(url)
+        .unwrap()
+        .add_header(http_header("cookie"), http::HeaderValue::from_static(cookie))
+        .unwrap()
+        .connect()
+        .await
+}
+
+async fn next_message(ws: &mut ClientSocket) -> tokio_websockets::Message {
     use futures_util::StreamExt;
     tokio::time::timeout(Duration::from_secs(10), ws.next()).await.unwrap().unwrap().unwrap()
 }

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use futures_util::SinkExt;
 use herald_core::{Delivery, Message, Receipt};
 use herald_proto::centrifugo::{
-    self as cf, ClientInfo, Command, ConnectResult, Empty, HistoryResult, Method, PresenceResult,
+    self as cf, Answer, ClientInfo, Command, ConnectResult, Empty, HistoryResult, Method, PresenceResult,
     PresenceStatsResult, Publication, RefreshResult, Reply, StreamPosition, SubscribeRequest,
     SubscribeResult,
 };
@@ -154,9 +154,7 @@ impl Wire {
                 ..Default::default()
             }
             .encode(),
-            Wire::Centrifugo(_) => {
-                Reply { id: command_id(req), publish: Some(Empty {}), ..Default::default() }.encode()
-            }
+            Wire::Centrifugo(_) => Reply::new(command_id(req), Answer::Publish(Empty {})).encode(),
         }
     }
 
@@ -236,17 +234,7 @@ impl Session {
             let id = cmd.id;
             let method = cmd.method();
             // Each command costs one frame of the budget, as a frame of /ws.
-            let now = Instant::now();
-            let limits = &self.state.config.limits;
-            if !self.budget.take_frame(limits, now) {
-                self.state.metrics.frames_refused.inc();
-                if self.budget.refuse(limits, now) {
-                    return Err(SessionEnd::Close {
-                        code: close::RATE_LIMITED,
-                        reason: "rate limited",
-                        reconnect: true,
-                    });
-                }
+            if !self.take_budget()? {
                 let err = ApiError::new(ErrorCode::RateLimited, "too many commands; slow down");
                 self.send_error(&err, Some(id.into()), None).await?;
                 continue;
@@ -280,7 +268,7 @@ impl Session {
                 Ok(c) => {
                     // Unsubscribing what is not subscribed is fine here.
                     self.unsubscribe(&c).await;
-                    Ok(Reply { id, unsubscribe: Some(Empty {}), ..Default::default() }.encode())
+                    Ok(Reply::new(id, Answer::Unsubscribe(Empty {})).encode())
                 }
                 Err(e) => Err(e),
             },
@@ -298,16 +286,16 @@ impl Session {
             Method::Presence(p) => self.presence_members(&p.channel).await.map(|(_, members)| {
                 let presence =
                     members.into_iter().map(|m| (m.client_id.clone(), ClientInfo::from(m))).collect();
-                Reply { id, presence: Some(PresenceResult { presence }), ..Default::default() }.encode()
+                Reply::new(id, Answer::Presence(PresenceResult { presence })).encode()
             }),
             Method::PresenceStats(p) => self.presence_members(&p.channel).await.map(|(count, members)| {
                 let users: std::collections::BTreeSet<&str> =
                     members.iter().map(|m| m.user.as_str()).collect();
                 let stats = PresenceStatsResult { num_clients: count, num_users: users.len() as u64 };
-                Reply { id, presence_stats: Some(stats), ..Default::default() }.encode()
+                Reply::new(id, Answer::PresenceStats(stats)).encode()
             }),
             Method::History(h) => Box::pin(self.history(id, h)).await,
-            Method::Ping => Ok(Reply { id, ping: Some(Empty {}), ..Default::default() }.encode()),
+            Method::Ping => Ok(Reply::new(id, Answer::Ping(Empty {})).encode()),
             Method::NotAvailable => Ok(Reply::not_available(id).encode()),
         };
         match reply {
@@ -364,18 +352,27 @@ impl Session {
             }
             Err(e) => return Err(Self::token_refused(&e)),
         };
-        let conn = self.conn();
-        conn.connected = true;
-        conn.identity_changed = true;
+        self.conn().connected = true;
         let result = ConnectResult {
-            client: conn.client.clone(),
-            version: concat!("herald ", env!("CARGO_PKG_VERSION")).into(),
-            expires: self.identity.exp.is_some(),
-            ttl: self.identity.exp.map_or(0, ttl),
+            session: self.new_identity(),
             ping: u32::try_from(self.state.config.limits.ping_interval.as_secs()).unwrap_or(u32::MAX).max(1),
             pong: true,
         };
-        self.send_bytes(Reply { id, connect: Some(result), ..Default::default() }.encode()).await
+        self.send_bytes(Reply::new(id, Answer::Connect(result)).encode()).await
+    }
+
+    /// The identity was just set (connect, refresh): reset its expiry
+    /// timer, and say when to refresh.
+    fn new_identity(&mut self) -> RefreshResult {
+        let (expires, ttl) = (self.identity.exp.is_some(), self.identity.exp.map_or(0, ttl));
+        let conn = self.conn();
+        conn.identity_changed = true;
+        RefreshResult {
+            client: conn.client.clone(),
+            version: concat!("herald ", env!("CARGO_PKG_VERSION")).into(),
+            expires,
+            ttl,
+        }
     }
 
     /// A new token on a live connection: same user, new permissions and
@@ -391,15 +388,8 @@ impl Session {
             });
         }
         self.identity = identity;
-        let conn = self.conn();
-        conn.identity_changed = true;
-        let result = RefreshResult {
-            client: conn.client.clone(),
-            version: concat!("herald ", env!("CARGO_PKG_VERSION")).into(),
-            expires: self.identity.exp.is_some(),
-            ttl: self.identity.exp.map_or(0, ttl),
-        };
-        self.send_bytes(Reply { id, refresh: Some(result), ..Default::default() }.encode()).await
+        let result = self.new_identity();
+        self.send_bytes(Reply::new(id, Answer::Refresh(result)).encode()).await
     }
 
     /// `subscribe`, with recovery in the reply (see the module docs).
@@ -459,7 +449,7 @@ impl Session {
         result.publications = frames.iter().map(|f| Publication::from_stored(f, cf::null_value())).collect();
         let closes = missed.iter().any(|m| m.closes);
         self.state.metrics.delivered.inc_by(result.publications.len() as u64);
-        self.send_bytes(Reply { id, subscribe: Some(result), ..Default::default() }.encode()).await?;
+        self.send_bytes(Reply::new(id, Answer::Subscribe(result)).encode()).await?;
         if ended || closes {
             // A closed room: its final event was delivered.
             self.end_subscription(&channel, "room_closed").await?;
@@ -509,13 +499,8 @@ impl Session {
         let pos = state.engine.position(&channel).await?;
         let max = state.config.limits.max_history_limit;
         let limit = usize::try_from(h.limit).map_or(max, |l| l.min(max));
-        let unrecoverable = |msg: &str| {
-            let mut r = Reply::error(id, ErrorCode::BadRequest, msg);
-            if let Some(e) = r.error.as_mut() {
-                e.code = cf::error_code::UNRECOVERABLE_POSITION;
-            }
-            r.encode()
-        };
+        let unrecoverable =
+            |msg: &str| Reply::error_code(id, cf::error_code::UNRECOVERABLE_POSITION, msg).encode();
         let mut after = pos.first - 1;
         if let Some(StreamPosition { offset, epoch }) = &h.since {
             if !epoch.is_empty() && epoch != pos.epoch.as_str() {
@@ -544,7 +529,7 @@ impl Session {
             publications.reverse();
         }
         let result = HistoryResult { publications, epoch: pos.epoch.to_string(), offset: pos.head };
-        Ok(Reply { id, history: Some(result), ..Default::default() }.encode())
+        Ok(Reply::new(id, Answer::History(result)).encode())
     }
 
     /// A presence channel's member count and (up to
