@@ -201,17 +201,7 @@ async fn the_subscribe_proxy_allows_refuses_caches_and_fails_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connect_proxy_grants_identity_or_refuses_before_the_upgrade() {
     use futures_util::{SinkExt, StreamExt};
-    let (url, seen) = backend().await;
-    let srv = TestServer::start_with(|c| {
-        c.dev = false;
-        c.proxies.connect = Some(ProxyConfig {
-            url,
-            timeout: Duration::from_millis(300),
-            secret: SECRET.into(),
-            ..Default::default()
-        });
-    })
-    .await;
+    let (srv, seen) = with_connect_proxy().await;
     let ws_url = format!("ws://{}/ws", srv.addr);
     let dial = |cookie| {
         let ws_url = ws_url.clone();
@@ -264,17 +254,7 @@ async fn the_connect_proxy_grants_identity_or_refuses_before_the_upgrade() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connect_proxy_decides_a_centrifugo_connect_without_token() {
     use futures_util::SinkExt;
-    let (url, _seen) = backend().await;
-    let srv = TestServer::start_with(|c| {
-        c.dev = false;
-        c.proxies.connect = Some(ProxyConfig {
-            url,
-            timeout: Duration::from_millis(300),
-            secret: SECRET.into(),
-            ..Default::default()
-        });
-    })
-    .await;
+    let (srv, _seen) = with_connect_proxy().await;
     let ws_url = format!("ws://{}/connection/websocket", srv.addr);
     let dial = |cookie| {
         let ws_url = ws_url.clone();
@@ -308,6 +288,22 @@ async fn the_connect_proxy_decides_a_centrifugo_connect_without_token() {
     };
     assert_eq!(close, Some(3500));
     srv.stop().await;
+}
+
+/// A server (not in dev mode) whose connect proxy is `backend()`.
+async fn with_connect_proxy() -> (TestServer, Arc<Mutex<Vec<(Value, bool)>>>) {
+    let (url, seen) = backend().await;
+    let srv = TestServer::start_with(|c| {
+        c.dev = false;
+        c.proxies.connect = Some(ProxyConfig {
+            url,
+            timeout: Duration::from_millis(300),
+            secret: SECRET.into(),
+            ..Default::default()
+        });
+    })
+    .await;
+    (srv, seen)
 }
 
 type ClientSocket =
