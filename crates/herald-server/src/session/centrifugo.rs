@@ -250,7 +250,7 @@ impl Session {
 
     async fn on_command(&mut self, id: u32, method: Method) -> Result<(), SessionEnd> {
         let req = Some(u64::from(id));
-        if !self.conn().connected && !matches!(method, Method::Connect(_)) {
+        if !self.conn().connected && !matches!(method, Method::Connect(_) | Method::Pong) {
             return Err(bad_request("connect first"));
         }
         let reply: Result<Vec<u8>, ApiError> = match method {
