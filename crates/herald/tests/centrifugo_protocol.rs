@@ -288,7 +288,7 @@ async fn recovery_beyond_the_bound_another_epoch_or_the_future_is_not_recovered(
         .unwrap()
         .to_owned();
     c.call(json!({ "unsubscribe": { "channel": "chat:b" } })).await;
-    for (offset, epoch) in [(1, epoch.as_str()), (99, epoch.as_str()), (5, "another")] {
+    for (offset, epoch) in [(1, epoch.as_str()), (99, epoch.as_str()), (u64::MAX, ""), (5, "another")] {
         let r = c
             .call(json!({ "subscribe": { "channel": "chat:b", "recover": true, "offset": offset, "epoch": epoch } }))
             .await;

@@ -235,8 +235,11 @@ impl Session {
             let method = cmd.method();
             // Each command costs one frame of the budget, as a frame of /ws.
             if !self.take_budget()? {
-                let err = ApiError::new(ErrorCode::RateLimited, "too many commands; slow down");
-                self.send_error(&err, Some(id.into()), None).await?;
+                // A command without id (a pong) has no reply to get.
+                if id != 0 {
+                    let err = ApiError::new(ErrorCode::RateLimited, "too many commands; slow down");
+                    self.send_error(&err, Some(id.into()), None).await?;
+                }
                 continue;
             }
             if !matches!(method, Method::Publish(_) | Method::Pong) {
@@ -308,15 +311,14 @@ impl Session {
     /// upgrade's `?user=` when there is no token).
     fn identity_of(&mut self, token: &str) -> Result<Identity, ApiError> {
         let device = self.conn().device.clone();
-        let result = if !token.is_empty() {
+        if !token.is_empty() {
             crate::ws::verify_token(&self.state, token, device.as_deref())
         } else if self.state.config.dev {
             let user = self.conn().dev_user.clone().unwrap_or_else(|| self.conn().client.clone());
             crate::ws::dev_identity(&user, device.as_deref())
         } else {
             Err(ApiError::new(ErrorCode::Unauthorized, "missing token"))
-        };
-        result
+        }
     }
 
     /// The close for a refused token: an expired one makes the SDK
@@ -415,7 +417,7 @@ impl Session {
             // more missed messages than the bound (acked: the inbox is
             // delivered whole) start live, unrecovered.
             let same_epoch = s.epoch.is_empty() || s.epoch == pos.epoch.as_str();
-            let retained = s.offset + 1 >= pos.first;
+            let retained = s.offset.saturating_add(1) >= pos.first;
             let within = ns.delivery == Delivery::Acked || pos.head.saturating_sub(s.offset) <= bound as u64;
             if same_epoch && s.offset <= pos.head && retained && within {
                 since = Some(Since { seq: s.offset, epoch: Some(s.epoch.clone()).filter(|e| !e.is_empty()) });
@@ -506,7 +508,7 @@ impl Session {
             if !epoch.is_empty() && epoch != pos.epoch.as_str() {
                 return Ok(unrecoverable("another epoch"));
             }
-            if *offset > pos.head || *offset + 1 < pos.first {
+            if *offset > pos.head || offset.saturating_add(1) < pos.first {
                 return Ok(unrecoverable("offset not in the retained log"));
             }
             after = *offset;
