@@ -281,7 +281,11 @@ impl Session {
                         let publish = self.prepare_publish(&c, p.data, None, None);
                         (c, publish)
                     }
-                    Err(e) => return self.send_error(&e, req, None).await,
+                    Err(e) => {
+                        // Answered in command order, after the publishes before it.
+                        Box::pin(self.settle_publishes()).await?;
+                        return self.send_error(&e, req, None).await;
+                    }
                 };
                 self.queue_publish(pipeline::Queued { req, channel, publish });
                 return Ok(());
