@@ -26,7 +26,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures_util::SinkExt;
-use herald_core::{Delivery, Message, Receipt};
+use herald_core::{Delivery, Epoch, Message, Position, Receipt};
 use herald_proto::centrifugo::{
     self as cf, Answer, ClientInfo, Command, ConnectResult, Empty, HistoryResult, Method, PresenceResult,
     PresenceStatsResult, Publication, RefreshResult, Reply, StreamPosition, SubscribeRequest,
@@ -433,6 +433,12 @@ impl Session {
             Ok(x) => x,
             Err(e) => return self.send_error(&e, req, None).await,
         };
+        let lost = ok.truncated == Some(true) || ok.epoch_changed == Some(true);
+        if since.is_some() && lost && ns.delivery != Delivery::Acked {
+            // Trimmed or reset between the check above and the subscribe:
+            // no publications either, start at the head it was resolved at.
+            self.restart_at_head(&channel, &ok);
+        }
         let mut result = SubscribeResult::default();
         let mut missed = Vec::new();
         if durable {
@@ -447,7 +453,6 @@ impl Session {
                 .and_then(|s| s.log.as_ref())
                 .map_or(0, |l| l.delivery.next().saturating_sub(1));
             result.was_recovering = recovering;
-            let lost = ok.truncated == Some(true) || ok.epoch_changed == Some(true);
             result.recovered = since.is_some() && !lost;
         }
         let frames: Vec<StoredFrame> =
@@ -462,6 +467,21 @@ impl Session {
             self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
         }
         Ok(())
+    }
+
+    /// Make a just subscribed durable channel start after the head its
+    /// subscribe resolved (as a subscribe without position would have).
+    fn restart_at_head(&mut self, channel: &ChannelName, ok: &OkFrame) {
+        let pos = Position {
+            epoch: Epoch::new(ok.epoch.clone().unwrap_or_default()),
+            first: ok.first.unwrap_or(1),
+            head: ok.head.unwrap_or(0),
+            closed: false,
+        };
+        if let Ok(start) = herald_core::delivery::resolve(&pos, None, None) {
+            self.catchup.retain(|c| c != channel);
+            self.begin_delivery(&mut OkFrame::default(), channel, &start, None, None);
+        }
     }
 
     /// The catch-up of a just subscribed channel, read now for the

@@ -246,7 +246,7 @@ impl Session {
     /// Start delivering a subscribed durable channel from a resolved start:
     /// install its state machine, queue catch-up if the log has anything
     /// from the start on, and fill the start into the `ok` reply.
-    fn begin_delivery(
+    pub(super) fn begin_delivery(
         &mut self,
         ok: &mut OkFrame,
         channel: &ChannelName,
