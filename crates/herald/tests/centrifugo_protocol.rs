@@ -224,6 +224,9 @@ async fn both_protocols_see_every_message_in_the_same_order_with_the_same_seq() 
     let srv = TestServer::start().await;
     let mut cf = Cf::dev(&srv, "cf").await;
     cf.call(json!({ "subscribe": { "channel": "chat:x" } })).await;
+    // A second Centrifugo subscriber shares the push made once per message.
+    let mut cf2 = Cf::dev(&srv, "cf2").await;
+    cf2.call(json!({ "subscribe": { "channel": "chat:x" } })).await;
     let mut herald = srv.connect("h").await;
     herald.subscribe("chat:x", None).await.expect("subscribe");
     // One from each side and one over HTTP.
@@ -242,6 +245,9 @@ async fn both_protocols_see_every_message_in_the_same_order_with_the_same_seq() 
         assert_eq!(h.id.as_deref(), c["pub"]["tags"]["herald_id"].as_str());
     }
     assert_eq!(seqs(&on_herald), vec![1, 2, 3]);
+    for c in &on_cf {
+        assert_eq!(&cf2.publication().await, c);
+    }
 }
 
 /// Subscribe, read up to offset 2, go away, miss 3..=5, come back with the

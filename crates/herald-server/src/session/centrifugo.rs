@@ -40,6 +40,7 @@ use super::requests::PresenceArgs;
 use super::{pipeline, Session, SessionEnd};
 use crate::auth::Identity;
 use crate::error::ApiError;
+use crate::hub::Outgoing;
 
 /// The protocol a session speaks.
 pub enum Wire {
@@ -116,6 +117,15 @@ impl Wire {
                 }
                 push.map(Bytes::from)
             }
+        }
+    }
+
+    /// A live message from the outbox: as `message`, the Centrifugo push
+    /// made once per message on this node, not once per subscriber.
+    pub(super) fn outgoing(&self, out: &Outgoing) -> Option<Bytes> {
+        match self {
+            Wire::Herald => Some(out.msg.frame.clone()),
+            Wire::Centrifugo(_) => out.centrifugo.get_or_init(|| self.message(&out.msg)).clone(),
         }
     }
 

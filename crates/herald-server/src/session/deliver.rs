@@ -63,7 +63,7 @@ impl Session {
                 self.held += out.msg.frame.len();
                 self.accept_live(&out.msg)
             };
-            let frame = if send { self.wire.message(&out.msg) } else { None };
+            let frame = if send { self.wire.outgoing(&out) } else { None };
             if send && out.msg.closes {
                 closed.push(out.msg.channel.clone());
             }
