@@ -426,3 +426,67 @@ async fn metrics_count_connections_and_commands_by_protocol() {
     assert!(text.contains("herald_protocol_connections{protocol=\"herald\"} 1"), "{text}");
     assert!(text.contains("herald_protocol_frames_total{protocol=\"centrifugo\"} 2"), "{text}");
 }
+
+/// A subscriber that stops reading is closed with 3008 (the SDK reconnects)
+/// and recovers the rest: nothing missing, nothing doubled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_consumer_is_closed_with_3008_and_recovers_the_rest() {
+    const TOTAL: u64 = 400;
+    let srv = std::sync::Arc::new(TestServer::start_with(|c| c.limits.outbox_capacity = 16).await);
+    let mut c = Cf::dev(&srv, "slow").await;
+    let epoch = c.call(json!({ "subscribe": { "channel": "chat:slow" } })).await["subscribe"]["epoch"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // 400 x 32 KiB: more than the socket buffers hold while nothing is read.
+    let blob = "x".repeat(32 * 1024);
+    let mut tasks = Vec::new();
+    for w in 0..4u64 {
+        let (srv, blob) = (srv.clone(), blob.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in (w..TOTAL).step_by(4) {
+                assert_eq!(srv.publish("chat:slow", json!({ "i": i, "blob": blob })).await.status, 201);
+            }
+        }));
+    }
+    let state = srv.state.clone();
+    assert_eventually("slow consumer kicked", || {
+        let state = state.clone();
+        async move { state.metrics.render().contains("herald_slow_consumer_disconnects_total 1") }
+    })
+    .await;
+    let mut got = Vec::new();
+    let code = loop {
+        let msg = tokio::time::timeout(WAIT, c.ws.next()).await.expect("frame in time");
+        let Some(Ok(msg)) = msg else { break None };
+        if msg.is_close() {
+            break msg.as_close().map(|(code, _)| u16::from(code));
+        }
+        for line in msg.as_text().unwrap_or_default().split('\n').filter(|l| !l.is_empty()) {
+            let v: Value = serde_json::from_str(line).unwrap();
+            if let Some(offset) = v["push"]["pub"]["offset"].as_u64() {
+                got.push(offset);
+            }
+        }
+    };
+    assert_eq!(code, Some(3008));
+    assert_eq!(got, (1..=got.len() as u64).collect::<Vec<_>>(), "in order, gap-free");
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let last = got.len() as u64;
+    let mut c = Cf::dev(&srv, "slow").await;
+    let r = c
+        .call(json!({ "subscribe": { "channel": "chat:slow", "recover": true, "offset": last, "epoch": epoch } }))
+        .await;
+    assert_eq!(r["subscribe"]["recovered"], true);
+    let mut rest: Vec<u64> = r["subscribe"]["publications"]
+        .as_array()
+        .map(|a| a.iter().map(|p| p["offset"].as_u64().unwrap()).collect())
+        .unwrap_or_default();
+    // What the reply could not hold follows as pushes.
+    while rest.len() < (TOTAL - last) as usize {
+        rest.push(c.publication().await["pub"]["offset"].as_u64().unwrap());
+    }
+    assert_eq!(rest, (last + 1..=TOTAL).collect::<Vec<_>>());
+}
