@@ -236,3 +236,34 @@ test('token refresh keeps the connection', async (t) => {
   assert.equal(c.state, 'connected');
   assert.deepEqual(disconnects, [], 'the connection never dropped');
 });
+
+test('acked channel: the offline inbox is the first recovery, the recover offset acks', async (t) => {
+  const user = 'js-inbox';
+  const channel = `user:${user}`;
+  for (let i = 1; i <= 3; i++) await publishHttp(channel, i);
+  const c = client(user);
+  t.after(() => c.disconnect());
+  const sub = c.newSubscription(channel);
+  const got = collect(sub);
+  sub.subscribe();
+  c.connect();
+  await eventually('the inbox', () => got.length >= 3);
+  assert.deepEqual(offsets(got), [1, 2, 3]);
+  // Away: 4 and 5 wait; back, the SDK recovers from 3, which acks 1..=3.
+  c.disconnect();
+  for (let i = 4; i <= 5; i++) await publishHttp(channel, i);
+  const recovered = new Promise((resolve) => sub.once('subscribed', resolve));
+  c.connect();
+  assert.equal((await recovered).recovered, true);
+  await eventually('4 and 5', () => got.length >= 5);
+  assert.deepEqual(offsets(got), [1, 2, 3, 4, 5]);
+  // A new client (no position) gets what was not acked yet: 4 and 5.
+  const other = client(user);
+  t.after(() => other.disconnect());
+  const sub2 = other.newSubscription(channel);
+  const got2 = collect(sub2);
+  sub2.subscribe();
+  other.connect();
+  await eventually('the unacked rest', () => got2.length >= 2);
+  assert.deepEqual(offsets(got2), [4, 5]);
+});
