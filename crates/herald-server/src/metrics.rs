@@ -43,6 +43,24 @@ impl prometheus_client::collector::Collector for EngineCollector {
     }
 }
 
+/// The socket protocols, as the `protocol` label says them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Herald's own, on `/ws`.
+    Herald,
+    /// Centrifugo's client protocol, on `/connection/websocket`.
+    Centrifugo,
+}
+
+impl Protocol {
+    pub const fn label(self) -> &'static str {
+        match self {
+            Protocol::Herald => "herald",
+            Protocol::Centrifugo => "centrifugo",
+        }
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     /// Open WebSocket connections.
@@ -388,13 +406,13 @@ impl Metrics {
 
     /// Count a connection the server closed with `code`.
     /// A connection of `protocol` opened (`+1`) or ended (`-1`).
-    pub fn protocol_connection(&self, protocol: &'static str, delta: i64) {
-        self.protocol_connections.get_or_create(&[("protocol", protocol)]).inc_by(delta);
+    pub fn protocol_connection(&self, protocol: Protocol, delta: i64) {
+        self.protocol_connections.get_or_create(&[("protocol", protocol.label())]).inc_by(delta);
     }
 
     /// A client frame (or Centrifugo command) of `protocol` was read.
-    pub fn protocol_frame(&self, protocol: &'static str) {
-        self.protocol_frames.get_or_create(&[("protocol", protocol)]).inc();
+    pub fn protocol_frame(&self, protocol: Protocol) {
+        self.protocol_frames.get_or_create(&[("protocol", protocol.label())]).inc();
     }
 
     pub fn closed(&self, code: u16) {

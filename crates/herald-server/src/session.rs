@@ -40,6 +40,7 @@ use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::hub::{Charge, ConnBytes, ConnHandle, Outgoing};
+use crate::metrics::Protocol;
 use crate::rooms::MemberLease;
 use crate::AppState;
 
@@ -121,8 +122,8 @@ struct Registrations {
     /// The connection ended cleanly: leave presence at once on drop instead
     /// of letting the leases expire.
     leave_on_drop: bool,
-    /// The protocol's metrics label.
-    protocol: &'static str,
+    /// The protocol, for its metrics.
+    protocol: Protocol,
 }
 
 impl Registrations {
@@ -454,7 +455,7 @@ impl Session {
         if self.wire.is_centrifugo() {
             return Box::pin(self.on_commands(text)).await;
         }
-        self.state.metrics.protocol_frame("herald");
+        self.state.metrics.protocol_frame(Protocol::Herald);
         let frame = ClientFrame::parse(text);
         // Acks that move the acked window are free: they are bounded by the
         // messages delivered. Every other frame, other acks included,

@@ -41,6 +41,7 @@ use super::{pipeline, Session, SessionEnd};
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::hub::Outgoing;
+use crate::metrics::Protocol;
 
 /// The protocol a session speaks.
 pub enum Wire {
@@ -97,11 +98,10 @@ impl Wire {
         matches!(self, Wire::Centrifugo(_))
     }
 
-    /// The metrics label.
-    pub fn protocol(&self) -> &'static str {
+    pub fn protocol(&self) -> Protocol {
         match self {
-            Wire::Herald => "herald",
-            Wire::Centrifugo(_) => "centrifugo",
+            Wire::Herald => Protocol::Herald,
+            Wire::Centrifugo(_) => Protocol::Centrifugo,
         }
     }
 
@@ -240,7 +240,7 @@ impl Session {
             let Ok(cmd) = Command::parse(line) else {
                 return Err(bad_request("malformed command"));
             };
-            self.state.metrics.protocol_frame("centrifugo");
+            self.state.metrics.protocol_frame(Protocol::Centrifugo);
             let id = cmd.id;
             let method = cmd.method();
             // Each command costs one frame of the budget, as a frame of /ws.
