@@ -1,6 +1,8 @@
 //! One WebSocket connection: a single task owns the socket and all session
 //! state, looping over a biased `select!` of shutdown, slow-consumer kick,
-//! outbox, inbound frames, catch-up work and the heartbeat tick.
+//! outbox, inbound frames, catch-up work and the heartbeat tick. The same
+//! session serves `/ws` and the Centrifugo endpoint: its [`Wire`] says how
+//! frames look on the socket (`session/centrifugo.rs`).
 //!
 //! Delivery per durable subscription is decided by the pure state machine
 //! `herald_core::delivery` (frames in seq order, each seq once, no gap; the
@@ -444,8 +446,11 @@ impl Session {
             return Box::pin(self.settle_publishes()).await;
         }
         let Some(text) = msg.as_text() else {
-            let err = ApiError::new(ErrorCode::BadRequest, "binary frames are not supported; send JSON text");
-            self.send_bytes(self.wire.error(&err, None, None)).await?;
+            if !self.wire.is_centrifugo() {
+                let err =
+                    ApiError::new(ErrorCode::BadRequest, "binary frames are not supported; send JSON text");
+                self.send_bytes(err.frame(None, None)).await?;
+            }
             return Err(SessionEnd::Close {
                 code: close::BAD_REQUEST,
                 reason: "binary frame",
