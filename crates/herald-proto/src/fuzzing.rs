@@ -13,13 +13,37 @@ use crate::{
     MAX_DATA_DEPTH_LIMIT,
 };
 
-/// `fuzz/` target `client_frame`: one WebSocket text frame from a client.
+/// `fuzz/` target `client_frame`: one WebSocket text frame from a client,
+/// on `/ws` and on the Centrifugo endpoint.
 pub fn client_frame(bytes: &[u8]) {
     let Ok(text) = std::str::from_utf8(bytes) else { return }; // WebSocket text is UTF-8
+    centrifugo_frame(text);
     let Ok(frame) = ClientFrame::parse(text) else { return };
     if let ClientFrame::Publish { channel, data, meta, .. } = frame {
         data_invariants(&data);
         served_as_published(&channel, &data, meta.as_ref());
+    }
+}
+
+/// The same frame as Centrifugo commands, one per line: a publish's `data`
+/// keeps the publish rules' invariants, and served as a push it stays one
+/// line that reads back as the same value (only whitespace newlines change).
+fn centrifugo_frame(text: &str) {
+    use crate::centrifugo::{push_of_frame, Command, Method};
+    for line in text.split('\n') {
+        let Ok(cmd) = Command::parse(line.trim()) else { continue };
+        let Method::Publish(p) = cmd.method() else { continue };
+        data_invariants(&p.data);
+        let Ok(channel) = ChannelName::new(&p.channel) else { continue };
+        served_as_published(&channel, &p.data, None);
+        let frame = encode_message_frame(&channel, Some(1), "id", 1, &p.data, None);
+        let push = push_of_frame(channel.as_str(), &frame).expect("a frame we made becomes a push");
+        assert!(!push.contains(&b'\n'));
+        // serde_json's own depth limit may refuse what the rules allow.
+        if let Ok(want) = serde_json::from_str::<serde_json::Value>(p.data.get()) {
+            let got: serde_json::Value = serde_json::from_slice(&push).expect("a push is JSON");
+            assert_eq!(got["push"]["pub"]["data"], want);
+        }
     }
 }
 

@@ -11,6 +11,7 @@
 //! targets check that).
 
 mod body;
+pub mod centrifugo;
 mod channel;
 mod code;
 mod data;

@@ -64,6 +64,11 @@ pub struct Outgoing {
     /// message without its frame; a durable subscriber that was keeping up
     /// reads it from the log instead (see `session::accept_live`).
     pub missed: bool,
+    /// The frame as a Centrifugo push, made by the first Centrifugo
+    /// subscriber that sends it and shared by the others (`None` inside: a
+    /// frame that does not read). Not counted in the byte bounds: about
+    /// the frame's size, and only while the message is queued.
+    pub centrifugo: std::sync::OnceLock<Option<Bytes>>,
     _charge: Option<Charge>,
 }
 
@@ -296,8 +301,15 @@ impl Hub {
     /// Charge one message against the server's ceiling (or mark it missed).
     fn outgoing(&self, msg: Arc<Message>) -> Arc<Outgoing> {
         Arc::new(match self.queued.try_charge(msg.frame.len()) {
-            Some(charge) => Outgoing { msg, missed: false, _charge: Some(charge) },
-            None => Outgoing { msg: Arc::new(frameless(&msg)), missed: true, _charge: None },
+            Some(charge) => {
+                Outgoing { msg, missed: false, centrifugo: Default::default(), _charge: Some(charge) }
+            }
+            None => Outgoing {
+                msg: Arc::new(frameless(&msg)),
+                missed: true,
+                centrifugo: Default::default(),
+                _charge: None,
+            },
         })
     }
 

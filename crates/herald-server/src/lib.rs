@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod browser;
+mod centrifugo;
 pub mod config;
 mod console;
 mod error;
@@ -181,6 +182,7 @@ impl Server {
         };
         Router::new()
             .route("/ws", get(ws::upgrade))
+            .route("/connection/websocket", get(centrifugo::upgrade))
             .merge(api)
             .route("/healthz", get(http::healthz))
             .route("/readyz", get(http::readyz))

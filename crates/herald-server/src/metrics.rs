@@ -43,6 +43,24 @@ impl prometheus_client::collector::Collector for EngineCollector {
     }
 }
 
+/// The socket protocols, as the `protocol` label says them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Herald's own, on `/ws`.
+    Herald,
+    /// Centrifugo's client protocol, on `/connection/websocket`.
+    Centrifugo,
+}
+
+impl Protocol {
+    pub const fn label(self) -> &'static str {
+        match self {
+            Protocol::Herald => "herald",
+            Protocol::Centrifugo => "centrifugo",
+        }
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     /// Open WebSocket connections.
@@ -93,6 +111,11 @@ pub struct Metrics {
     pub room_changes: Counter,
     /// Client frames refused by the frame budget.
     pub frames_refused: Counter,
+    /// Open WebSocket connections by protocol (`herald` on `/ws`,
+    /// `centrifugo` on `/connection/websocket`).
+    pub protocol_connections: Family<[(&'static str, &'static str); 1], Gauge>,
+    /// Client frames (`/ws`) and commands (Centrifugo) read, by protocol.
+    pub protocol_frames: Family<[(&'static str, &'static str); 1], Counter>,
     /// `error` frames not sent because of `limits.error_replies_per_sec`.
     pub error_replies_dropped: Counter,
     /// Bytes of frames queued for delivery, server-wide (each frame once).
@@ -188,6 +211,8 @@ impl Default for Metrics {
             presence_expired: Counter::default(),
             room_changes: Counter::default(),
             frames_refused: Counter::default(),
+            protocol_connections: Family::default(),
+            protocol_frames: Family::default(),
             error_replies_dropped: Counter::default(),
             outbox_bytes: Gauge::default(),
             closes: Family::default(),
@@ -289,6 +314,16 @@ impl Default for Metrics {
             m.frames_refused.clone(),
         );
         registry.register(
+            "protocol_connections",
+            "Open WebSocket connections by protocol",
+            m.protocol_connections.clone(),
+        );
+        registry.register(
+            "protocol_frames",
+            "Client frames (or Centrifugo commands) read, by protocol",
+            m.protocol_frames.clone(),
+        );
+        registry.register(
             "error_replies_dropped",
             "Error frames not sent because of limits.error_replies_per_sec",
             m.error_replies_dropped.clone(),
@@ -370,6 +405,16 @@ impl Metrics {
     }
 
     /// Count a connection the server closed with `code`.
+    /// A connection of `protocol` opened (`+1`) or ended (`-1`).
+    pub fn protocol_connection(&self, protocol: Protocol, delta: i64) {
+        self.protocol_connections.get_or_create(&[("protocol", protocol.label())]).inc_by(delta);
+    }
+
+    /// A client frame (or Centrifugo command) of `protocol` was read.
+    pub fn protocol_frame(&self, protocol: Protocol) {
+        self.protocol_frames.get_or_create(&[("protocol", protocol.label())]).inc();
+    }
+
     pub fn closed(&self, code: u16) {
         self.closes.get_or_create(&[("reason", close_reason(code))]).inc();
     }

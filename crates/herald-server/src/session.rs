@@ -1,6 +1,8 @@
 //! One WebSocket connection: a single task owns the socket and all session
 //! state, looping over a biased `select!` of shutdown, slow-consumer kick,
-//! outbox, inbound frames, catch-up work and the heartbeat tick.
+//! outbox, inbound frames, catch-up work and the heartbeat tick. The same
+//! session serves `/ws` and the Centrifugo endpoint: its [`Wire`] says how
+//! frames look on the socket (`session/centrifugo.rs`).
 //!
 //! Delivery per durable subscription is decided by the pure state machine
 //! `herald_core::delivery` (frames in seq order, each seq once, no gap; the
@@ -40,16 +42,20 @@ use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::hub::{Charge, ConnBytes, ConnHandle, Outgoing};
+use crate::metrics::Protocol;
 use crate::rooms::MemberLease;
 use crate::AppState;
 
 mod budget;
+mod centrifugo;
 mod deliver;
 mod liveness;
 mod pipeline;
 mod requests;
 
 pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
+
+pub use centrifugo::Wire;
 
 // Handler futures are boxed where they are awaited: an async state machine
 // reserves room for its largest nested future, and every connection's task
@@ -118,6 +124,8 @@ struct Registrations {
     /// The connection ended cleanly: leave presence at once on drop instead
     /// of letting the leases expire.
     leave_on_drop: bool,
+    /// The protocol, for its metrics.
+    protocol: Protocol,
 }
 
 impl Registrations {
@@ -164,6 +172,7 @@ impl Drop for Registrations {
             });
         }
         self.state.metrics.connections.dec();
+        self.state.metrics.protocol_connection(self.protocol, -1);
     }
 }
 
@@ -203,6 +212,8 @@ pub struct Session {
     catchup_pause: Option<Pin<Box<Sleep>>>,
     /// Publishes read and not answered yet (`session/pipeline.rs`).
     pipeline: pipeline::Pipeline,
+    /// The protocol spoken on this socket (`session/centrifugo.rs`).
+    wire: Wire,
 }
 
 impl Session {
@@ -214,6 +225,7 @@ impl Session {
         ws: Ws,
         identity: Identity,
         conn_id: u64,
+        wire: Wire,
     ) -> (Self, flume::Receiver<Arc<Outgoing>>) {
         let (outbox_tx, outbox_rx) = flume::bounded(state.config.limits.outbox_capacity);
         let handle = ConnHandle {
@@ -224,10 +236,18 @@ impl Session {
         };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
+        let protocol = wire.protocol();
+        state.metrics.protocol_connection(protocol, 1);
         let budget = budget::Budget::new(&state.config.limits, Instant::now());
         let frame_estimate = state.config.limits.max_message_bytes;
         let session = Session {
-            regs: Registrations { state: state.clone(), conn_id, subs: HashMap::new(), leave_on_drop: false },
+            regs: Registrations {
+                state: state.clone(),
+                conn_id,
+                subs: HashMap::new(),
+                leave_on_drop: false,
+                protocol,
+            },
             state,
             timers: None,
             identity,
@@ -243,6 +263,7 @@ impl Session {
             frame_estimate,
             catchup_pause: None,
             pipeline: pipeline::Pipeline::default(),
+            wire,
         };
         (session, outbox_rx)
     }
@@ -310,6 +331,10 @@ impl Session {
             };
             if let Err(end) = result {
                 return end;
+            }
+            // `connect` and `refresh` (Centrifugo) change the identity.
+            if self.wire.take_identity_changed() {
+                expiry = self.expiry_timer();
             }
             // Subscribing to or leaving a presence channel changes the period.
             let want = self.tick_period();
@@ -398,8 +423,7 @@ impl Session {
         if self.regs.subs.values().any(|s| s.presence.is_some()) {
             Box::pin(self.renew_presence()).await;
         }
-        let ping = self.liveness.next_ping();
-        self.ws.send(WsMessage::ping(ping)).await.map_err(|_| SessionEnd::Gone)
+        Box::pin(self.send_ping()).await
     }
 
     async fn on_inbound(&mut self, msg: WsMessage) -> Result<(), SessionEnd> {
@@ -422,34 +446,28 @@ impl Session {
             return Box::pin(self.settle_publishes()).await;
         }
         let Some(text) = msg.as_text() else {
-            self.send_bytes(
-                ApiError::new(ErrorCode::BadRequest, "binary frames are not supported; send JSON text")
-                    .frame(None, None),
-            )
-            .await?;
+            if !self.wire.is_centrifugo() {
+                let err =
+                    ApiError::new(ErrorCode::BadRequest, "binary frames are not supported; send JSON text");
+                self.send_bytes(err.frame(None, None)).await?;
+            }
             return Err(SessionEnd::Close {
                 code: close::BAD_REQUEST,
                 reason: "binary frame",
                 reconnect: false,
             });
         };
+        if self.wire.is_centrifugo() {
+            return Box::pin(self.on_commands(text)).await;
+        }
+        self.state.metrics.protocol_frame(Protocol::Herald);
         let frame = ClientFrame::parse(text);
         // Acks that move the acked window are free: they are bounded by the
         // messages delivered. Every other frame, other acks included,
         // costs one frame of the budget (see `session/budget.rs`).
         let free =
             matches!(&frame, Ok(ClientFrame::Ack { channel, seq, .. }) if self.ack_moves(channel, *seq));
-        let now = Instant::now();
-        let limits = &self.state.config.limits;
-        if !free && !self.budget.take_frame(limits, now) {
-            self.state.metrics.frames_refused.inc();
-            if self.budget.refuse(limits, now) {
-                return Err(SessionEnd::Close {
-                    code: close::RATE_LIMITED,
-                    reason: "rate limited",
-                    reconnect: true,
-                });
-            }
+        if !free && !self.take_budget()? {
             let req = match &frame {
                 Ok(f) => f.req(),
                 Err(e) => e.req,
@@ -486,14 +504,7 @@ impl Session {
                 }
             }
             ClientFrame::Unsubscribe { req, channel } => {
-                if let Some(sub) = self.regs.remove(&channel) {
-                    if let Some(hold) = &sub.presence {
-                        Box::pin(crate::rooms::leave(&self.state, &channel, hold)).await;
-                    }
-                    if let Some(mut log) = sub.log {
-                        log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel: &channel });
-                    }
-                    self.catchup.retain(|c| c != &channel);
+                if self.unsubscribe(&channel).await {
                     let ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
                     self.send_bytes(ok.encode()).await
                 } else {
@@ -523,6 +534,39 @@ impl Session {
         }
     }
 
+    /// The client ends a subscription; false if it had none.
+    async fn unsubscribe(&mut self, channel: &ChannelName) -> bool {
+        let Some(sub) = self.regs.remove(channel) else { return false };
+        if let Some(hold) = &sub.presence {
+            Box::pin(crate::rooms::leave(&self.state, channel, hold)).await;
+        }
+        if let Some(mut log) = sub.log {
+            log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel });
+        }
+        self.catchup.retain(|c| c != channel);
+        true
+    }
+
+    /// Take one frame of the budget (see `session/budget.rs`): false when
+    /// refused (the caller answers `rate_limited`); the close once
+    /// refusals go on.
+    fn take_budget(&mut self) -> Result<bool, SessionEnd> {
+        let now = Instant::now();
+        let limits = &self.state.config.limits;
+        if self.budget.take_frame(limits, now) {
+            return Ok(true);
+        }
+        self.state.metrics.frames_refused.inc();
+        if self.budget.refuse(limits, now) {
+            return Err(SessionEnd::Close {
+                code: close::RATE_LIMITED,
+                reason: "rate limited",
+                reconnect: true,
+            });
+        }
+        Ok(false)
+    }
+
     /// Whether an ack of `seq` on `channel` moves the subscription's acked
     /// window (a first ack of delivered messages).
     fn ack_moves(&self, channel: &ChannelName, seq: Seq) -> bool {
@@ -545,7 +589,7 @@ impl Session {
             self.state.metrics.error_replies_dropped.inc();
             return Ok(());
         }
-        self.send_bytes(err.frame(req, channel)).await
+        self.send_bytes(self.wire.error(err, req, channel)).await
     }
 
     async fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), SessionEnd> {
@@ -556,13 +600,18 @@ impl Session {
     /// frames are not lost to a reset. Bounded: a peer that reads nothing
     /// (a slow consumer) cannot hold the task.
     async fn close(&mut self, code: u16, reason: &'static str, reconnect: bool) {
-        let frame = DisconnectFrame { code, reason: reason.to_owned(), reconnect }.encode();
+        // Centrifugo: the close code alone says it (`Wire::close_code`).
+        let frame = (!self.wire.is_centrifugo())
+            .then(|| DisconnectFrame { code, reason: reason.to_owned(), reconnect }.encode());
+        let code = self.wire.close_code(code);
         let close_code = CloseCode::try_from(code).unwrap_or(CloseCode::INTERNAL_SERVER_ERROR);
         let ws = &mut self.ws;
         let _ = tokio::time::timeout(CLOSE_WAIT, async {
             // After a protocol error or an oversize frame the library has
             // already queued its own close; these sends then fail harmlessly.
-            let _ = ws.feed(WsMessage::text(Bytes::from(frame))).await;
+            if let Some(frame) = frame {
+                let _ = ws.feed(WsMessage::text(Bytes::from(frame))).await;
+            }
             let _ = ws.send(WsMessage::close(Some(close_code), reason)).await;
             while let Some(Ok(_)) = ws.next().await {}
         })

@@ -16,14 +16,14 @@ use tokio_websockets::{Limits, ServerBuilder};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::session::Session;
+use crate::session::{Session, Wire};
 use crate::AppState;
 
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
 #[derive(Deserialize)]
 pub struct WsQuery {
-    token: Option<String>,
+    pub(crate) token: Option<String>,
     user: Option<String>,
     device: Option<String>,
 }
@@ -34,25 +34,10 @@ fn authenticate(state: &AppState, headers: &HeaderMap, q: &WsQuery) -> Result<Id
     }
     let bearer = crate::auth::bearer(headers);
     if let Some(token) = bearer.or(q.token.as_deref()) {
-        if !state.jwt.is_configured() {
-            return Err(ApiError::new(ErrorCode::Unauthorized, "this server has no JWT keys configured"));
-        }
-        return state
-            .jwt
-            .verify(token.trim(), q.device.as_deref())
-            .map_err(|e| ApiError::new(e.code, e.message));
+        return verify_token(state, token, q.device.as_deref());
     }
     match &q.user {
-        Some(user) if state.config.dev => {
-            check_id(user).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`user` {e}")))?;
-            if user.starts_with(crate::webhooks::RESERVED_USER_PREFIX) {
-                return Err(ApiError::new(
-                    ErrorCode::BadRequest,
-                    "`user` must not start with `herald:` (reserved)",
-                ));
-            }
-            Ok(Identity::dev(user, q.device.as_deref()))
-        }
+        Some(user) if state.config.dev => dev_identity(user, q.device.as_deref()),
         Some(_) => Err(ApiError::new(
             ErrorCode::Forbidden,
             "token-less `?user=` connections are only accepted in --dev mode",
@@ -61,6 +46,27 @@ fn authenticate(state: &AppState, headers: &HeaderMap, q: &WsQuery) -> Result<Id
             Err(ApiError::new(ErrorCode::Unauthorized, "missing token (Authorization: Bearer or ?token=)"))
         }
     }
+}
+
+/// A client JWT, verified with the configured keys (both socket protocols).
+pub(crate) fn verify_token(
+    state: &AppState,
+    token: &str,
+    device: Option<&str>,
+) -> Result<Identity, ApiError> {
+    if !state.jwt.is_configured() {
+        return Err(ApiError::new(ErrorCode::Unauthorized, "this server has no JWT keys configured"));
+    }
+    state.jwt.verify(token.trim(), device).map_err(|e| ApiError::new(e.code, e.message))
+}
+
+/// A token-less dev-mode identity for `user` (the caller checked dev mode).
+pub(crate) fn dev_identity(user: &str, device: Option<&str>) -> Result<Identity, ApiError> {
+    check_id(user).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`user` {e}")))?;
+    if user.starts_with(crate::webhooks::RESERVED_USER_PREFIX) {
+        return Err(ApiError::new(ErrorCode::BadRequest, "`user` must not start with `herald:` (reserved)"));
+    }
+    Ok(Identity::dev(user, device))
 }
 
 fn accept_key(headers: &HeaderMap) -> Result<String, ApiError> {
@@ -108,14 +114,9 @@ impl Drop for ConnSlot {
 pub async fn upgrade(
     State(state): State<Arc<AppState>>,
     query: Result<Query<WsQuery>, axum::extract::rejection::QueryRejection>,
-    mut req: Request,
+    req: Request,
 ) -> Response {
-    if state.shutdown.is_cancelled() {
-        return ApiError::new(ErrorCode::ShuttingDown, "server is shutting down").into_response();
-    }
-    // First: a page on another site gets nothing else from this endpoint.
-    if let Err(e) = crate::browser::check_ws_origin(state.config.dev, &state.ws_origins, req.headers()) {
-        state.metrics.origin_refused.inc();
+    if let Err(e) = precheck(&state, req.headers()) {
         return e.into_response();
     }
     let q = match query {
@@ -130,10 +131,31 @@ pub async fn upgrade(
         }
         _ => authenticate(&state, req.headers(), &q),
     };
-    let identity = match identity {
-        Ok(id) => id,
-        Err(e) => return e.into_response(),
-    };
+    match identity {
+        Ok(identity) => start_session(state, req, identity, Wire::Herald),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The checks every socket endpoint makes first: shutdown, then the page's
+/// `Origin` (a page on another site gets nothing else from the endpoint).
+pub(crate) fn precheck(state: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    if state.shutdown.is_cancelled() {
+        return Err(ApiError::new(ErrorCode::ShuttingDown, "server is shutting down"));
+    }
+    crate::browser::check_ws_origin(state.config.dev, &state.ws_origins, headers).inspect_err(|_| {
+        state.metrics.origin_refused.inc();
+    })
+}
+
+/// Answer the upgrade (101) within the connection cap and hand the socket
+/// to a session task speaking `wire`.
+pub(crate) fn start_session(
+    state: Arc<AppState>,
+    mut req: Request,
+    identity: Identity,
+    wire: Wire,
+) -> Response {
     let accept = match accept_key(req.headers()) {
         Ok(a) => a,
         Err(e) => return e.into_response(),
@@ -154,7 +176,7 @@ pub async fn upgrade(
                 let limits =
                     Limits::default().max_payload_len(Some(task_state.config.limits.max_message_bytes));
                 let ws = ServerBuilder::new().limits(limits).serve(TokioIo::new(upgraded));
-                let (session, outbox_rx) = Session::new(task_state, ws, identity, conn_id);
+                let (session, outbox_rx) = Session::new(task_state, ws, identity, conn_id, wire);
                 session.run(outbox_rx).await;
             }
             Err(e) => tracing::debug!(error = %e, "upgrade failed"),

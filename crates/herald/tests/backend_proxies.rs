@@ -201,29 +201,11 @@ async fn the_subscribe_proxy_allows_refuses_caches_and_fails_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_connect_proxy_grants_identity_or_refuses_before_the_upgrade() {
     use futures_util::{SinkExt, StreamExt};
-    let (url, seen) = backend().await;
-    let srv = TestServer::start_with(|c| {
-        c.dev = false;
-        c.proxies.connect = Some(ProxyConfig {
-            url,
-            timeout: Duration::from_millis(300),
-            secret: SECRET.into(),
-            ..Default::default()
-        });
-    })
-    .await;
+    let (srv, seen) = with_connect_proxy().await;
     let ws_url = format!("ws://{}/ws", srv.addr);
-    let dial = |cookie: &'static str| {
+    let dial = |cookie| {
         let ws_url = ws_url.clone();
-        async move {
-            tokio_websockets::ClientBuilder::new()
-                .uri(&ws_url)
-                .unwrap()
-                .add_header(http_header("cookie"), http::HeaderValue::from_static(cookie))
-                .unwrap()
-                .connect()
-                .await
-        }
+        async move { dial_with_cookie(&ws_url, cookie).await }
     };
     // Granted: the backend's user and permissions.
     let (mut ws, _) = dial("session=good").await.expect("granted");
@@ -265,6 +247,85 @@ async fn the_connect_proxy_grants_identity_or_refuses_before_the_upgrade() {
     let questions = seen.lock().unwrap().clone();
     assert!(questions.iter().all(|(q, ok)| *ok && q["headers"]["cookie"].is_string()));
     srv.stop().await;
+}
+
+/// The Centrifugo endpoint: a `connect` without token is the connect
+/// proxy's to decide, with the upgrade's headers; a refusal stops the SDK.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connect_proxy_decides_a_centrifugo_connect_without_token() {
+    use futures_util::SinkExt;
+    let (srv, _seen) = with_connect_proxy().await;
+    let ws_url = format!("ws://{}/connection/websocket", srv.addr);
+    let dial = |cookie| {
+        let ws_url = ws_url.clone();
+        async move { dial_with_cookie(&ws_url, cookie).await.expect("upgrade").0 }
+    };
+    let mut ws = dial("session=good").await;
+    let cmds = [
+        json!({ "id": 1, "connect": {} }),
+        json!({ "id": 2, "subscribe": { "channel": "chat:any" } }),
+        json!({ "id": 3, "publish": { "channel": "chat:room2", "data": "hi" } }),
+    ];
+    let frame = cmds.iter().map(Value::to_string).collect::<Vec<_>>().join("\n");
+    ws.send(tokio_websockets::Message::text(frame)).await.unwrap();
+    let mut replies = Vec::new();
+    while replies.len() < 3 {
+        let m = next_message(&mut ws).await;
+        let Some(text) = m.as_text() else { continue };
+        replies.extend(text.split('\n').map(|l| serde_json::from_str::<Value>(l).unwrap()));
+    }
+    assert!(replies[0]["connect"].is_object(), "{}", replies[0]);
+    assert!(replies[1]["subscribe"].is_object(), "{}", replies[1]);
+    // The grant's publish patterns hold: chat:room1 only.
+    assert_eq!(replies[2]["error"]["code"], 103, "{}", replies[2]);
+    let mut ws = dial("session=forbid").await;
+    ws.send(tokio_websockets::Message::text(json!({ "id": 1, "connect": {} }).to_string())).await.unwrap();
+    let close = loop {
+        let m = next_message(&mut ws).await;
+        if m.is_close() {
+            break m.as_close().map(|(c, _)| u16::from(c));
+        }
+    };
+    assert_eq!(close, Some(3500));
+    srv.stop().await;
+}
+
+/// A server (not in dev mode) whose connect proxy is `backend()`.
+async fn with_connect_proxy() -> (TestServer, Arc<Mutex<Vec<(Value, bool)>>>) {
+    let (url, seen) = backend().await;
+    let srv = TestServer::start_with(|c| {
+        c.dev = false;
+        c.proxies.connect = Some(ProxyConfig {
+            url,
+            timeout: Duration::from_millis(300),
+            secret: SECRET.into(),
+            ..Default::default()
+        });
+    })
+    .await;
+    (srv, seen)
+}
+
+type ClientSocket =
+    tokio_websockets::WebSocketStream<tokio_websockets::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A WebSocket upgrade with a `Cookie` header (what the connect proxy sees).
+async fn dial_with_cookie(
+    url: &str,
+    cookie: &'static str,
+) -> Result<(ClientSocket, tokio_websockets::upgrade::Response), tokio_websockets::Error> {
+    tokio_websockets::ClientBuilder::new()
+        .uri(url)
+        .unwrap()
+        .add_header(http_header("cookie"), http::HeaderValue::from_static(cookie))
+        .unwrap()
+        .connect()
+        .await
+}
+
+async fn next_message(ws: &mut ClientSocket) -> tokio_websockets::Message {
+    use futures_util::StreamExt;
+    tokio::time::timeout(Duration::from_secs(10), ws.next()).await.unwrap().unwrap().unwrap()
 }
 
 fn http_header(name: &'static str) -> http::HeaderName {

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use futures_util::SinkExt;
 use herald_core::delivery::{Live, Paged, Read};
 use herald_core::Message;
-use herald_proto::{close, encode_unsubscribed, ChannelName};
+use herald_proto::{close, ChannelName};
 use tokio_websockets::Message as WsMessage;
 
 use super::{ChannelTimers, Session, SessionEnd};
@@ -24,7 +24,7 @@ use crate::hub::Outgoing;
 /// rest. Pages are also sized to about a quarter of `limits.outbox_bytes`
 /// (by the frame sizes seen so far), so a page leaves room in the
 /// connection's byte bound for live messages of its other subscriptions.
-const CATCHUP_PAGE: usize = 256;
+pub(super) const CATCHUP_PAGE: usize = 256;
 /// Smallest frame size assumed when sizing catch-up pages.
 const MIN_FRAME_ESTIMATE: usize = 64;
 /// Wait before a catch-up step retries when the server is at its queued
@@ -33,6 +33,14 @@ const MIN_FRAME_ESTIMATE: usize = 64;
 const CATCHUP_RETRY: Duration = Duration::from_millis(25);
 /// Outbox frames written per flush.
 const OUTBOX_BATCH: usize = 64;
+
+/// What one catch-up read gave (see `Session::read_page`).
+pub(super) enum PageStep {
+    /// Nothing to send now.
+    Idle,
+    /// Send these, in order; `more`: queue another read after them.
+    Send { messages: Vec<Arc<Message>>, more: bool },
+}
 
 impl Session {
     /// Live messages from the hub, written in batches with one flush.
@@ -55,7 +63,7 @@ impl Session {
                 self.held += out.msg.frame.len();
                 self.accept_live(&out.msg)
             };
-            let frame = send.then(|| out.msg.frame.clone());
+            let frame = if send { self.wire.outgoing(&out) } else { None };
             if send && out.msg.closes {
                 closed.push(out.msg.channel.clone());
             }
@@ -122,7 +130,7 @@ impl Session {
             }
             self.catchup.retain(|c| c != channel);
             self.ws
-                .feed(WsMessage::text(Bytes::from(encode_unsubscribed(channel, reason))))
+                .feed(WsMessage::text(Bytes::from(self.wire.unsubscribed(channel, reason))))
                 .await
                 .map_err(|_| SessionEnd::Gone)?;
         }
@@ -153,14 +161,58 @@ impl Session {
         let Some(channel) = self.catchup.pop_front() else { return Ok(()) };
         let page_bytes = self.state.config.limits.outbox_bytes / 4;
         let page_len = (page_bytes / self.frame_estimate.max(MIN_FRAME_ESTIMATE)).clamp(1, CATCHUP_PAGE);
+        let (messages, more) = match self.read_page(&channel, page_len, true).await? {
+            PageStep::Idle => return Ok(()),
+            PageStep::Send { messages, more } => (messages, more),
+        };
+        let mut closes = false;
+        let mut written = 0;
+        for msg in &messages {
+            if let Some(frame) = self.wire.message(msg) {
+                self.ws.feed(WsMessage::text(frame)).await.map_err(|_| SessionEnd::Gone)?;
+                written += 1;
+            }
+            closes |= msg.closes;
+        }
+        self.state.metrics.delivered.inc_by(written);
+        if closes {
+            self.end_subscription(&channel, "room_closed").await?;
+            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
+            self.release_held();
+            return Ok(());
+        }
+        if !messages.is_empty() {
+            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
+        }
+        self.release_held();
+        if more {
+            self.catchup.push_back(channel);
+        }
+        Ok(())
+    }
+
+    /// Read the next page of `channel`'s catch-up (at most `page_len`
+    /// messages) and run it through the subscription's state machine: the
+    /// messages to send now, in order, and whether another read is due
+    /// (the caller queues it after sending). With `charge`, the page is cut
+    /// to what fits the byte bounds and counted until the next
+    /// `release_held`; when nothing fits, the read is queued again after a
+    /// pause. Catch-up (`catchup_step`) and Centrifugo's recovery (the
+    /// publications of a subscribe reply) both go through here.
+    pub(super) async fn read_page(
+        &mut self,
+        channel: &ChannelName,
+        page_len: usize,
+        charge: bool,
+    ) -> Result<PageStep, SessionEnd> {
         // None: unsubscribed meanwhile, live, or paused by a full window (an
         // ack queues it again).
         let Some(read) =
-            self.regs.subs.get(&channel).and_then(|s| s.log.as_ref()).and_then(|l| l.delivery.read(page_len))
+            self.regs.subs.get(channel).and_then(|s| s.log.as_ref()).and_then(|l| l.delivery.read(page_len))
         else {
-            return Ok(());
+            return Ok(PageStep::Idle);
         };
-        let page = match self.state.engine.read(&channel, read.after, read.limit).await {
+        let page = match self.state.engine.read(channel, read.after, read.limit).await {
             Ok(page) => page,
             Err(e) => {
                 tracing::warn!(channel = %channel, error = %e, "catch-up read failed");
@@ -177,63 +229,39 @@ impl Session {
         }
         // Send the part of the page that fits the byte bounds; the rest is
         // read again next step (as if the read had asked for fewer).
-        let Some(fits) = self.charge_page(&page.messages) else {
+        let fits = if charge { self.charge_page(&page.messages) } else { Some(page.messages.len()) };
+        let Some(fits) = fits else {
             self.state.hub.shed();
-            self.catchup.push_front(channel);
+            self.catchup.push_front(channel.clone());
             let wait = CATCHUP_RETRY + CATCHUP_RETRY.mul_f64(fastrand::f64());
             self.catchup_pause = Some(Box::pin(tokio::time::sleep(wait)));
-            return Ok(());
+            return Ok(PageStep::Idle);
         };
         let read = if fits < page.messages.len() { Read { limit: fits, ..read } } else { read };
-        let messages = &page.messages[..fits];
+        let mut messages = page.messages;
+        messages.truncate(fits);
         // Same task: the subscription cannot have gone during the await.
-        let Some(log) = self.regs.subs.get_mut(&channel).and_then(|s| s.log.as_mut()) else {
+        let Some(log) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) else {
             self.release_held();
-            return Ok(());
+            return Ok(PageStep::Idle);
         };
-        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &channel };
+        let mut timers = ChannelTimers { queue: &mut self.timers, channel };
         let seqs = messages.iter().map(|m| m.seq.unwrap_or(0));
-        let more = match log.delivery.on_page(read, &page.position, seqs, &mut timers) {
+        match log.delivery.on_page(read, &page.position, seqs, &mut timers) {
             // The log was reset or trimmed past what this client has seen:
             // it must resubscribe, and the reply will say so.
             Paged::Resync => {
-                return Err(SessionEnd::Close {
-                    code: close::RESYNC,
-                    reason: "resync needed",
-                    reconnect: true,
-                })
+                Err(SessionEnd::Close { code: close::RESYNC, reason: "resync needed", reconnect: true })
             }
             Paged::Ignore { more } => {
                 self.release_held();
                 if more {
-                    self.catchup.push_back(channel);
+                    self.catchup.push_back(channel.clone());
                 }
-                return Ok(());
+                Ok(PageStep::Idle)
             }
-            Paged::Send { more } => more,
-        };
-        let mut closes = false;
-        for msg in messages {
-            self.ws.feed(WsMessage::text(msg.frame.clone())).await.map_err(|_| SessionEnd::Gone)?;
-            closes |= msg.closes;
+            Paged::Send { more } => Ok(PageStep::Send { messages, more }),
         }
-        if !messages.is_empty() {
-            self.state.metrics.delivered.inc_by(messages.len() as u64);
-        }
-        if closes {
-            self.end_subscription(&channel, "room_closed").await?;
-            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
-            self.release_held();
-            return Ok(());
-        }
-        if !messages.is_empty() {
-            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
-        }
-        self.release_held();
-        if more {
-            self.catchup.push_back(channel);
-        }
-        Ok(())
     }
 
     /// Count the longest prefix of a page that fits both this connection's

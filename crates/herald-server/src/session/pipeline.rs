@@ -37,7 +37,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use futures_util::SinkExt;
 use herald_core::Receipt;
-use herald_proto::{ChannelName, OkFrame};
+use herald_proto::ChannelName;
 use tokio_websockets::Message as WsMessage;
 
 use super::{Session, SessionEnd};
@@ -144,21 +144,13 @@ impl Session {
         self.start_batch();
         for a in answers {
             let bytes = match a.result {
-                Ok(receipt) => OkFrame {
-                    req: a.req,
-                    channel: Some(a.channel.to_string()),
-                    seq: receipt.seq,
-                    id: Some(receipt.id.to_string()),
-                    duplicate: Some(receipt.duplicate),
-                    ..Default::default()
-                }
-                .encode(),
+                Ok(receipt) => self.wire.published(a.req, &a.channel, &receipt),
                 Err(e) => {
                     if !self.budget.take_error_reply(&self.state.config.limits, std::time::Instant::now()) {
                         self.state.metrics.error_replies_dropped.inc();
                         continue;
                     }
-                    e.frame(a.req, Some(a.channel.as_str()))
+                    self.wire.error(&e, a.req, Some(a.channel.as_str()))
                 }
             };
             self.ws.feed(WsMessage::text(Bytes::from(bytes))).await.map_err(|_| SessionEnd::Gone)?;

@@ -239,21 +239,22 @@ impl Session {
         let pos = self.state.engine.position(channel).await?;
         let start = delivery::resolve(&pos, since.as_ref(), None)
             .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))?;
-        self.begin_delivery(&mut ok, channel, &start, None);
+        self.begin_delivery(&mut ok, channel, &start, None, None);
         Ok(ok)
     }
 
     /// Start delivering a subscribed durable channel from a resolved start:
     /// install its state machine, queue catch-up if the log has anything
     /// from the start on, and fill the start into the `ok` reply.
-    fn begin_delivery(
+    pub(super) fn begin_delivery(
         &mut self,
         ok: &mut OkFrame,
         channel: &ChannelName,
         start: &Start,
-        acked: Option<(SubscriberId, AckOpts)>,
+        subscriber: Option<SubscriberId>,
+        opts: Option<AckOpts>,
     ) {
-        let (subscriber, opts) = acked.map_or((None, None), |(s, o)| (Some(Box::new(s)), Some(o)));
+        let subscriber = subscriber.map(Box::new);
         let delivery = Subscription::start(start, opts);
         if delivery.wants_read() {
             self.catchup.push_back(channel.clone());
@@ -294,7 +295,20 @@ impl Session {
             // Retention removed messages this subscriber never acked.
             state.metrics.acked_truncated.inc_by(start.skipped);
         }
-        self.begin_delivery(&mut ok, channel, &start, Some((subscriber, AckOpts::from(ns))));
+        // Centrifugo clients send no acks: the recover offset of a
+        // resubscribe acknowledges everything up to it, and delivery has no
+        // window and no redelivery timers (docs/centrifugo.md).
+        let opts = if self.wire.is_centrifugo() {
+            let claimed = since.filter(|_| !start.epoch_changed).map_or(0, |s| s.seq);
+            if claimed > start.stored {
+                state.engine.ack(channel, &subscriber, claimed).await.map_err(ack_error)?;
+                state.metrics.acks.inc();
+            }
+            None
+        } else {
+            Some(AckOpts::from(ns))
+        };
+        self.begin_delivery(&mut ok, channel, &start, Some(subscriber), opts);
         ok.cursor = Some(start.stored);
         ok.unread = Some(start.unread());
         Ok(ok)
@@ -331,10 +345,7 @@ impl Session {
             .expect("an acked subscription has its subscriber")
             .clone();
         let state = self.state.clone();
-        let cursor = state.engine.ack(channel, &subscriber, seq).await.map_err(|e| match e {
-            AckError::BeyondHead { .. } => ApiError::new(ErrorCode::BadRequest, e.to_string()),
-            AckError::Engine(e) => e.into(),
-        })?;
+        let cursor = state.engine.ack(channel, &subscriber, seq).await.map_err(ack_error)?;
         state.metrics.acks.inc();
         // Same task: the subscription cannot have gone during the await.
         if let Some(log) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) {
@@ -409,8 +420,15 @@ impl Session {
     }
 }
 
+fn ack_error(e: AckError) -> ApiError {
+    match e {
+        AckError::BeyondHead { .. } => ApiError::new(ErrorCode::BadRequest, e.to_string()),
+        AckError::Engine(e) => e.into(),
+    }
+}
+
 /// A client id for a connection that did not name one: random, so it never
 /// reclaims another connection's membership.
-fn new_client_id() -> String {
+pub(super) fn new_client_id() -> String {
     format!("c-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
 }

@@ -1,0 +1,174 @@
+"""Herald's Centrifugo endpoint driven by the PyPI `centrifuge-python` SDK
+(pinned in requirements.txt), against a real `herald serve` process on a
+free port with a temp data dir and an HS256 key, so tokens are real.
+
+Run by scripts/test-centrifuge-sdks: `python test_sdk.py` (exit 0 = pass).
+$HERALD_BIN names the binary (default target/debug/herald). Every wait is
+bounded.
+"""
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from centrifuge import (
+    Client,
+    ClientEventHandler,
+    PublicationContext,
+    StreamPosition,
+    SubscribedContext,
+    SubscriptionEventHandler,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+API_KEY = "py-test-api-key-0123456789"
+JWT_SECRET = "py-test-jwt-secret-0123456789abcdef0123"
+WAIT = 20.0
+
+
+def b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def token(sub: str, ttl: int = 3600) -> str:
+    head = b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
+    claims = {"sub": sub, "exp": int(time.time()) + ttl, "channels": ["*"], "publish": ["*"]}
+    body = b64url(json.dumps(claims).encode())
+    sig = hmac.new(JWT_SECRET.encode(), f"{head}.{body}".encode(), hashlib.sha256).digest()
+    return f"{head}.{body}.{b64url(sig)}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Herald:
+    """A `herald serve` process (default namespaces: `chat` is durable and
+    open to client publishes)."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="herald-py-")
+        self.port = free_port()
+        binary = os.environ.get("HERALD_BIN", str(REPO / "target/debug/herald"))
+        env = {**os.environ, "HERALD_API_KEYS": API_KEY, "HERALD_JWT_SECRET": JWT_SECRET, "HERALD_LOG": "warn"}
+        env.pop("HERALD_DEV", None)
+        args = [binary, "serve", "--listen", f"127.0.0.1:{self.port}", "--data-dir", f"{self.dir}/data"]
+        self.proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + WAIT
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1):
+                    return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("herald did not start")
+                time.sleep(0.05)
+
+    def publish(self, channel: str, data) -> dict:
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/api/v1/channels/{channel}/messages",
+            data=json.dumps({"data": data}).encode(),
+            headers={"authorization": f"Bearer {API_KEY}", "content-type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(req, timeout=WAIT) as r:
+            assert r.status == 201, r.status
+            return json.load(r)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Recorder(SubscriptionEventHandler):
+    def __init__(self) -> None:
+        self.pubs = []
+        self.subscribed = []
+
+    async def on_publication(self, ctx: PublicationContext) -> None:
+        self.pubs.append(ctx.pub)
+
+    async def on_subscribed(self, ctx: SubscribedContext) -> None:
+        self.subscribed.append(ctx)
+
+
+async def eventually(what: str, check) -> None:
+    deadline = time.monotonic() + WAIT
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        await asyncio.sleep(0.02)
+
+
+async def run(herald: Herald) -> None:
+    url = f"ws://127.0.0.1:{herald.port}/connection/websocket"
+
+    async def get_token() -> str:
+        return token("py-user")
+
+    client = Client(url, events=ClientEventHandler(), token=token("py-user"), get_token=get_token,
+                    min_reconnect_delay=0.05, max_reconnect_delay=0.3)
+    rec = Recorder()
+    sub = client.new_subscription("chat:py", events=rec)
+    await client.connect()
+    await sub.subscribe()
+    await eventually("subscribed", lambda: len(rec.subscribed) == 1)
+    assert rec.subscribed[0].recoverable and rec.subscribed[0].positioned
+
+    # Receive in order, data as published, Herald's id in the tags.
+    ids = [herald.publish("chat:py", {"i": i, "text": f"a\nb{i}"})["id"] for i in range(1, 6)]
+    await eventually("5 publications", lambda: len(rec.pubs) >= 5)
+    assert [p.offset for p in rec.pubs] == [1, 2, 3, 4, 5], [p.offset for p in rec.pubs]
+    assert [p.data for p in rec.pubs] == [{"i": i, "text": f"a\nb{i}"} for i in range(1, 6)]
+    assert [p.tags["herald_id"] for p in rec.pubs] == ids
+
+    # Publish from the SDK.
+    await sub.publish({"from": "python"})
+    await eventually("own publication", lambda: len(rec.pubs) >= 6)
+    assert rec.pubs[5].offset == 6 and rec.pubs[5].data == {"from": "python"}
+
+    # History with a limit and a position.
+    epoch = rec.subscribed[0].stream_position.epoch
+    hist = await sub.history(limit=2, since=StreamPosition(offset=3, epoch=epoch))
+    assert [p.offset for p in hist.publications] == [4, 5], hist
+
+    # disconnect(), missed messages, connect(): recovered, nothing lost or doubled.
+    await client.disconnect()
+    for i in range(7, 12):
+        herald.publish("chat:py", i)
+    await client.connect()
+    await eventually("resubscribed", lambda: len(rec.subscribed) >= 2)
+    assert rec.subscribed[-1].recovered and rec.subscribed[-1].was_recovering, rec.subscribed[-1]
+    herald.publish("chat:py", 12)
+    await eventually("12 publications", lambda: len(rec.pubs) >= 12)
+    assert [p.offset for p in rec.pubs] == list(range(1, 13)), [p.offset for p in rec.pubs]
+
+    await client.disconnect()
+
+
+def main() -> int:
+    herald = Herald()
+    try:
+        asyncio.run(asyncio.wait_for(run(herald), timeout=120))
+    finally:
+        herald.close()
+    print("centrifuge-python: ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

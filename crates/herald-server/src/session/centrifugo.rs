@@ -1,0 +1,581 @@
+//! The Centrifugo client protocol on a session (`GET /connection/websocket`,
+//! see `crate::centrifugo` and docs/centrifugo.md).
+//!
+//! The same `Session` serves both protocols: hub registration, the delivery
+//! state machine, catch-up, presence, the publish pipeline, the frame budget
+//! and every close are shared; [`Wire`] only decides how frames look on the
+//! socket, and this module handles Centrifugo's commands by calling the
+//! same handlers as Herald's frames.
+//!
+//! Differences kept here:
+//! - the connection starts anonymous; only `connect` is accepted until it
+//!   sets the identity (a token verified like `/ws`'s);
+//! - a subscribe with `recover` answers the missed messages in its reply
+//!   (`recovered: true`), read through the catch-up path and its state
+//!   machine, so live messages follow without gap or duplicate; above
+//!   `limits.max_history_limit` missed messages, or after truncation, a new
+//!   epoch or an offset from the future, it answers `recovered: false` and
+//!   starts live;
+//! - acked channels: no acks and no redelivery on this protocol; the recover
+//!   offset of a subscribe acknowledges up to it, and the first subscribe's
+//!   recovery carries the offline inbox;
+//! - pings are `{}` text frames, answered by the client's `{}`.
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::SinkExt;
+use herald_core::{Delivery, Epoch, Message, Position, Receipt};
+use herald_proto::centrifugo::{
+    self as cf, Answer, ClientInfo, Command, ConnectResult, Empty, HistoryResult, Method, PresenceResult,
+    PresenceStatsResult, Publication, RefreshResult, Reply, StreamPosition, SubscribeRequest,
+    SubscribeResult,
+};
+use herald_proto::{close, ChannelName, ErrorCode, OkFrame, Since, StoredFrame};
+use tokio_websockets::Message as WsMessage;
+
+use super::deliver::{PageStep, CATCHUP_PAGE};
+use super::requests::PresenceArgs;
+use super::{pipeline, Session, SessionEnd};
+use crate::auth::Identity;
+use crate::error::ApiError;
+use crate::hub::Outgoing;
+use crate::metrics::Protocol;
+
+/// The protocol a session speaks.
+pub enum Wire {
+    /// Herald's own (`/ws`, docs/protocol.md).
+    Herald,
+    /// Centrifugo's client protocol v2, JSON (`/connection/websocket`).
+    Centrifugo(Box<Conn>),
+}
+
+/// A Centrifugo connection's own state.
+pub struct Conn {
+    /// Set by `connect`; before it only `connect` is accepted.
+    connected: bool,
+    /// The connection's client id (`client` of the connect reply; its
+    /// presence client id).
+    client: String,
+    /// Dev mode: the `?user=` of the upgrade, for a connect without token.
+    dev_user: Option<String>,
+    /// The upgrade's `?device=`.
+    device: Option<String>,
+    /// The upgrade's headers, kept until `connect` when a connect proxy
+    /// is configured (it decides for a connect without token).
+    headers: Option<Box<http::HeaderMap>>,
+    /// The payload of the last `{}` ping sent; the client's `{}` echoes it
+    /// (presence rejoins wait for one).
+    ping: Option<Bytes>,
+    /// `connect` or `refresh` changed the identity (its expiry).
+    identity_changed: bool,
+    /// When the socket opened: `connect` must come within
+    /// `limits.idle_timeout`.
+    opened: Instant,
+}
+
+impl Wire {
+    /// A Centrifugo wire for a new connection.
+    pub fn centrifugo(
+        dev_user: Option<String>,
+        device: Option<String>,
+        headers: Option<Box<http::HeaderMap>>,
+    ) -> Self {
+        Wire::Centrifugo(Box::new(Conn {
+            connected: false,
+            client: super::requests::new_client_id(),
+            dev_user,
+            device,
+            headers,
+            ping: None,
+            identity_changed: false,
+            opened: Instant::now(),
+        }))
+    }
+
+    pub fn is_centrifugo(&self) -> bool {
+        matches!(self, Wire::Centrifugo(_))
+    }
+
+    pub fn protocol(&self) -> Protocol {
+        match self {
+            Wire::Herald => Protocol::Herald,
+            Wire::Centrifugo(_) => Protocol::Centrifugo,
+        }
+    }
+
+    /// A message or presence frame as this wire sends it; `None` if a
+    /// stored frame does not read (logged, skipped).
+    pub(super) fn message(&self, msg: &Message) -> Option<Bytes> {
+        match self {
+            Wire::Herald => Some(msg.frame.clone()),
+            Wire::Centrifugo(_) => {
+                let push = cf::push_of_frame(msg.channel.as_str(), &msg.frame);
+                if push.is_none() {
+                    tracing::error!(channel = %msg.channel, seq = ?msg.seq, "frame unreadable; not sent");
+                }
+                push.map(Bytes::from)
+            }
+        }
+    }
+
+    /// A live message from the outbox: as `message`, the Centrifugo push
+    /// made once per message on this node, not once per subscriber.
+    pub(super) fn outgoing(&self, out: &Outgoing) -> Option<Bytes> {
+        match self {
+            Wire::Herald => Some(out.msg.frame.clone()),
+            Wire::Centrifugo(_) => out.centrifugo.get_or_init(|| self.message(&out.msg)).clone(),
+        }
+    }
+
+    /// The server ended a subscription.
+    pub(super) fn unsubscribed(&self, channel: &ChannelName, reason: &str) -> Vec<u8> {
+        match self {
+            Wire::Herald => herald_proto::encode_unsubscribed(channel, reason),
+            Wire::Centrifugo(_) => cf::Push {
+                unsubscribe: Some(cf::Unsubscribe {
+                    code: cf::unsubscribe_code::SERVER,
+                    reason: reason.to_owned(),
+                }),
+                ..cf::Push::new(channel.as_str())
+            }
+            .encode(),
+        }
+    }
+
+    /// An error reply to request `req`.
+    pub(super) fn error(&self, err: &ApiError, req: Option<u64>, channel: Option<&str>) -> Vec<u8> {
+        match self {
+            Wire::Herald => err.frame(req, channel),
+            Wire::Centrifugo(_) => Reply::error(command_id(req), err.code, err.detail.clone()).encode(),
+        }
+    }
+
+    /// The reply to a publish that the engine took.
+    pub(super) fn published(&self, req: Option<u64>, channel: &ChannelName, receipt: &Receipt) -> Vec<u8> {
+        match self {
+            Wire::Herald => OkFrame {
+                req,
+                channel: Some(channel.to_string()),
+                seq: receipt.seq,
+                id: Some(receipt.id.to_string()),
+                duplicate: Some(receipt.duplicate),
+                ..Default::default()
+            }
+            .encode(),
+            Wire::Centrifugo(_) => Reply::new(command_id(req), Answer::Publish(Empty {})).encode(),
+        }
+    }
+
+    /// The close code for one of Herald's.
+    pub(super) fn close_code(&self, code: u16) -> u16 {
+        match self {
+            Wire::Herald => code,
+            Wire::Centrifugo(_) => cf::disconnect_of(code),
+        }
+    }
+
+    /// Whether the identity changed since the last call.
+    pub(super) fn take_identity_changed(&mut self) -> bool {
+        match self {
+            Wire::Herald => false,
+            Wire::Centrifugo(c) => std::mem::take(&mut c.identity_changed),
+        }
+    }
+}
+
+/// Request ids: Herald's `req` carries Centrifugo's command `id`.
+fn command_id(req: Option<u64>) -> u32 {
+    req.and_then(|r| u32::try_from(r).ok()).unwrap_or(0)
+}
+
+fn bad_request(reason: &'static str) -> SessionEnd {
+    SessionEnd::Close { code: close::BAD_REQUEST, reason, reconnect: false }
+}
+
+/// When the SDK should refresh a token expiring at `exp`: after three
+/// quarters of the time left (at least 1 s), so the new token arrives
+/// before the connection closes at `exp` (plus `jwt.leeway_secs`).
+fn ttl(exp: u64) -> u32 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let left = exp.saturating_sub(now);
+    u32::try_from(left - left.div_ceil(4)).unwrap_or(u32::MAX).max(1)
+}
+
+impl Session {
+    fn conn(&mut self) -> &mut Conn {
+        match &mut self.wire {
+            Wire::Centrifugo(c) => c,
+            Wire::Herald => unreachable!("Centrifugo commands on a Herald session"),
+        }
+    }
+
+    /// The heartbeat's ping: a WebSocket ping on Herald's wire, `{}` on
+    /// Centrifugo's (once connected).
+    pub(super) async fn send_ping(&mut self) -> Result<(), SessionEnd> {
+        let ping = self.liveness.next_ping();
+        match &mut self.wire {
+            Wire::Herald => self.ws.send(WsMessage::ping(ping)).await.map_err(|_| SessionEnd::Gone),
+            Wire::Centrifugo(c) if c.connected => {
+                c.ping = Some(ping);
+                self.ws
+                    .send(WsMessage::text(Bytes::from_static(cf::PING)))
+                    .await
+                    .map_err(|_| SessionEnd::Gone)
+            }
+            // Not connected yet: only a WebSocket ping, and a deadline.
+            Wire::Centrifugo(c) => {
+                if c.opened.elapsed() >= self.state.config.limits.idle_timeout {
+                    return Err(bad_request("no connect command in time"));
+                }
+                self.ws.send(WsMessage::ping(ping)).await.map_err(|_| SessionEnd::Gone)
+            }
+        }
+    }
+
+    /// A text frame of commands, one JSON object per line, handled in order.
+    pub(super) async fn on_commands(&mut self, text: &str) -> Result<(), SessionEnd> {
+        for line in text.split('\n').map(str::trim).filter(|l| !l.is_empty()) {
+            let Ok(cmd) = Command::parse(line) else {
+                return Err(bad_request("malformed command"));
+            };
+            self.state.metrics.protocol_frame(Protocol::Centrifugo);
+            let id = cmd.id;
+            let method = cmd.method();
+            // Each command costs one frame of the budget, as a frame of /ws.
+            if !self.take_budget()? {
+                // A command without id (a pong) has no reply to get.
+                if id != 0 {
+                    let err = ApiError::new(ErrorCode::RateLimited, "too many commands; slow down");
+                    self.send_error(&err, Some(id.into()), None).await?;
+                }
+                continue;
+            }
+            if !matches!(method, Method::Publish(_) | Method::Pong) {
+                // After every earlier publish is answered (`session/pipeline.rs`).
+                Box::pin(self.settle_publishes()).await?;
+            }
+            Box::pin(self.on_command(id, method)).await?;
+        }
+        Ok(())
+    }
+
+    async fn on_command(&mut self, id: u32, method: Method) -> Result<(), SessionEnd> {
+        let req = Some(u64::from(id));
+        if !self.conn().connected && !matches!(method, Method::Connect(_) | Method::Pong) {
+            return Err(bad_request("connect first"));
+        }
+        let reply: Result<Vec<u8>, ApiError> = match method {
+            Method::Pong => {
+                let ping = self.conn().ping.take();
+                if ping.is_some_and(|p| self.liveness.on_pong(&p)) && self.has_lapsed() {
+                    Box::pin(self.rejoin_lapsed()).await;
+                }
+                return Ok(());
+            }
+            Method::Connect(c) => return self.connect(id, &c.token).await,
+            Method::Refresh(r) => return self.refresh(id, &r.token).await,
+            Method::Subscribe(s) => return Box::pin(self.subscribe_command(id, s)).await,
+            Method::Unsubscribe(u) => match channel(&u.channel) {
+                Ok(c) => {
+                    // Unsubscribing what is not subscribed is fine here.
+                    self.unsubscribe(&c).await;
+                    Ok(Reply::new(id, Answer::Unsubscribe(Empty {})).encode())
+                }
+                Err(e) => Err(e),
+            },
+            Method::Publish(p) => {
+                let (channel, publish) = match channel(&p.channel) {
+                    Ok(c) => {
+                        let publish = self.prepare_publish(&c, p.data, None, None);
+                        (c, publish)
+                    }
+                    Err(e) => {
+                        // Answered in command order, after the publishes before it.
+                        Box::pin(self.settle_publishes()).await?;
+                        return self.send_error(&e, req, None).await;
+                    }
+                };
+                self.queue_publish(pipeline::Queued { req, channel, publish });
+                return Ok(());
+            }
+            Method::Presence(p) => self.presence_members(&p.channel).await.map(|(_, members)| {
+                let presence =
+                    members.into_iter().map(|m| (m.client_id.clone(), ClientInfo::from(m))).collect();
+                Reply::new(id, Answer::Presence(PresenceResult { presence })).encode()
+            }),
+            Method::PresenceStats(p) => self.presence_members(&p.channel).await.map(|(count, members)| {
+                let users: std::collections::BTreeSet<&str> =
+                    members.iter().map(|m| m.user.as_str()).collect();
+                let stats = PresenceStatsResult { num_clients: count, num_users: users.len() as u64 };
+                Reply::new(id, Answer::PresenceStats(stats)).encode()
+            }),
+            Method::History(h) => Box::pin(self.history(id, h)).await,
+            Method::Ping => Ok(Reply::new(id, Answer::Ping(Empty {})).encode()),
+            Method::NotAvailable => Ok(Reply::not_available(id).encode()),
+        };
+        match reply {
+            Ok(bytes) => self.send_bytes(bytes).await,
+            Err(e) => self.send_error(&e, req, None).await,
+        }
+    }
+
+    /// The identity of a `connect` or `refresh` token (dev mode: the
+    /// upgrade's `?user=` when there is no token).
+    fn identity_of(&mut self, token: &str) -> Result<Identity, ApiError> {
+        let device = self.conn().device.clone();
+        if !token.is_empty() {
+            crate::ws::verify_token(&self.state, token, device.as_deref())
+        } else if self.state.config.dev {
+            let user = self.conn().dev_user.clone().unwrap_or_else(|| self.conn().client.clone());
+            crate::ws::dev_identity(&user, device.as_deref())
+        } else {
+            Err(ApiError::new(ErrorCode::Unauthorized, "missing token"))
+        }
+    }
+
+    /// The close for a refused token: an expired one makes the SDK
+    /// reconnect (and fetch a new token), any other stops it.
+    fn token_refused(e: &ApiError) -> SessionEnd {
+        match e.code {
+            ErrorCode::TokenExpired => {
+                SessionEnd::Close { code: close::TOKEN_EXPIRED, reason: "token expired", reconnect: true }
+            }
+            _ => SessionEnd::Close { code: close::UNAUTHORIZED, reason: "invalid token", reconnect: false },
+        }
+    }
+
+    async fn connect(&mut self, id: u32, token: &str) -> Result<(), SessionEnd> {
+        if self.conn().connected {
+            return Err(bad_request("already connected"));
+        }
+        let headers = self.conn().headers.take();
+        let state = self.state.clone();
+        let identity = match (&state.config.proxies.connect, headers) {
+            // No token and a connect proxy: the backend decides, as on /ws.
+            (Some(p), Some(headers)) if token.is_empty() && self.conn().dev_user.is_none() => {
+                let device = self.conn().device.clone();
+                Box::pin(crate::proxies::connect(&state, p, &headers, device.as_deref())).await
+            }
+            _ => self.identity_of(token),
+        };
+        self.identity = match identity {
+            Ok(identity) => identity,
+            // Error 109: the SDK fetches a new token and connects again.
+            Err(e) if e.code == ErrorCode::TokenExpired => {
+                return self.send_error(&e, Some(id.into()), None).await
+            }
+            Err(e) => return Err(Self::token_refused(&e)),
+        };
+        self.conn().connected = true;
+        let result = ConnectResult {
+            session: self.new_identity(),
+            ping: u32::try_from(self.state.config.limits.ping_interval.as_secs()).unwrap_or(u32::MAX).max(1),
+            pong: true,
+        };
+        self.send_bytes(Reply::new(id, Answer::Connect(result)).encode()).await
+    }
+
+    /// The identity was just set (connect, refresh): reset its expiry
+    /// timer, and say when to refresh.
+    fn new_identity(&mut self) -> RefreshResult {
+        let (expires, ttl) = (self.identity.exp.is_some(), self.identity.exp.map_or(0, ttl));
+        let conn = self.conn();
+        conn.identity_changed = true;
+        RefreshResult {
+            client: conn.client.clone(),
+            version: concat!("herald ", env!("CARGO_PKG_VERSION")).into(),
+            expires,
+            ttl,
+        }
+    }
+
+    /// A new token on a live connection: same user, new permissions and
+    /// expiry. Subscriptions the new token no longer allows stay until the
+    /// client ends them (as on `/ws`, permissions are checked at subscribe).
+    async fn refresh(&mut self, id: u32, token: &str) -> Result<(), SessionEnd> {
+        let identity = self.identity_of(token).map_err(|e| Self::token_refused(&e))?;
+        if identity.sub != self.identity.sub {
+            return Err(SessionEnd::Close {
+                code: close::UNAUTHORIZED,
+                reason: "token of another user",
+                reconnect: false,
+            });
+        }
+        self.identity = identity;
+        let result = self.new_identity();
+        self.send_bytes(Reply::new(id, Answer::Refresh(result)).encode()).await
+    }
+
+    /// `subscribe`, with recovery in the reply (see the module docs).
+    async fn subscribe_command(&mut self, id: u32, s: SubscribeRequest) -> Result<(), SessionEnd> {
+        let req = Some(u64::from(id));
+        let (channel, ns) = match channel(&s.channel).and_then(|c| {
+            let ns = self.state.config.namespaces.resolve(&c)?.clone();
+            Ok((c, ns))
+        }) {
+            Ok(x) => x,
+            Err(e) => return self.send_error(&e, req, None).await,
+        };
+        let durable = ns.is_durable();
+        let bound = self.state.config.limits.max_history_limit;
+        let recovering = durable && s.recover;
+        let mut since = None;
+        if recovering {
+            let pos = match self.state.engine.position(&channel).await {
+                Ok(p) => p,
+                Err(e) => return self.send_error(&e.into(), req, None).await,
+            };
+            // Another epoch, an offset from the future, a truncated log or
+            // more missed messages than the bound (acked: the inbox is
+            // delivered whole) start live, unrecovered.
+            let same_epoch = s.epoch.is_empty() || s.epoch == pos.epoch.as_str();
+            let retained = s.offset.saturating_add(1) >= pos.first;
+            let within = ns.delivery == Delivery::Acked || pos.head.saturating_sub(s.offset) <= bound as u64;
+            if same_epoch && s.offset <= pos.head && retained && within {
+                since = Some(Since { seq: s.offset, epoch: Some(s.epoch.clone()).filter(|e| !e.is_empty()) });
+            }
+        }
+        let client = self.conn().client.clone();
+        let presence = PresenceArgs { client_id: Some(client), info: None };
+        let (ok, ended) = match self.subscribe(req, &channel, since.clone(), presence).await {
+            Ok(x) => x,
+            Err(e) => return self.send_error(&e, req, None).await,
+        };
+        let lost = ok.truncated == Some(true) || ok.epoch_changed == Some(true);
+        if since.is_some() && lost && ns.delivery != Delivery::Acked {
+            // Trimmed or reset between the check above and the subscribe:
+            // no publications either, start at the head it was resolved at.
+            self.restart_at_head(&channel, &ok);
+        }
+        let mut result = SubscribeResult::default();
+        let mut missed = Vec::new();
+        if durable {
+            missed = self.recover(&channel, bound).await?;
+            result.recoverable = true;
+            result.positioned = true;
+            result.epoch = ok.epoch.clone().unwrap_or_default();
+            result.offset = self
+                .regs
+                .subs
+                .get(&channel)
+                .and_then(|s| s.log.as_ref())
+                .map_or(0, |l| l.delivery.next().saturating_sub(1));
+            result.was_recovering = recovering;
+            result.recovered = since.is_some() && !lost;
+        }
+        let frames: Vec<StoredFrame> =
+            missed.iter().filter_map(|m| StoredFrame::parse(&m.frame).ok()).collect();
+        result.publications = frames.iter().map(|f| Publication::from_stored(f, cf::null_value())).collect();
+        let closes = missed.iter().any(|m| m.closes);
+        self.state.metrics.delivered.inc_by(result.publications.len() as u64);
+        self.send_bytes(Reply::new(id, Answer::Subscribe(result)).encode()).await?;
+        if ended || closes {
+            // A closed room: its final event was delivered.
+            self.end_subscription(&channel, "room_closed").await?;
+            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
+        }
+        Ok(())
+    }
+
+    /// Make a just subscribed durable channel start after the head its
+    /// subscribe resolved (as a subscribe without position would have).
+    fn restart_at_head(&mut self, channel: &ChannelName, ok: &OkFrame) {
+        let pos = Position {
+            epoch: Epoch::new(ok.epoch.clone().unwrap_or_default()),
+            first: ok.first.unwrap_or(1),
+            head: ok.head.unwrap_or(0),
+            closed: false,
+        };
+        if let Ok(start) = herald_core::delivery::resolve(&pos, None, None) {
+            self.catchup.retain(|c| c != channel);
+            self.begin_delivery(&mut OkFrame::default(), channel, &start, None, None);
+        }
+    }
+
+    /// The catch-up of a just subscribed channel, read now for the
+    /// subscribe reply: at most `bound` messages and about
+    /// `limits.outbox_bytes`; what is left stays queued and goes out as
+    /// pushes after the reply (in order, through `catchup_step`).
+    async fn recover(
+        &mut self,
+        channel: &ChannelName,
+        bound: usize,
+    ) -> Result<Vec<Arc<Message>>, SessionEnd> {
+        let max_bytes = self.state.config.limits.outbox_bytes;
+        let mut out: Vec<Arc<Message>> = Vec::new();
+        let mut bytes = 0;
+        while out.len() < bound && bytes < max_bytes && self.catchup.contains(channel) {
+            self.catchup.retain(|c| c != channel);
+            let limit = (bound - out.len()).min(CATCHUP_PAGE);
+            if let PageStep::Send { messages, more } = self.read_page(channel, limit, false).await? {
+                bytes += messages.iter().map(|m| m.frame.len()).sum::<usize>();
+                out.extend(messages);
+                if more {
+                    self.catchup.push_back(channel.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `history`: `since` (exclusive), `limit` (0: the position only;
+    /// negative: up to `limits.max_history_limit`), `reverse`.
+    async fn history(&mut self, id: u32, h: cf::HistoryRequest) -> Result<Vec<u8>, ApiError> {
+        let channel = channel(&h.channel)?;
+        let ns = self.state.config.namespaces.resolve(&channel)?;
+        if !self.identity.may_subscribe(&channel) {
+            return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
+        }
+        if !ns.is_durable() {
+            return Err(ApiError::new(ErrorCode::NotSupported, "volatile channels keep no history"));
+        }
+        let state = self.state.clone();
+        let pos = state.engine.position(&channel).await?;
+        let max = state.config.limits.max_history_limit;
+        let limit = usize::try_from(h.limit).map_or(max, |l| l.min(max));
+        let unrecoverable =
+            |msg: &str| Reply::error_code(id, cf::error_code::UNRECOVERABLE_POSITION, msg).encode();
+        let mut after = pos.first - 1;
+        if let Some(StreamPosition { offset, epoch }) = &h.since {
+            if !epoch.is_empty() && epoch != pos.epoch.as_str() {
+                return Ok(unrecoverable("another epoch"));
+            }
+            if *offset > pos.head || offset.saturating_add(1) < pos.first {
+                return Ok(unrecoverable("offset not in the retained log"));
+            }
+            after = *offset;
+        }
+        if h.reverse {
+            after = after.max(pos.head.saturating_sub(limit as u64));
+        }
+        let page = if limit == 0 { None } else { Some(state.engine.read(&channel, after, limit).await?) };
+        let messages = page.as_ref().map_or(&[][..], |p| &p.messages[..]);
+        let mut frames = Vec::with_capacity(messages.len());
+        for m in messages {
+            frames.push(StoredFrame::parse(&m.frame).map_err(|e| {
+                tracing::error!(channel = %channel, seq = ?m.seq, error = %e, "stored frame unreadable");
+                ApiError::new(ErrorCode::Internal, "a stored message is unreadable")
+            })?);
+        }
+        let mut publications: Vec<Publication> =
+            frames.iter().map(|f| Publication::from_stored(f, cf::null_value())).collect();
+        if h.reverse {
+            publications.reverse();
+        }
+        let result = HistoryResult { publications, epoch: pos.epoch.to_string(), offset: pos.head };
+        Ok(Reply::new(id, Answer::History(result)).encode())
+    }
+
+    /// A presence channel's member count and (up to
+    /// `presence.max_members_listed`) members.
+    async fn presence_members(&mut self, name: &str) -> Result<(u64, Vec<herald_proto::Member>), ApiError> {
+        let ok = Box::pin(self.presence_list(&channel(name)?)).await?;
+        Ok((ok.count.unwrap_or(0), ok.members.unwrap_or_default()))
+    }
+}
+
+fn channel(name: &str) -> Result<ChannelName, ApiError> {
+    ChannelName::new(name).map_err(|e| ApiError::new(ErrorCode::BadChannel, e.to_string()))
+}
