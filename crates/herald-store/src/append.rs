@@ -8,7 +8,6 @@
 //! of the log only, so it stays gap-free; a receipt is staged with the
 //! append it describes, and its expiry-index entry with it.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -18,7 +17,7 @@ use uuid::Uuid;
 
 use crate::codec::{self, ChannelMeta, IdemRecord, LogHeader};
 use crate::storage::{Space, StorageError, WriteSet};
-use crate::writer::{StageError, Tally, Writer};
+use crate::writer::{PendingIdem, StageError, Tally, Writer};
 
 /// Log entries one append deletes for `max_len` at most. Normally one; more
 /// only after `max_len` shrank, and then the excess goes over a few appends
@@ -33,7 +32,7 @@ impl Writer {
         &mut self,
         req: AppendRequest,
         ws: &mut WriteSet,
-        pending_idem: &mut HashMap<Arc<str>, IdemRecord>,
+        pending_idem: &mut PendingIdem,
         tally: &mut Tally,
     ) -> Result<(Receipt, Option<Arc<Message>>), StageError> {
         let now = self.shared.clock.now_ms();
@@ -67,16 +66,17 @@ impl Writer {
         }
 
         let channel = &req.channel;
+        let meta = *self.channel_meta(channel)?;
         // After the dedup check: a retry of an append made before the close
         // still gets its receipt.
-        if self.channel_meta(channel)?.closed {
+        if meta.closed {
             tally.closed_refused += 1;
             return Err(StageError::Refused(EngineError::Closed));
         }
         let id = Uuid::now_v7();
         let id_str: Arc<str> = Arc::from(id.hyphenated().to_string());
         let ts = now;
-        let seq = if req.durable { Some(self.channel_meta(channel)?.head + 1) } else { None };
+        let seq = if req.durable { Some(meta.head + 1) } else { None };
         // Only a durable append can close (there is no final seq otherwise).
         let closes = req.closes && req.durable;
         let frame =
@@ -94,7 +94,8 @@ impl Writer {
             meta.closed = closes;
             let old_first = meta.first;
             let trimmed = trim_to_len(channel.as_str(), meta, req.retention.max_len, ws);
-            ws.put(Space::Channels, channel.as_str().as_bytes().to_vec(), meta.encode());
+            // Its meta is staged with the batch (`Writer::stage_metas`).
+            self.dirty_metas.insert(channel.clone());
             if trimmed > 0 {
                 tally.trimmed += trimmed;
                 tally.unacked_trimmed += self.cursors.unacked_in(

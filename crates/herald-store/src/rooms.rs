@@ -17,9 +17,9 @@ use std::sync::Arc;
 use herald_core::{Message, Room, RoomStatus, RoomWrite, RoomWritten};
 use herald_proto::ChannelName;
 
-use crate::codec::{self, IdemRecord};
+use crate::codec;
 use crate::storage::{Space, StorageError, WriteSet};
-use crate::writer::{StageError, Tally, Writer};
+use crate::writer::{PendingIdem, StageError, Tally, Writer};
 
 impl Writer {
     /// The room record of `channel` as this batch leaves it.
@@ -38,7 +38,7 @@ impl Writer {
         &mut self,
         write: RoomWrite,
         ws: &mut WriteSet,
-        pending_idem: &mut std::collections::HashMap<Arc<str>, IdemRecord>,
+        pending_idem: &mut PendingIdem,
         tally: &mut Tally,
     ) -> Result<(RoomWritten, Option<Arc<Message>>), StageError> {
         let RoomWrite { expected_version, room, mut event } = write;

@@ -31,7 +31,7 @@ use uuid::Uuid;
 
 use crate::codec::{self, IdemRecord};
 use crate::storage::{Space, Storage, StorageError, WriteSet};
-use crate::writer::{StageError, Tally, Writer};
+use crate::writer::{PendingIdem, StageError, Tally, Writer};
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
@@ -166,7 +166,7 @@ impl Writer {
         &mut self,
         cmd: SchedCmd,
         ws: &mut WriteSet,
-        pending_idem: &mut HashMap<Arc<str>, IdemRecord>,
+        pending_idem: &mut PendingIdem,
         tally: &mut Tally,
     ) -> (SchedDone, i64, Option<StorageError>) {
         match cmd {
@@ -220,7 +220,7 @@ impl Writer {
         &mut self,
         req: ScheduleRequest,
         ws: &mut WriteSet,
-        pending_idem: &mut HashMap<Arc<str>, IdemRecord>,
+        pending_idem: &mut PendingIdem,
     ) -> Result<ScheduleReceipt, StageError> {
         let now = self.shared.clock.now_ms();
         let mut stale_exp_key = None;

@@ -74,12 +74,21 @@ impl From<crate::codec::CodecError> for StorageError {
 /// key is never both inserted and removed in one storage batch (fjall gives
 /// every item of a batch the same sequence number, which would make the
 /// outcome of a put and a delete of one key ambiguous).
+///
+/// Hashed with foldhash (randomly seeded per process): this map is on the
+/// path of every append, and it lives for one batch, so its size is bounded
+/// by the batch.
 #[derive(Default)]
 pub(crate) struct WriteSet {
-    ops: std::collections::HashMap<(Space, Vec<u8>), Option<Vec<u8>>>,
+    ops: foldhash::HashMap<(Space, Vec<u8>), Option<Vec<u8>>>,
 }
 
 impl WriteSet {
+    /// Room for about `keys` distinct keys without growing.
+    pub fn with_capacity(keys: usize) -> Self {
+        Self { ops: foldhash::HashMap::with_capacity_and_hasher(keys, Default::default()) }
+    }
+
     pub fn put(&mut self, space: Space, key: Vec<u8>, value: Vec<u8>) {
         self.ops.insert((space, key), Some(value));
     }

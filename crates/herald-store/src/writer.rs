@@ -35,7 +35,6 @@
 //! - fan-out happens only for committed, non-duplicate appends, in the order
 //!   they were staged, which is seq order per channel.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -202,6 +201,10 @@ impl From<StorageError> for StageError {
     }
 }
 
+/// Receipts staged by the batch being built, by idempotency key: a retry
+/// inside one batch finds the first one's receipt before it is committed.
+pub(crate) type PendingIdem = foldhash::HashMap<Arc<str>, IdemRecord>;
+
 pub(crate) struct Writer {
     pub(crate) shared: Arc<Shared>,
     rx: mpsc::Receiver<Command>,
@@ -215,7 +218,10 @@ pub(crate) struct Writer {
     /// `None` when everything committed has been fsynced (or
     /// `FsyncMode::Never`).
     unsynced_since: Option<Instant>,
-    pub(crate) channels: HashMap<ChannelName, ChannelMeta>,
+    pub(crate) channels: foldhash::HashMap<ChannelName, ChannelMeta>,
+    /// Channels whose cached meta the batch being built changed: their meta
+    /// is staged once, when the batch is complete (see [`Self::stage_metas`]).
+    pub(crate) dirty_metas: foldhash::HashSet<ChannelName>,
     pub(crate) cursors: CursorBook,
     pub(crate) sweep: SweepState,
     /// Removed leases, for rejoins (`gone.rs`).
@@ -233,7 +239,8 @@ impl Writer {
             sweep_interval,
             ack_sync_interval: config.ack_sync_interval,
             unsynced_since: None,
-            channels: HashMap::new(),
+            channels: foldhash::HashMap::default(),
+            dirty_metas: foldhash::HashSet::default(),
             cursors: CursorBook::default(),
             sweep: SweepState::new(Instant::now() + sweep_interval),
             gone: Default::default(),
@@ -378,8 +385,10 @@ impl Writer {
             return;
         }
 
-        let mut ws = WriteSet::default();
-        let mut pending_idem: HashMap<Arc<str>, IdemRecord> = HashMap::new();
+        // An append stages up to four keys (log entry, channel meta, receipt
+        // and its expiry entry); the meta is shared by a channel's appends.
+        let mut ws = WriteSet::with_capacity(batch.len() * 3);
+        let mut pending_idem = PendingIdem::default();
         let mut tally = Tally::default();
         let mut done: Vec<Staged> = Vec::with_capacity(batch.len());
         // Whether an append (or a room write) wrote anything: only then does
@@ -461,6 +470,7 @@ impl Writer {
                 }
             }
         }
+        self.stage_metas(&mut ws);
         let sync = appended && self.fsync == FsyncMode::Always;
         let outcome = match storage_error {
             Some(e) => Err(e),
@@ -496,6 +506,17 @@ impl Writer {
         }
         if let Some(sink) = sink {
             sink.deliver_batch(fanout);
+        }
+    }
+
+    /// Stage the meta of every channel the batch changed, once per channel
+    /// (a batch of a thousand appends to one channel writes its meta once),
+    /// from the cache the appends updated.
+    pub(crate) fn stage_metas(&mut self, ws: &mut WriteSet) {
+        for channel in self.dirty_metas.drain() {
+            if let Some(meta) = self.channels.get(&channel) {
+                ws.put(Space::Channels, channel.as_str().as_bytes().to_vec(), meta.encode());
+            }
         }
     }
 

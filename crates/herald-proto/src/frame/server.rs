@@ -107,15 +107,30 @@ pub fn encode_pong(req: Option<u64>) -> Vec<u8> {
     encode_tagged("pong", &Pong { req })
 }
 
+/// `{"type":"<kind>", <the fields of body>}`. `body` (a struct) is written
+/// as an object and spliced in after `type`: the same bytes
+/// `#[serde(flatten)]` gives, without its map serializer (this encodes the
+/// `ok` of every publish).
 fn encode_tagged<T: Serialize>(kind: &'static str, body: &T) -> Vec<u8> {
-    #[derive(Serialize)]
-    struct Tagged<'a, T> {
-        #[serde(rename = "type")]
-        kind: &'static str,
-        #[serde(flatten)]
-        body: &'a T,
+    debug_assert!(
+        kind.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+        "a frame type needs no escaping"
+    );
+    let mut out = Vec::with_capacity(96);
+    out.extend_from_slice(b"{\"type\":\"");
+    out.extend_from_slice(kind.as_bytes());
+    out.push(b'"');
+    let start = out.len();
+    serde_json::to_writer(&mut out, body).expect("frames always serialise");
+    assert_eq!(out.get(start), Some(&b'{'), "a frame body is a JSON object");
+    if out.len() - start == 2 {
+        // `{}`: no fields.
+        out.truncate(start);
+        out.push(b'}');
+    } else {
+        out[start] = b',';
     }
-    serde_json::to_vec(&Tagged { kind, body }).expect("frames always serialise")
+    out
 }
 
 /// Encode a `message` frame. Called once per message at append; the bytes are
@@ -163,7 +178,11 @@ pub fn encode_frame(
         _ => (Some(body), None),
     };
     let msg = Msg { kind: kind.as_str(), channel: channel.as_str(), seq, id, ts, data, member, meta };
-    serde_json::to_vec(&msg).expect("frames always serialise")
+    // Sized once: the fixed fields take under 128 bytes besides the channel
+    // and the body (meta, when present, may still grow it).
+    let mut out = Vec::with_capacity(128 + channel.as_str().len() + id.len() + body.get().len());
+    serde_json::to_writer(&mut out, &msg).expect("frames always serialise");
+    out
 }
 
 /// `{"type":"unsubscribed","channel":...,"reason":...}`: the server ended a

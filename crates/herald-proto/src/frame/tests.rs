@@ -150,6 +150,17 @@ fn ok_frame_omits_irrelevant_fields() {
 }
 
 #[test]
+fn tagged_frames_without_fields_and_with_escapes_are_valid_json() {
+    assert_eq!(String::from_utf8(OkFrame::default().encode()).unwrap(), r#"{"type":"ok"}"#);
+    assert_eq!(String::from_utf8(encode_pong(None)).unwrap(), r#"{"type":"pong"}"#);
+    assert_eq!(String::from_utf8(encode_pong(Some(3))).unwrap(), r#"{"type":"pong","req":3}"#);
+    let err =
+        ErrorFrame { req: None, code: ErrorCode::BadRequest, message: "a \"quote\"\n".into(), channel: None };
+    let v: serde_json::Value = serde_json::from_slice(&err.encode()).unwrap();
+    assert_eq!((v["type"].as_str(), v["message"].as_str()), (Some("error"), Some("a \"quote\"\n")));
+}
+
+#[test]
 fn every_encoded_client_frame_parses_back() {
     let data = RawValue::from_string(r#"{ "b" : 1e400, "a":[1] }"#.into()).unwrap();
     let info = RawValue::from_string(r#"{"n":"A"}"#.into()).unwrap();
