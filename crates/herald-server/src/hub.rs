@@ -182,7 +182,9 @@ impl Hub {
     /// counts them (`herald_core::feed::Watches`).
     pub fn add(&self, channel: &ChannelName, conn: ConnHandle) {
         let mut map = self.shard(channel).write().expect("hub lock poisoned");
-        map.entry(channel.clone()).or_default().push(conn);
+        // Most channels have one subscriber (a user's own channel): room
+        // for one, not the four a first push would reserve.
+        map.entry(channel.clone()).or_insert_with(|| Vec::with_capacity(1)).push(conn);
     }
 
     /// Remove a subscriber (the session then calls `Log::unwatch`).

@@ -21,6 +21,7 @@
 //! connection that closed or went silent meanwhile brings back no ghost.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -248,17 +249,25 @@ impl Session {
     }
 
     /// Run the connection to its end. Cleanup is guaranteed by `Registrations`.
-    pub async fn run(mut self, outbox_rx: flume::Receiver<Arc<Outgoing>>) {
-        let end = self.run_loop(outbox_rx).await;
-        if let SessionEnd::Close { code, .. } = &end {
-            // An idle timeout is a lost client, like a dropped socket.
-            self.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
-            self.state.metrics.closed(*code);
+    ///
+    /// Not an `async fn`: one taking `mut self` keeps the session twice in
+    /// its future (the argument and the mutable binding), about 700 bytes
+    /// more in every connection's task; an `async move` block uses the
+    /// captured session in place.
+    #[allow(clippy::manual_async_fn)]
+    pub fn run(mut self, outbox_rx: flume::Receiver<Arc<Outgoing>>) -> impl Future<Output = ()> + Send {
+        async move {
+            let end = self.run_loop(outbox_rx).await;
+            if let SessionEnd::Close { code, .. } = &end {
+                // An idle timeout is a lost client, like a dropped socket.
+                self.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
+                self.state.metrics.closed(*code);
+            }
+            if let SessionEnd::Close { code, reason, reconnect } = end {
+                Box::pin(self.close(code, reason, reconnect)).await;
+            }
+            tracing::debug!(conn = self.handle.id, "connection ended");
         }
-        if let SessionEnd::Close { code, reason, reconnect } = end {
-            Box::pin(self.close(code, reason, reconnect)).await;
-        }
-        tracing::debug!(conn = self.handle.id, "connection ended");
     }
 
     async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Outgoing>>) -> SessionEnd {

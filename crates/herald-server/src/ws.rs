@@ -147,6 +147,9 @@ pub async fn upgrade(
     let on_upgrade = hyper::upgrade::on(&mut req);
     let conn_id = state.next_conn_id.fetch_add(1, Ordering::Relaxed);
     let task_state = state.clone();
+    // Boxed: what the task captures stays in its future for the whole
+    // connection, after the identity has moved into the session.
+    let identity = Box::new(identity);
     state.tasks.spawn(async move {
         let _slot = slot;
         match on_upgrade.await {
@@ -154,7 +157,7 @@ pub async fn upgrade(
                 let limits =
                     Limits::default().max_payload_len(Some(task_state.config.limits.max_message_bytes));
                 let ws = ServerBuilder::new().limits(limits).serve(TokioIo::new(upgraded));
-                let (session, outbox_rx) = Session::new(task_state, ws, identity, conn_id);
+                let (session, outbox_rx) = Session::new(task_state, ws, *identity, conn_id);
                 session.run(outbox_rx).await;
             }
             Err(e) => tracing::debug!(error = %e, "upgrade failed"),
