@@ -148,16 +148,21 @@ pub async fn upgrade(
     let conn_id = state.next_conn_id.fetch_add(1, Ordering::Relaxed);
     let task_state = state.clone();
     // Boxed: what the task captures stays in its future for the whole
-    // connection, after the identity has moved into the session.
+    // connection; the box is taken out of the capture and freed once the
+    // identity has moved into the session.
     let identity = Box::new(identity);
     state.tasks.spawn(async move {
         let _slot = slot;
         match on_upgrade.await {
             Ok(upgraded) => {
+                let identity = {
+                    let boxed = identity;
+                    *boxed
+                };
                 let limits =
                     Limits::default().max_payload_len(Some(task_state.config.limits.max_message_bytes));
                 let ws = ServerBuilder::new().limits(limits).serve(TokioIo::new(upgraded));
-                let (session, outbox_rx) = Session::new(task_state, ws, *identity, conn_id);
+                let (session, outbox_rx) = Session::new(task_state, ws, identity, conn_id);
                 session.run(outbox_rx).await;
             }
             Err(e) => tracing::debug!(error = %e, "upgrade failed"),
