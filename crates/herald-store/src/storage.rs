@@ -80,6 +80,13 @@ pub(crate) struct WriteSet {
 }
 
 impl WriteSet {
+    /// Room for `writes` writes without growing (a batch's appends write a
+    /// few keys each: growing the map step by step rehashes every key
+    /// staged so far each time).
+    pub fn with_capacity(writes: usize) -> Self {
+        WriteSet { ops: std::collections::HashMap::with_capacity(writes) }
+    }
+
     pub fn put(&mut self, space: Space, key: Vec<u8>, value: Vec<u8>) {
         self.ops.insert((space, key), Some(value));
     }

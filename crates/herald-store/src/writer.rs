@@ -378,8 +378,10 @@ impl Writer {
             return;
         }
 
-        let mut ws = WriteSet::default();
-        let mut pending_idem: HashMap<Arc<str>, IdemRecord> = HashMap::new();
+        // An append writes about four keys (entry, meta, receipt and its
+        // expiry): room for them up front.
+        let mut ws = WriteSet::with_capacity(batch.len() * 4);
+        let mut pending_idem: HashMap<Arc<str>, IdemRecord> = HashMap::with_capacity(batch.len());
         let mut tally = Tally::default();
         let mut done: Vec<Staged> = Vec::with_capacity(batch.len());
         // Whether an append (or a room write) wrote anything: only then does
