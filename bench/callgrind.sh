@@ -41,7 +41,9 @@ SUBS=200
 REPS=1
 OUT=
 HERALD=${HERALD:-$ROOT/target/release/herald}
-PORT=${CALLGRIND_PORT:-18790}
+# A free port unless one is given: two runs at once (two worktrees) must
+# not bench each other's server.
+PORT=${CALLGRIND_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 while [ $# -gt 0 ]; do
   case $1 in
     --namespaces) NAMESPACES=$2; shift 2 ;;

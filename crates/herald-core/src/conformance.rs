@@ -330,6 +330,111 @@ pub async fn concurrent_duplicates_append_once(fx: &Fixture) {
     assert_eq!(seqs(&got), vec![1, 2], "the original is fanned out once, duplicates never");
 }
 
+/// One `append_batch` over several channels, with a key used twice on its
+/// channel (a duplicate), reused on another channel and with another
+/// fingerprint (mismatches), a volatile message and a closing append: each request
+/// is answered as if appended alone, in batch order; each channel's
+/// messages get their seqs, their fan-out and their place in the log in
+/// batch order; a retry of the whole batch appends nothing.
+pub async fn append_batch_keeps_order_and_dedup(fx: &Fixture) {
+    let (a, b, c) = (fx.channel("ba"), fx.channel("bb"), fx.channel("bc"));
+    for ch in [&a, &b, &c] {
+        fx.watch(ch).await;
+    }
+    let keyed = |ch: &ChannelName, data: &str, key: &str, fp: u8| AppendRequest {
+        dedup: Some(fx.dedup(key, fp)),
+        ..request(ch, data)
+    };
+    let batch = || {
+        vec![
+            keyed(&a, "\"a1\"", "k1", 1),                              // 0: a seq 1
+            request(&b, "\"b1\""),                                     // 1: b seq 1
+            request(&a, "\"a2\""),                                     // 2: a seq 2
+            keyed(&a, "\"a1\"", "k1", 1),                              // 3: duplicate of 0
+            keyed(&b, "\"b?\"", "k1", 4),                              // 4: k1 is a's (another request)
+            keyed(&a, "\"a3\"", "k2", 2),                              // 5: a seq 3
+            keyed(&a, "\"other\"", "k2", 7),                           // 6: mismatch
+            AppendRequest { durable: false, ..request(&b, "\"v\"") },  // 7: volatile
+            AppendRequest { closes: true, ..request(&c, "\"last\"") }, // 8: c seq 1, closes it
+            request(&c, "\"late\""),                                   // 9: closed
+            keyed(&b, "\"b2\"", "k3", 3),                              // 10: b seq 2
+        ]
+    };
+    let results = fx.engine.append_batch(batch()).await;
+    assert_eq!(results.len(), 11, "one result per request");
+    let ok = |i: usize| results[i].clone().unwrap_or_else(|e| panic!("request {i}: {e:?}"));
+    let expect = [
+        (0, &a, Some(1)),
+        (1, &b, Some(1)),
+        (2, &a, Some(2)),
+        (5, &a, Some(3)),
+        (8, &c, Some(1)),
+        (10, &b, Some(2)),
+    ];
+    for (i, ch, seq) in expect {
+        let r = ok(i);
+        assert_eq!((&r.channel, r.seq, r.duplicate), (ch, seq, false), "request {i}");
+    }
+    let dup = ok(3);
+    assert!(dup.duplicate, "a key used twice in one batch: the second is a duplicate");
+    assert_eq!((dup.seq, &dup.id, dup.ts), (Some(1), &ok(0).id, ok(0).ts), "with the original receipt");
+    assert_eq!(results[4], Err(EngineError::IdempotencyMismatch), "a key is its first channel's");
+    assert_eq!(results[6], Err(EngineError::IdempotencyMismatch), "another fingerprint");
+    assert_eq!((ok(7).seq, ok(7).duplicate), (None, false), "volatile: no seq");
+    assert_eq!(results[9], Err(EngineError::Closed), "after the close in the same batch");
+
+    let data = |ms: &[Arc<Message>]| -> Vec<String> {
+        ms.iter()
+            .map(|m| {
+                MessageView::parse(&m.frame)
+                    .expect("frame")
+                    .data
+                    .map(|d| d.get().to_owned())
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let log_a = fx.engine.read(&a, 0, 100).await.expect("read a").messages;
+    assert_eq!(seqs(&log_a), vec![1, 2, 3]);
+    assert_eq!(data(&log_a), vec!["\"a1\"", "\"a2\"", "\"a3\""], "a's log in batch order");
+    let log_b = fx.engine.read(&b, 0, 100).await.expect("read b").messages;
+    assert_eq!(data(&log_b), vec!["\"b1\"", "\"b2\""], "b's log: the volatile message is not stored");
+    let pos_c = fx.engine.position(&c).await.expect("position c");
+    assert_eq!((pos_c.head, pos_c.closed), (1, true));
+
+    let fan_a = fx.sink.wait_for(&a, 3).await;
+    assert_eq!(
+        (seqs(&fan_a), data(&fan_a)),
+        (vec![1, 2, 3], data(&log_a)),
+        "a's fan-out in seq order, once each"
+    );
+    let fan_b = fx.sink.wait_for(&b, 3).await;
+    let durable_b: Vec<_> = fan_b.iter().filter_map(|m| m.seq).collect();
+    assert_eq!(durable_b, vec![1, 2], "b's durable fan-out in seq order");
+    assert_eq!(fan_b.iter().filter(|m| m.seq.is_none()).count(), 1, "the volatile message once");
+    let fan_c = fx.sink.wait_for(&c, 1).await;
+    assert!(fan_c[0].closes, "the closing append is fanned out as the channel's last message");
+
+    // The same batch again: every keyed request is a duplicate of the
+    // first run's, nothing new is appended.
+    let again = fx.engine.append_batch(batch()).await;
+    for i in [0, 3, 5, 10] {
+        let r = again[i].clone().unwrap_or_else(|e| panic!("retry {i}: {e:?}"));
+        assert!(r.duplicate, "retry {i} is a duplicate");
+        assert_eq!(r.seq, ok(if i == 3 { 0 } else { i }).seq, "retry {i} gets the original seq");
+    }
+    assert_eq!(again[4], Err(EngineError::IdempotencyMismatch));
+    assert_eq!(again[6], Err(EngineError::IdempotencyMismatch));
+    assert_eq!(again[8], Err(EngineError::Closed));
+    assert_eq!(again[9], Err(EngineError::Closed));
+    assert_eq!(fx.engine.position(&a).await.expect("position a").head, 4, "only the unkeyed a2 again");
+    assert_eq!(fx.engine.position(&b).await.expect("position b").head, 3, "only the unkeyed b1 again");
+    // Nothing of the retry is fanned out but the new messages, after the
+    // first run's.
+    let fan_a = fx.sink.wait_for(&a, 4).await;
+    assert_eq!(seqs(&fan_a), vec![1, 2, 3, 4]);
+}
+
 /// `read(after, limit)` pages through the log; past the head it is empty.
 pub async fn read_pages_by_after_and_limit(fx: &Fixture) {
     let ch = fx.channel("pages");
@@ -723,6 +828,7 @@ macro_rules! with_conformance_scenarios {
             duplicate_append_returns_original_receipt,
             reused_key_with_other_request_is_mismatch,
             concurrent_duplicates_append_once,
+            append_batch_keeps_order_and_dedup,
             read_pages_by_after_and_limit,
             max_len_trims_oldest,
             fanout_delivers_each_append_once_in_seq_order,

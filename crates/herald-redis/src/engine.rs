@@ -107,6 +107,12 @@ impl Log for RedisEngine {
         self.inner.append(req).await
     }
 
+    /// The dedup claims in one round trip, then one `APPEND` script run per
+    /// channel, all in one pipeline (see `ops.rs`).
+    async fn append_batch(&self, reqs: Vec<AppendRequest>) -> Vec<Result<Receipt, EngineError>> {
+        self.inner.append_batch(reqs).await
+    }
+
     async fn position(&self, channel: &ChannelName) -> Result<Position, EngineError> {
         Ok(self.inner.read_raw(channel, 0, 0, true).await?.position)
     }

@@ -23,7 +23,9 @@
 //! the receipt with its TTL, and the fan-out `PUBLISH` (`SPUBLISH` on a
 //! cluster). Arguments are validated before the first write. Volatile
 //! appends (`durable: false`) get no seq and no log entry: only the
-//! receipt, with a key, and the fan-out.
+//! receipt, with a key, and the fan-out. A batch (`Log::append_batch`)
+//! claims its keys in one pipeline and runs `APPEND` once per channel with
+//! that channel's messages in order, the runs in one pipeline (`ops.rs`).
 //!
 //! # Fan-out
 //!

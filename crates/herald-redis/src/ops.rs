@@ -2,7 +2,7 @@
 //! script or command on the keys of one channel (see `keys.rs` and
 //! `scripts.rs`). Presence is in `presence.rs`, rooms in `rooms.rs`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -11,7 +11,7 @@ use herald_core::{
     SubscriberId, UserCursor,
 };
 use herald_proto::ChannelName;
-use redis::Value;
+use redis::{ScriptInvocation, Value};
 use uuid::Uuid;
 
 use crate::conn::Redis;
@@ -97,77 +97,257 @@ impl Shared {
     }
 
     pub async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
-        if self.closing.load(Ordering::Acquire) {
-            return Err(EngineError::ShuttingDown);
-        }
-        let r = self.append_inner(req).await;
-        self.failed(r)
+        let mut out = self.append_batch(vec![req]).await;
+        out.pop().unwrap_or_else(|| Err(EngineError::Unavailable("redis append: no reply".into())))
     }
 
-    async fn append_inner(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
-        let ch = &req.channel;
-        let id = Uuid::now_v7().hyphenated().to_string();
-        let tpl = FrameTemplate::new(req.kind, ch, req.durable, &id, &req.data, req.meta.as_ref());
-        if let Some(d) = &req.dedup {
-            // A dedup key belongs to the channel that used it first: the
-            // receipt lives in that channel's slot, so reuse on another
-            // channel is caught here (a different request, hence a mismatch).
-            let (claim, owner, ttl) = (self.keys.claim(&d.key), ch.as_str().to_owned(), ms(d.ttl));
-            let prev: Option<String> = self
-                .redis
-                .call("claim", |mut c| async move {
-                    redis::cmd("SET")
-                        .arg(claim)
-                        .arg(owner)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(ttl)
-                        .arg("GET")
-                        .query_async(&mut c)
-                        .await
-                })
-                .await?;
-            if prev.is_some_and(|p| p != ch.as_str()) {
-                bump(&self.counters.dedup_mismatches);
-                return Err(EngineError::IdempotencyMismatch);
+    /// Several appends as one submission, each answered as if appended
+    /// alone, in the order given (see `Log::append_batch`): the dedup keys'
+    /// claims in one round trip, then one `APPEND` script run per channel
+    /// holding that channel's messages in batch order, all of them in one
+    /// pipeline on one connection (a cluster: each channel's run on its own
+    /// slot, concurrently). A channel's messages are in one script run, so
+    /// a retry after `NOSCRIPT` cannot reorder them.
+    pub async fn append_batch(&self, reqs: Vec<AppendRequest>) -> Vec<Result<Receipt, EngineError>> {
+        if self.closing.load(Ordering::Acquire) {
+            return reqs.iter().map(|_| Err(EngineError::ShuttingDown)).collect();
+        }
+        let mut out: Vec<Option<Result<Receipt, EngineError>>> = reqs.iter().map(|_| None).collect();
+        if let Err(e) = self.claim_keys(&reqs, &mut out).await {
+            bump(&self.counters.unavailable);
+            return reqs.iter().map(|_| Err(e.clone())).collect();
+        }
+        // The channels in order of first appearance, each with its
+        // messages in batch order (the ones not refused by their claim).
+        let mut groups: Vec<(ChannelName, Vec<usize>)> = Vec::new();
+        let mut group_of: HashMap<&ChannelName, usize> = HashMap::new();
+        for (i, req) in reqs.iter().enumerate() {
+            if out[i].is_some() {
+                continue;
+            }
+            let g = *group_of.entry(&req.channel).or_insert_with(|| {
+                groups.push((req.channel.clone(), Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(i);
+        }
+        drop(group_of);
+        let ids: Vec<String> = reqs.iter().map(|_| Uuid::now_v7().hyphenated().to_string()).collect();
+        let invocations: Vec<ScriptInvocation<'static>> =
+            groups.iter().map(|(ch, members)| self.append_invocation(ch, members, &reqs, &ids)).collect();
+        let replies = self.run_appends(&invocations).await;
+        for ((_, members), reply) in groups.iter().zip(replies) {
+            let parsed = reply.and_then(|v| {
+                let entries = array(v, "append reply")
+                    .map_err(|e| EngineError::Unavailable(format!("redis append: {e}")))?;
+                if entries.len() != members.len() {
+                    return Err(EngineError::Unavailable("redis append: malformed reply".into()));
+                }
+                Ok(entries)
+            });
+            match parsed {
+                Ok(entries) => {
+                    for (&i, entry) in members.iter().zip(entries) {
+                        out[i] = Some(self.receipt_of(&reqs[i], &ids[i], entry));
+                    }
+                }
+                Err(e) => {
+                    for &i in members {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
             }
         }
+        out.into_iter()
+            .map(|r| {
+                let r = r.unwrap_or_else(|| Err(EngineError::Unavailable("redis append: no reply".into())));
+                if matches!(r, Err(EngineError::Unavailable(_))) {
+                    bump(&self.counters.unavailable);
+                }
+                r
+            })
+            .collect()
+    }
+
+    /// Claim the batch's dedup keys for their channels (`SET claim channel
+    /// NX PX ttl GET`): a key first used on another channel is a mismatch,
+    /// as in the embedded engine, and its request gets that answer in
+    /// `out`. A key used twice in the batch is claimed once, by its first
+    /// use; the later ones are judged against that claim, as they would be
+    /// one after the other.
+    async fn claim_keys(
+        &self,
+        reqs: &[AppendRequest],
+        out: &mut [Option<Result<Receipt, EngineError>>],
+    ) -> Result<(), EngineError> {
+        let mut first_use: HashMap<&str, usize> = HashMap::new();
+        let mut claims: Vec<usize> = Vec::new();
+        for (i, req) in reqs.iter().enumerate() {
+            if let Some(d) = &req.dedup {
+                first_use.entry(&d.key).or_insert_with(|| {
+                    claims.push(i);
+                    i
+                });
+            }
+        }
+        if claims.is_empty() {
+            return Ok(());
+        }
+        let cmds: Vec<redis::Cmd> = claims
+            .iter()
+            .map(|&i| {
+                let (req, d) = (&reqs[i], reqs[i].dedup.as_ref().expect("claims have a key"));
+                let mut c = redis::cmd("SET");
+                c.arg(self.keys.claim(&d.key))
+                    .arg(req.channel.as_str())
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ms(d.ttl))
+                    .arg("GET");
+                c
+            })
+            .collect();
+        let prev: Vec<Option<String>> = if self.redis.cluster {
+            // Each key in its own slot: one call each, concurrently (the
+            // keys are distinct, so their order does not matter).
+            let calls = cmds.into_iter().map(|c| {
+                self.redis
+                    .call("claim", |mut conn| async move { c.query_async::<Option<String>>(&mut conn).await })
+            });
+            futures_util::future::join_all(calls).await.into_iter().collect::<Result<_, _>>()?
+        } else {
+            let mut pipe = redis::pipe();
+            for c in cmds {
+                pipe.add_command(c);
+            }
+            self.redis.call("claim", |mut conn| async move { pipe.query_async(&mut conn).await }).await?
+        };
+        let owner: HashMap<&str, &str> = claims
+            .iter()
+            .zip(&prev)
+            .map(|(&i, p)| {
+                let d = reqs[i].dedup.as_ref().expect("claims have a key");
+                (&*d.key, p.as_deref().unwrap_or(reqs[i].channel.as_str()))
+            })
+            .collect();
+        for (i, req) in reqs.iter().enumerate() {
+            let Some(d) = &req.dedup else { continue };
+            if owner.get(&*d.key).is_some_and(|o| *o != req.channel.as_str()) {
+                bump(&self.counters.dedup_mismatches);
+                out[i] = Some(Err(EngineError::IdempotencyMismatch));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `APPEND` run of one channel's messages (`members`, indexes into
+    /// `reqs`, in batch order).
+    fn append_invocation(
+        &self,
+        ch: &ChannelName,
+        members: &[usize],
+        reqs: &[AppendRequest],
+        ids: &[String],
+    ) -> ScriptInvocation<'static> {
         let mut inv = scripts::APPEND.prepare_invoke();
         inv.key(self.keys.meta(ch)).key(self.keys.log(ch));
-        let (fingerprint, ttl) = match &req.dedup {
-            Some(d) => {
-                inv.key(self.keys.receipt(ch, &d.key));
-                (hex(&d.fingerprint), ms(d.ttl))
+        inv.arg(new_epoch()).arg(ch.as_str()).arg(self.keys.fan(ch)).arg(self.publish_cmd());
+        let mut receipts = 2;
+        for &i in members {
+            let (req, id) = (&reqs[i], &ids[i]);
+            let tpl = FrameTemplate::new(req.kind, ch, req.durable, id, &req.data, req.meta.as_ref());
+            let (fingerprint, ttl, receipt_at) = match &req.dedup {
+                Some(d) => {
+                    inv.key(self.keys.receipt(ch, &d.key));
+                    receipts += 1;
+                    (hex(&d.fingerprint), ms(d.ttl), receipts)
+                }
+                None => (String::new(), 1, 0),
+            };
+            inv.arg(if req.durable { "1" } else { "0" })
+                .arg(req.retention.max_len)
+                .arg(req.retention.max_age.map_or(0, ms))
+                .arg(fingerprint)
+                .arg(ttl)
+                .arg(tpl.head)
+                .arg(tpl.middle)
+                .arg(tpl.tail)
+                .arg(id)
+                .arg(if req.durable && req.closes { "1" } else { "0" })
+                .arg(receipt_at);
+        }
+        inv
+    }
+
+    /// Run the `APPEND` invocations, one reply (or error) each, in order.
+    /// A single instance: one pipeline on one connection; a script Redis
+    /// does not have cached (`NOSCRIPT`, after a restart or a failover) is
+    /// loaded and that invocation run again (each is the whole of its
+    /// channel's part of the batch, so nothing runs out of order).
+    async fn run_appends(&self, invs: &[ScriptInvocation<'static>]) -> Vec<Result<Value, EngineError>> {
+        if invs.is_empty() {
+            return Vec::new();
+        }
+        if self.redis.cluster || invs.len() == 1 {
+            let calls = invs.iter().map(|inv| {
+                self.redis.call("append", move |mut c| async move { inv.invoke_async::<Value>(&mut c).await })
+            });
+            return futures_util::future::join_all(calls).await;
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for inv in invs {
+            pipe.invoke_script(inv);
+        }
+        let replies: Result<Vec<Value>, EngineError> =
+            self.redis.call("append", |mut c| async move { pipe.query_async(&mut c).await }).await;
+        let replies = match replies {
+            Ok(r) if r.len() == invs.len() => r,
+            Ok(_) => {
+                return invs
+                    .iter()
+                    .map(|_| Err(EngineError::Unavailable("redis append: malformed reply".into())))
+                    .collect()
             }
-            None => (String::new(), 1),
+            Err(e) => return invs.iter().map(|_| Err(e.clone())).collect(),
         };
-        inv.arg(if req.durable { "1" } else { "0" })
-            .arg(new_epoch())
-            .arg(req.retention.max_len)
-            .arg(req.retention.max_age.map_or(0, ms))
-            .arg(fingerprint)
-            .arg(ttl)
-            .arg(tpl.head)
-            .arg(tpl.middle)
-            .arg(tpl.tail)
-            .arg(&id)
-            .arg(ch.as_str())
-            .arg(self.keys.fan(ch))
-            .arg(self.publish_cmd())
-            .arg(if req.durable && req.closes { "1" } else { "0" });
-        let reply: Value =
-            self.redis.call("append", |mut c| async move { inv.invoke_async(&mut c).await }).await?;
+        let mut out = Vec::with_capacity(invs.len());
+        for (inv, reply) in invs.iter().zip(replies) {
+            out.push(match reply {
+                Value::ServerError(e) => {
+                    let e = redis::RedisError::from(e);
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+                        self.redis
+                            .call("append", |mut c| async move { inv.invoke_async::<Value>(&mut c).await })
+                            .await
+                    } else {
+                        tracing::warn!(error = %e, "redis refused an append");
+                        Err(EngineError::Unavailable(format!("redis append: {e}")))
+                    }
+                }
+                v => Ok(v),
+            });
+        }
+        out
+    }
+
+    /// One message's receipt from its entry in the `APPEND` reply.
+    fn receipt_of(&self, req: &AppendRequest, id: &str, entry: Value) -> Result<Receipt, EngineError> {
+        let ch = &req.channel;
         let parsed = (|| {
-            let mut r = array(reply, "append reply")?.into_iter();
+            let mut r = array(entry, "append entry")?.into_iter();
             let kind = string(r.next().ok_or_else(|| decode::bad("append kind"))?, "append kind")?;
             let mut next = |what| r.next().ok_or_else(|| decode::bad(what)).and_then(|v| string(v, what));
             Ok::<Result<_, EngineError>, redis::RedisError>(Ok(match kind.as_str() {
                 "mismatch" => None,
                 "closed" => return Ok(Err(EngineError::Closed)),
+                "err" => {
+                    return Ok(Err(EngineError::Unavailable(format!("redis append: {}", next("error")?))))
+                }
                 "ok" => {
                     let (seq, ts, epoch, lost) =
                         (next("seq")?, next("ts")?, next("epoch")?, next("lost")? == "1");
-                    Some((seq, id.clone(), ts, epoch, false, lost))
+                    Some((seq, id.to_owned(), ts, epoch, false, lost))
                 }
                 "dup" => {
                     let (seq, id, ts, epoch) = (next("seq")?, next("id")?, next("ts")?, next("epoch")?);
@@ -177,7 +357,11 @@ impl Shared {
             }))
         })();
         let parsed = parsed.map_err(|e| EngineError::Unavailable(format!("redis append: {e}")))?;
-        let parsed = parsed.inspect_err(|_| bump(&self.counters.closed_refused))?;
+        let parsed = parsed.inspect_err(|e| {
+            if *e == EngineError::Closed {
+                bump(&self.counters.closed_refused);
+            }
+        })?;
         let Some((seq, id, ts, epoch, duplicate, lost)) = parsed else {
             bump(&self.counters.dedup_mismatches);
             return Err(EngineError::IdempotencyMismatch);
@@ -196,7 +380,7 @@ impl Shared {
         } else {
             bump(&self.counters.volatile);
         }
-        Ok(Receipt { channel: req.channel, seq, id: Arc::from(id), epoch, ts, duplicate })
+        Ok(Receipt { channel: ch.clone(), seq, id: Arc::from(id), epoch, ts, duplicate })
     }
 
     /// Position and up to `limit` messages after `after`, in one snapshot.

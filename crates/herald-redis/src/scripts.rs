@@ -174,18 +174,34 @@ fn read_only(body: &str) -> Script {
     Script::new(&format!("#!lua flags=no-writes\n{HELPERS}\n{body}"))
 }
 
-/// Append (durable or volatile) with dedup, atomically.
+/// The fields of one message in [`APPEND`]'s arguments.
+pub(crate) const APPEND_FIELDS: usize = 11;
+
+/// Append (durable or volatile) one or more messages of one channel, each
+/// with dedup, atomically and in the order given: the one submission of a
+/// batch for this channel (`Log::append_batch`), one script run whatever
+/// the batch's size.
 ///
-/// KEYS: meta, log, [receipt]. ARGV: durable (`1`/`0`), a fresh epoch (used
-/// if the channel has none), max_len, max_age_ms, fingerprint (hex),
-/// receipt ttl ms, frame head, frame middle, frame tail, message id,
-/// channel, fan-out pub/sub channel, `PUBLISH` or `SPUBLISH`, closes
-/// (`1`/`0`: durable only, the channel's last message).
+/// KEYS: meta, log, then the receipt keys of the messages that have one.
+/// ARGV: a fresh epoch (used if the channel has none), channel, fan-out
+/// pub/sub channel, `PUBLISH` or `SPUBLISH`, then [`APPEND_FIELDS`] per
+/// message: durable (`1`/`0`), max_len, max_age_ms, fingerprint (hex),
+/// receipt ttl ms, frame head, frame middle, frame tail, message id, closes
+/// (`1`/`0`: durable only, the channel's last message), the index in KEYS
+/// of its receipt key (`0`: no dedup).
 ///
-/// Returns `{'ok', seq|'-', ts, epoch|'-', lost}`, `{'dup', seq|'-', id,
-/// ts, epoch|'-'}`, `{'mismatch'}` or `{'closed'}` (the channel is closed;
-/// checked after the receipt, so a retry of an append made before the close
-/// still gets its receipt).
+/// Returns one reply per message, in order: `{'ok', seq|'-', ts, epoch|'-',
+/// lost}`, `{'dup', seq|'-', id, ts, epoch|'-'}`, `{'mismatch'}`,
+/// `{'closed'}` (the channel is closed; checked after the receipt, so a
+/// retry of an append made before the close still gets its receipt) or
+/// `{'err', message}` (this message was not appended; the next ones are
+/// still tried, as separate appends would be). Every message's arguments
+/// are checked before the first write: one bad message refuses the whole
+/// call with an error reply and writes nothing.
+///
+/// Each message is handled exactly as it would be alone: its receipt is
+/// read after the messages before it were appended, so a key used twice in
+/// one call is a duplicate (or a mismatch) the second time.
 ///
 /// The fan-out is published from inside the script: Redis runs scripts of
 /// one slot one at a time, so the pub/sub order of a channel is its seq
@@ -194,39 +210,67 @@ fn read_only(body: &str) -> Script {
 /// (under `appendfsync always`, after the fsync), like the reply. The
 /// payload is `v2 <channel> <seq|-> <ts> <id> <epoch|-> <closes 0|1>\n<frame>`.
 pub(crate) static APPEND: LazyLock<Script> = LazyLock::new(|| {
-    script(
+    script(&format!(
         r#"
-local durable = ARGV[1] == '1'
-local max_len, max_age, ttl = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[6])
-if not (max_len and max_age and ttl) or max_len < 0 or max_age < 0 or ttl <= 0
-   or (ARGV[13] ~= 'PUBLISH' and ARGV[13] ~= 'SPUBLISH') or ARGV[10] == ''
-   or (ARGV[14] ~= '1' and ARGV[14] ~= '0') then
+local F = {APPEND_FIELDS}
+local n = (#ARGV - 4) / F
+if n < 1 or n ~= math.floor(n) or (ARGV[4] ~= 'PUBLISH' and ARGV[4] ~= 'SPUBLISH') or ARGV[2] == '' then
   return redis.error_reply('ERR herald append: bad arguments')
 end
-local meta, log, receipt = KEYS[1], KEYS[2], KEYS[3]
-if receipt then
-  local r = redis.call('GET', receipt)
+local msgs = {{}}
+for i = 1, n do
+  local b = 4 + (i - 1) * F
+  local max_len, max_age, ttl, rk = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 5]),
+    tonumber(ARGV[b + 11])
+  if not (max_len and max_age and ttl and rk) or max_len < 0 or max_age < 0 or ttl <= 0
+     or (ARGV[b + 1] ~= '1' and ARGV[b + 1] ~= '0') or ARGV[b + 9] == ''
+     or (ARGV[b + 10] ~= '1' and ARGV[b + 10] ~= '0')
+     or (rk ~= 0 and (rk < 3 or rk > #KEYS)) then
+    return redis.error_reply('ERR herald append: bad arguments')
+  end
+  local durable = ARGV[b + 1] == '1'
+  msgs[i] = {{
+    receipt = rk > 0 and KEYS[rk] or nil, fp = ARGV[b + 4], ttl = ttl,
+    a = {{
+      durable = durable, closes = durable and ARGV[b + 10] == '1', epoch = ARGV[1], max_len = max_len,
+      max_age = max_age, head = ARGV[b + 6], middle = ARGV[b + 7], tail = ARGV[b + 8], id = ARGV[b + 9],
+      channel = ARGV[2], fan = ARGV[3], publish = ARGV[4],
+    }},
+  }}
+end
+local meta, log = KEYS[1], KEYS[2]
+local out = {{}}
+for i, m in ipairs(msgs) do
+  local reply
+  local r = m.receipt and redis.call('GET', m.receipt)
   if r then
     local fp, seq, id, ts, epoch = string.match(r, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-    if not fp then return redis.error_reply('ERR herald append: malformed receipt') end
-    if fp ~= ARGV[5] then return {'mismatch'} end
-    return {'dup', seq, id, ts, epoch}
+    if not fp then
+      reply = {{'err', 'malformed receipt'}}
+    elseif fp ~= m.fp then
+      reply = {{'mismatch'}}
+    else
+      reply = {{'dup', seq, id, ts, epoch}}
+    end
+  elseif is_closed(meta) then
+    reply = {{'closed'}}
+  else
+    local a = append_msg(meta, log, m.a)
+    if a.err then
+      reply = {{'err', tostring(a.err.err or a.err)}}
+    else
+      if m.receipt then
+        redis.call('SET', m.receipt, m.fp .. ' ' .. a.sseq .. ' ' .. m.a.id .. ' ' .. fmt(a.ts) .. ' '
+          .. a.sepoch, 'PX', fmt(m.ttl))
+      end
+      reply = {{'ok', a.sseq, fmt(a.ts), a.sepoch, a.lost}}
+    end
   end
+  out[i] = reply
 end
-if is_closed(meta) then return {'closed'} end
-local r = append_msg(meta, log, {
-  durable = durable, closes = durable and ARGV[14] == '1', epoch = ARGV[2], max_len = max_len,
-  max_age = max_age, head = ARGV[7], middle = ARGV[8], tail = ARGV[9], id = ARGV[10],
-  channel = ARGV[11], fan = ARGV[12], publish = ARGV[13],
-})
-if r.err then return r.err end
-if receipt then
-  redis.call('SET', receipt, ARGV[5] .. ' ' .. r.sseq .. ' ' .. ARGV[10] .. ' ' .. fmt(r.ts) .. ' ' .. r.sepoch,
-    'PX', fmt(ttl))
-end
-return {'ok', r.sseq, fmt(r.ts), r.sepoch, r.lost}
-"#,
-    )
+return out
+"#
+    ))
 });
 
 /// Position and (with `limit > 0`) a page of the log, in one snapshot.

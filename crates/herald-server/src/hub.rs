@@ -22,7 +22,7 @@
 //!   on every exit path (see `session::Registrations`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,7 @@ use bytes::Bytes;
 use herald_core::{FanoutSink, Message};
 use herald_proto::ChannelName;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::Notify;
 
 use crate::config::Limits;
 use crate::metrics::Metrics;
@@ -52,7 +52,40 @@ pub struct ConnHandle {
     /// holds in its write path (see [`ConnBytes`]).
     pub bytes: Arc<ConnBytes>,
     /// Cancelled when the connection must go as a slow consumer.
-    pub slow: CancellationToken,
+    pub slow: Kick,
+}
+
+/// The slow-consumer kick of one connection: cancelled once, for good,
+/// awaited by its session. The `CancellationToken` API, kept in the
+/// connection's [`ConnBytes`] instead of a token tree node of its own (one
+/// allocation less per connection).
+#[derive(Clone)]
+pub struct Kick(Arc<ConnBytes>);
+
+impl Kick {
+    /// The kick of the connection whose byte count is `bytes`.
+    pub fn new(bytes: &Arc<ConnBytes>) -> Self {
+        Kick(bytes.clone())
+    }
+
+    pub fn cancel(&self) {
+        if !self.0.kicked.swap(true, Ordering::AcqRel) {
+            // Stored as a permit when the session is not waiting right now.
+            self.0.kick.notify_one();
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.0.kicked.load(Ordering::Acquire)
+    }
+
+    /// Ready once [`cancel`](Kick::cancel) was called (before or after).
+    /// For one waiter: the session.
+    pub async fn cancelled(&self) {
+        while !self.is_cancelled() {
+            self.0.kick.notified().await;
+        }
+    }
 }
 
 /// One message on its way to this node's subscribers, shared by their
@@ -123,13 +156,18 @@ impl Drop for Charge {
 /// is), plus the batch or catch-up page its session is writing. The hub
 /// adds, the session subtracts what it wrote.
 #[derive(Default)]
-pub struct ConnBytes(AtomicUsize);
+pub struct ConnBytes {
+    queued: AtomicUsize,
+    /// The slow-consumer kick ([`Kick`]).
+    kicked: AtomicBool,
+    kick: Notify,
+}
 
 impl ConnBytes {
     /// Add `len` if the count stays within `limit`, or holds nothing yet (a
     /// frame larger than the bound still reaches a connection that keeps up).
     pub fn try_add(&self, len: usize, limit: usize) -> bool {
-        self.0
+        self.queued
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
                 (q == 0 || q + len <= limit).then_some(q + len)
             })
@@ -138,15 +176,15 @@ impl ConnBytes {
 
     /// Add `len` unconditionally (the caller checked the room).
     pub fn add(&self, len: usize) {
-        self.0.fetch_add(len, Ordering::AcqRel);
+        self.queued.fetch_add(len, Ordering::AcqRel);
     }
 
     pub fn sub(&self, len: usize) {
-        self.0.fetch_sub(len, Ordering::AcqRel);
+        self.queued.fetch_sub(len, Ordering::AcqRel);
     }
 
     pub fn get(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+        self.queued.load(Ordering::Acquire)
     }
 }
 
@@ -187,7 +225,9 @@ impl Hub {
     /// counts them (`herald_core::feed::Watches`).
     pub fn add(&self, channel: &ChannelName, conn: ConnHandle) {
         let mut map = self.shard(channel).write().expect("hub lock poisoned");
-        map.entry(channel.clone()).or_default().push(conn);
+        // Most channels have one subscriber (a user's own channel): room
+        // for one, not the four a first push would reserve.
+        map.entry(channel.clone()).or_insert_with(|| Vec::with_capacity(1)).push(conn);
     }
 
     /// Remove a subscriber (the session then calls `Log::unwatch`).
@@ -253,7 +293,7 @@ impl Hub {
         let Some(mut excess) = self.queued.total().checked_sub(low_water).filter(|&e| e > 0) else {
             return;
         };
-        let mut holders: HashMap<u64, (usize, CancellationToken)> = HashMap::new();
+        let mut holders: HashMap<u64, (usize, Kick)> = HashMap::new();
         for shard in &self.shards {
             let map = shard.read().expect("hub lock poisoned");
             for conn in map.values().flatten() {
@@ -263,7 +303,7 @@ impl Hub {
                 }
             }
         }
-        let mut largest: Vec<(usize, CancellationToken)> = holders
+        let mut largest: Vec<(usize, Kick)> = holders
             .into_values()
             .filter(|(held, slow)| {
                 if slow.is_cancelled() {

@@ -22,7 +22,8 @@
 //! answers a ping sent after that renewal (`session/liveness.rs`), so a
 //! connection that closed or went silent meanwhile brings back no ghost.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -35,13 +36,12 @@ use herald_proto::{close, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, 
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::time::Sleep;
-use tokio_util::sync::CancellationToken;
 use tokio_util::time::delay_queue::{DelayQueue, Key};
 use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::hub::{Charge, ConnBytes, ConnHandle, Outgoing};
+use crate::hub::{Charge, ConnBytes, ConnHandle, Kick, Outgoing};
 use crate::metrics::Protocol;
 use crate::rooms::MemberLease;
 use crate::AppState;
@@ -52,6 +52,7 @@ mod deliver;
 mod liveness;
 mod pipeline;
 mod requests;
+mod subs;
 
 pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
@@ -120,7 +121,7 @@ impl delivery::Timers for ChannelTimers<'_> {
 struct Registrations {
     state: Arc<AppState>,
     conn_id: u64,
-    subs: HashMap<ChannelName, Sub>,
+    subs: subs::SubMap<Sub>,
     /// The connection ended cleanly: leave presence at once on drop instead
     /// of letting the leases expire.
     leave_on_drop: bool,
@@ -228,12 +229,8 @@ impl Session {
         wire: Wire,
     ) -> (Self, flume::Receiver<Arc<Outgoing>>) {
         let (outbox_tx, outbox_rx) = flume::bounded(state.config.limits.outbox_capacity);
-        let handle = ConnHandle {
-            id: conn_id,
-            outbox_tx,
-            bytes: Arc::new(ConnBytes::default()),
-            slow: CancellationToken::new(),
-        };
+        let bytes = Arc::new(ConnBytes::default());
+        let handle = ConnHandle { id: conn_id, outbox_tx, slow: Kick::new(&bytes), bytes };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
         let protocol = wire.protocol();
@@ -244,7 +241,7 @@ impl Session {
             regs: Registrations {
                 state: state.clone(),
                 conn_id,
-                subs: HashMap::new(),
+                subs: subs::SubMap::default(),
                 leave_on_drop: false,
                 protocol,
             },
@@ -269,17 +266,25 @@ impl Session {
     }
 
     /// Run the connection to its end. Cleanup is guaranteed by `Registrations`.
-    pub async fn run(mut self, outbox_rx: flume::Receiver<Arc<Outgoing>>) {
-        let end = self.run_loop(outbox_rx).await;
-        if let SessionEnd::Close { code, .. } = &end {
-            // An idle timeout is a lost client, like a dropped socket.
-            self.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
-            self.state.metrics.closed(*code);
+    ///
+    /// Not an `async fn`: one taking `mut self` keeps the session twice in
+    /// its future (the argument and the mutable binding), about 700 bytes
+    /// more in every connection's task; an `async move` block uses the
+    /// captured session in place.
+    #[allow(clippy::manual_async_fn)]
+    pub fn run(mut self, outbox_rx: flume::Receiver<Arc<Outgoing>>) -> impl Future<Output = ()> + Send {
+        async move {
+            let end = self.run_loop(outbox_rx).await;
+            if let SessionEnd::Close { code, .. } = &end {
+                // An idle timeout is a lost client, like a dropped socket.
+                self.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
+                self.state.metrics.closed(*code);
+            }
+            if let SessionEnd::Close { code, reason, reconnect } = end {
+                Box::pin(self.close(code, reason, reconnect)).await;
+            }
+            tracing::debug!(conn = self.handle.id, "connection ended");
         }
-        if let SessionEnd::Close { code, reason, reconnect } = end {
-            Box::pin(self.close(code, reason, reconnect)).await;
-        }
-        tracing::debug!(conn = self.handle.id, "connection ended");
     }
 
     async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Outgoing>>) -> SessionEnd {
@@ -619,11 +624,40 @@ impl Session {
     }
 }
 
-/// A tick every `period`, the first one `period` from now.
+/// A tick every `period`, the first one `period` from now rounded up to a
+/// process-wide grid of `period / HEARTBEAT_GRID` (at most that much later),
+/// and the next ones on that grid. Connections' ticks then share instants:
+/// the runtime wakes once for the many connections of a grid point (their
+/// pings go out, and the pongs come back, together) instead of once per
+/// connection, which is most of what an idle connection costs in CPU.
 fn heartbeat(period: Duration) -> tokio::time::Interval {
-    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let first = tokio::time::Instant::now() + period;
+    let mut tick = tokio::time::interval_at(on_grid(first, period / HEARTBEAT_GRID), period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     tick
+}
+
+/// Grid points per heartbeat period (see `heartbeat`).
+const HEARTBEAT_GRID: u32 = 25;
+
+/// `at` rounded up to a multiple of `step` from one origin for the whole
+/// process (a day before its first use, so every clock, tokio's paused test
+/// clocks included, reads later than it; otherwise `at` as it is).
+fn on_grid(at: tokio::time::Instant, step: Duration) -> tokio::time::Instant {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(|| {
+        let now = std::time::Instant::now();
+        now.checked_sub(Duration::from_secs(86_400)).unwrap_or(now)
+    });
+    let origin = tokio::time::Instant::from_std(origin);
+    let step = step.as_nanos().max(1);
+    match at.checked_duration_since(origin) {
+        Some(since) => {
+            let rounded = since.as_nanos().div_ceil(step) * step;
+            u64::try_from(rounded).map_or(at, |n| origin + Duration::from_nanos(n))
+        }
+        None => at,
+    }
 }
 
 /// The next fired redelivery timer: pending while there is no timer queue;

@@ -169,10 +169,18 @@ pub(crate) fn start_session(
     let on_upgrade = hyper::upgrade::on(&mut req);
     let conn_id = state.next_conn_id.fetch_add(1, Ordering::Relaxed);
     let task_state = state.clone();
+    // Boxed: what the task captures stays in its future for the whole
+    // connection; the box is taken out of the capture and freed once the
+    // identity has moved into the session.
+    let identity = Box::new(identity);
     state.tasks.spawn(async move {
         let _slot = slot;
         match on_upgrade.await {
             Ok(upgraded) => {
+                let identity = {
+                    let boxed = identity;
+                    *boxed
+                };
                 let limits =
                     Limits::default().max_payload_len(Some(task_state.config.limits.max_message_bytes));
                 let ws = ServerBuilder::new().limits(limits).serve(TokioIo::new(upgraded));

@@ -84,7 +84,9 @@ pub(crate) struct WriteSet {
 }
 
 impl WriteSet {
-    /// Room for about `keys` distinct keys without growing.
+    /// Room for about `keys` distinct keys without growing (a batch's
+    /// appends write a few keys each: growing the map step by step rehashes
+    /// every key staged so far each time).
     pub fn with_capacity(keys: usize) -> Self {
         Self { ops: foldhash::HashMap::with_capacity_and_hasher(keys, Default::default()) }
     }

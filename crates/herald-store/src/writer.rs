@@ -388,7 +388,7 @@ impl Writer {
         // An append stages up to four keys (log entry, channel meta, receipt
         // and its expiry entry); the meta is shared by a channel's appends.
         let mut ws = WriteSet::with_capacity(batch.len() * 3);
-        let mut pending_idem = PendingIdem::default();
+        let mut pending_idem = PendingIdem::with_capacity_and_hasher(batch.len(), Default::default());
         let mut tally = Tally::default();
         let mut done: Vec<Staged> = Vec::with_capacity(batch.len());
         // Whether an append (or a room write) wrote anything: only then does

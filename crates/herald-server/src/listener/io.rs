@@ -30,14 +30,25 @@ const MAX_AUTO_ANSWER: usize = 256;
 
 pub(crate) struct GuardedIo<T> {
     inner: T,
-    conn: Arc<Conn>,
+    /// Let go once the connection is upgraded: its clock and eviction are
+    /// over, and a WebSocket lives long (an idle one keeps nothing it
+    /// does not need).
+    conn: Option<Arc<Conn>>,
     /// The replacement answer, still to be written.
     pending: Option<Bytes>,
 }
 
 impl<T> GuardedIo<T> {
     pub fn new(inner: T, conn: Arc<Conn>) -> Self {
-        GuardedIo { inner, conn, pending: None }
+        GuardedIo { inner, conn: Some(conn), pending: None }
+    }
+
+    /// The connection, until it is upgraded (then `None`, for good).
+    fn conn(&mut self) -> Option<&Conn> {
+        if self.conn.as_ref().is_some_and(|c| c.upgraded()) {
+            self.conn = None;
+        }
+        self.conn.as_deref()
     }
 }
 
@@ -79,7 +90,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for GuardedIo<T> {
         let before = buf.filled().len();
         ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
         if buf.filled().len() > before {
-            self.conn.on_read();
+            if let Some(conn) = self.conn() {
+                conn.on_read();
+            }
         }
         Poll::Ready(Ok(()))
     }
@@ -88,18 +101,18 @@ impl<T: AsyncRead + Unpin> AsyncRead for GuardedIo<T> {
 impl<T: AsyncWrite + Unpin> AsyncWrite for GuardedIo<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        if this.conn.upgraded() {
+        let Some(reading_head) = this.conn().map(Conn::reading_head) else {
             return Pin::new(&mut this.inner).poll_write(cx, buf);
-        }
+        };
         ready!(this.poll_pending(cx))?;
-        if this.conn.reading_head() && buf.len() <= MAX_AUTO_ANSWER {
+        if reading_head && buf.len() <= MAX_AUTO_ANSWER {
             if let Some(r) = this.replace(buf, cx) {
                 return Poll::Ready(r);
             }
         }
         let n = ready!(Pin::new(&mut this.inner).poll_write(cx, buf))?;
-        if n > 0 {
-            this.conn.on_write();
+        if let Some(conn) = this.conn().filter(|_| n > 0) {
+            conn.on_write();
         }
         Poll::Ready(Ok(n))
     }
@@ -110,20 +123,20 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for GuardedIo<T> {
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = &mut *self;
-        if this.conn.upgraded() {
+        let Some(reading_head) = this.conn().map(Conn::reading_head) else {
             return Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        }
+        };
         ready!(this.poll_pending(cx))?;
         let total: usize = bufs.iter().map(|b| b.len()).sum();
-        if this.conn.reading_head() && total <= MAX_AUTO_ANSWER {
+        if reading_head && total <= MAX_AUTO_ANSWER {
             let flat: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
             if let Some(r) = this.replace(&flat, cx) {
                 return Poll::Ready(r);
             }
         }
         let n = ready!(Pin::new(&mut this.inner).poll_write_vectored(cx, bufs))?;
-        if n > 0 {
-            this.conn.on_write();
+        if let Some(conn) = this.conn().filter(|_| n > 0) {
+            conn.on_write();
         }
         Poll::Ready(Ok(n))
     }

@@ -16,8 +16,12 @@ use futures_sink::Sink;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::{codec::FramedRead, io::poll_write_buf};
 
-/// Initial read buffer of a stream (Herald patch; see `from_raw_stream`).
+/// Read buffer of a stream while it reads (Herald patch; see
+/// `poll_next_frame`).
 const READ_BUFFER_INITIAL: usize = 256;
+/// Most frames a drained write queue keeps room for (Herald patch; see
+/// `poll_flush`).
+const FRAME_QUEUE_KEPT: usize = 4;
 
 #[cfg(any(feature = "client", feature = "server"))]
 use super::types::Role;
@@ -78,7 +82,8 @@ impl FrameQueue {
     #[cfg(any(feature = "client", feature = "server"))]
     fn new() -> Self {
         Self {
-            queue: VecDeque::with_capacity(1),
+            // Herald patch: allocated by the first frame sent.
+            queue: VecDeque::new(),
             bytes_written: 0,
             pending_bytes: 0,
         }
@@ -218,11 +223,9 @@ where
     #[cfg(any(feature = "client", feature = "server"))]
     pub(crate) fn from_raw_stream(stream: T, role: Role, config: Config, limits: Limits) -> Self {
         Self {
-            // Herald patch: start with a small read buffer instead of
-            // tokio-util's 8 KiB default. The codec reserves what each frame
-            // needs, so only connections that receive large frames grow it;
-            // an idle connection costs a few hundred bytes instead of 8 KiB.
-            inner: FramedRead::with_capacity(stream, WebSocketProtocol::new(role, limits), READ_BUFFER_INITIAL),
+            // Herald patch: no read buffer until the first read (instead of
+            // tokio-util's 8 KiB default); see `poll_next_frame`.
+            inner: FramedRead::with_capacity(stream, WebSocketProtocol::new(role, limits), 0),
             config,
             state: StreamState::Active,
             partial_payload: BytesMut::new(),
@@ -321,7 +324,19 @@ where
             ))?;
         }
 
-        let frame = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
+        // Herald patch: a stream waiting for data holds no read buffer. One
+        // of READ_BUFFER_INITIAL bytes is made for each read (the codec
+        // reserves more for a larger frame) and let go when the socket has
+        // nothing more and no partial frame is left, so an idle connection
+        // costs no buffer between its frames.
+        if self.inner.read_buffer().capacity() == 0 {
+            self.inner.read_buffer_mut().reserve(READ_BUFFER_INITIAL);
+        }
+        let polled = Pin::new(&mut self.inner).poll_next(cx);
+        if polled.is_pending() && self.inner.read_buffer().is_empty() {
+            *self.inner.read_buffer_mut() = BytesMut::new();
+        }
+        let frame = match ready!(polled) {
             Some(Ok(frame)) => frame,
             Some(Err(e)) => {
                 if matches!(e, Error::Io(_)) || self.state == StreamState::ClosedByUs {
@@ -530,6 +545,13 @@ where
                 this.state = StreamState::CloseAcknowledged;
                 return Poll::Ready(Err(Error::Io(io::ErrorKind::WriteZero.into())));
             }
+        }
+
+        // Herald patch: a drained queue that held a few frames gives its
+        // room back (an idle connection sends a ping now and then); a
+        // queue that batches many keeps it.
+        if frame_queue.queue.is_empty() && frame_queue.queue.capacity() <= FRAME_QUEUE_KEPT {
+            frame_queue.queue = VecDeque::new();
         }
 
         match Pin::new(io).poll_flush(cx) {
