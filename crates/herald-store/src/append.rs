@@ -40,21 +40,8 @@ impl Writer {
         // The expiry-index entry of an expired receipt this append replaces.
         let mut stale_exp_key = None;
         if let Some(dedup) = &req.dedup {
-            let found = match pending_idem.get(&dedup.key) {
-                Some(rec) => Some(rec.clone()),
-                None => match self.shared.storage.get(Space::Idem, dedup.key.as_bytes())? {
-                    None => None,
-                    Some(v) => {
-                        let rec = IdemRecord::decode(&v).map_err(StorageError::from)?;
-                        if rec.is_expired(now) {
-                            stale_exp_key = Some(codec::idem_exp_key(rec.expires_at, dedup.key.as_bytes()));
-                            None
-                        } else {
-                            Some(rec)
-                        }
-                    }
-                },
-            };
+            let found;
+            (found, stale_exp_key) = self.find_receipt(&dedup.key, pending_idem, now)?;
             if let Some(rec) = found {
                 if rec.fingerprint != dedup.fingerprint {
                     tally.dedup_mismatches += 1;
@@ -120,13 +107,7 @@ impl Writer {
                 epoch: epoch.as_str().to_owned(),
                 expires_at: ts.saturating_add(ttl_ms),
             };
-            // Delete before put: if both keys are equal the put must win.
-            if let Some(k) = stale_exp_key {
-                ws.delete(Space::IdemExp, k);
-            }
-            ws.put(Space::Idem, dedup.key.as_bytes().to_vec(), rec.encode());
-            ws.put(Space::IdemExp, codec::idem_exp_key(rec.expires_at, dedup.key.as_bytes()), Vec::new());
-            pending_idem.insert(dedup.key.clone(), rec);
+            stage_receipt(ws, pending_idem, &dedup.key, rec, stale_exp_key);
         }
         let receipt = Receipt {
             channel: channel.clone(),
@@ -139,6 +120,48 @@ impl Writer {
         let msg = Message { channel: channel.clone(), seq, id: id_str, ts, epoch, frame, closes };
         Ok((receipt, Some(Arc::new(msg))))
     }
+}
+
+impl Writer {
+    /// The receipt under an idempotency key: staged by this batch, else
+    /// stored and not expired. With an expired stored one, also the key of
+    /// its expiry-index entry, which a new receipt under this key replaces
+    /// (see [`stage_receipt`]).
+    pub(crate) fn find_receipt(
+        &self,
+        key: &Arc<str>,
+        pending_idem: &PendingIdem,
+        now: u64,
+    ) -> Result<(Option<IdemRecord>, Option<Vec<u8>>), StorageError> {
+        if let Some(rec) = pending_idem.get(key) {
+            return Ok((Some(rec.clone()), None));
+        }
+        let Some(v) = self.shared.storage.get(Space::Idem, key.as_bytes())? else { return Ok((None, None)) };
+        let rec = IdemRecord::decode(&v)?;
+        if rec.is_expired(now) {
+            Ok((None, Some(codec::idem_exp_key(rec.expires_at, key.as_bytes()))))
+        } else {
+            Ok((Some(rec), None))
+        }
+    }
+}
+
+/// Stage a receipt with its expiry-index entry (replacing the expired
+/// one's, `stale_exp_key`), visible to the rest of the batch.
+pub(crate) fn stage_receipt(
+    ws: &mut WriteSet,
+    pending_idem: &mut PendingIdem,
+    key: &Arc<str>,
+    rec: IdemRecord,
+    stale_exp_key: Option<Vec<u8>>,
+) {
+    // Delete before put: if both keys are equal the put must win.
+    if let Some(k) = stale_exp_key {
+        ws.delete(Space::IdemExp, k);
+    }
+    ws.put(Space::Idem, key.as_bytes().to_vec(), rec.encode());
+    ws.put(Space::IdemExp, codec::idem_exp_key(rec.expires_at, key.as_bytes()), Vec::new());
+    pending_idem.insert(key.clone(), rec);
 }
 
 /// Delete the oldest entries beyond `max_len` (0 = no limit), at most

@@ -29,7 +29,8 @@ use serde_json::value::RawValue;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use crate::codec::{self, IdemRecord};
+use crate::append::stage_receipt;
+use crate::codec::IdemRecord;
 use crate::storage::{Space, Storage, StorageError, WriteSet};
 use crate::writer::{PendingIdem, StageError, Tally, Writer};
 
@@ -225,21 +226,8 @@ impl Writer {
         let now = self.shared.clock.now_ms();
         let mut stale_exp_key = None;
         if let Some(dedup) = &req.dedup {
-            let found = match pending_idem.get(&dedup.key) {
-                Some(rec) => Some(rec.clone()),
-                None => match self.shared.storage.get(Space::Idem, dedup.key.as_bytes())? {
-                    None => None,
-                    Some(v) => {
-                        let rec = IdemRecord::decode(&v).map_err(StorageError::from)?;
-                        if rec.is_expired(now) {
-                            stale_exp_key = Some(codec::idem_exp_key(rec.expires_at, dedup.key.as_bytes()));
-                            None
-                        } else {
-                            Some(rec)
-                        }
-                    }
-                },
-            };
+            let found;
+            (found, stale_exp_key) = self.find_receipt(&dedup.key, pending_idem, now)?;
             if let Some(rec) = found {
                 if rec.fingerprint != dedup.fingerprint || rec.epoch != SCHEDULE_RECEIPT {
                     return Err(StageError::Refused(EngineError::IdempotencyMismatch));
@@ -278,12 +266,7 @@ impl Writer {
                 epoch: SCHEDULE_RECEIPT.to_owned(),
                 expires_at: now.saturating_add(ttl_ms),
             };
-            if let Some(k) = stale_exp_key {
-                ws.delete(Space::IdemExp, k);
-            }
-            ws.put(Space::Idem, dedup.key.as_bytes().to_vec(), rec.encode());
-            ws.put(Space::IdemExp, codec::idem_exp_key(rec.expires_at, dedup.key.as_bytes()), Vec::new());
-            pending_idem.insert(dedup.key.clone(), rec);
+            stage_receipt(ws, pending_idem, &dedup.key, rec, stale_exp_key);
         }
         Ok(ScheduleReceipt { id, channel: s.channel, deliver_at: s.deliver_at, duplicate: false })
     }
