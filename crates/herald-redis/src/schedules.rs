@@ -27,10 +27,8 @@ use std::time::Duration;
 use herald_core::{
     AppendRequest, Claim, Delivered, EngineError, Epoch, Receipt, Schedule, ScheduleReceipt, ScheduleRequest,
 };
-use herald_proto::{ChannelName, Meta};
+use herald_proto::ChannelName;
 use redis::Value;
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use uuid::Uuid;
 
 use crate::decode::{array, opt, string};
@@ -47,20 +45,8 @@ fn malformed(what: impl std::fmt::Display) -> EngineError {
     EngineError::Unavailable(format!("redis schedule: malformed {what}"))
 }
 
-#[derive(Serialize, Deserialize)]
-struct Record {
-    c: String,
-    t: u64,
-    r: u64,
-    d: Box<RawValue>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    m: Option<Meta>,
-}
-
 fn parse(id: &str, record: &str) -> Result<Schedule, EngineError> {
-    let r: Record = serde_json::from_str(record).map_err(|e| malformed(format_args!("record ({e})")))?;
-    let channel = ChannelName::new(&r.c).map_err(|_| malformed("channel"))?;
-    Ok(Schedule { id: Arc::from(id), channel, deliver_at: r.t, created_at: r.r, data: r.d, meta: r.m })
+    Schedule::decode_record(id, record.as_bytes()).map_err(malformed)
 }
 
 fn member(id: &str, ch: &ChannelName) -> String {
@@ -162,9 +148,15 @@ impl Shared {
             }
         }
         let id = Uuid::now_v7().hyphenated().to_string();
-        let record =
-            Record { c: ch.as_str().to_owned(), t: req.deliver_at, r: now_ms(), d: req.data, m: req.meta };
-        let record = serde_json::to_string(&record).expect("schedule records serialise");
+        let record = Schedule {
+            id: Arc::from(id.as_str()),
+            channel: ch.clone(),
+            deliver_at: req.deliver_at,
+            created_at: now_ms(),
+            data: req.data,
+            meta: req.meta,
+        }
+        .encode_record();
         self.index_schedule(&id, &ch, req.deliver_at).await?;
         let mut inv = scripts::SCHED_ADD.prepare_invoke();
         inv.key(self.keys.sched(&ch)).key(self.keys.sched_idx(&ch));

@@ -23,9 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use herald_core::{AppendRequest, Claim, Delivered, EngineError, Schedule, ScheduleReceipt, ScheduleRequest};
-use herald_proto::{ChannelName, Meta};
-use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
+use herald_proto::ChannelName;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -96,34 +94,8 @@ impl SchedDone {
     }
 }
 
-/// The stored record (JSON: small, rare, and `data` stays raw).
-#[derive(Serialize, Deserialize)]
-struct Record {
-    c: String,
-    t: u64,
-    r: u64,
-    d: Box<RawValue>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    m: Option<Meta>,
-}
-
-fn encode(s: &Schedule) -> Vec<u8> {
-    let r = Record {
-        c: s.channel.as_str().to_owned(),
-        t: s.deliver_at,
-        r: s.created_at,
-        d: s.data.clone(),
-        m: s.meta.clone(),
-    };
-    serde_json::to_vec(&r).expect("schedule records serialise")
-}
-
 fn decode(id: &str, v: &[u8]) -> Result<Schedule, StorageError> {
-    let r: Record =
-        serde_json::from_slice(v).map_err(|e| StorageError::Corrupt(format!("schedule record: {e}")))?;
-    let channel = ChannelName::new(&r.c)
-        .map_err(|e| StorageError::Corrupt(format!("schedule with a bad channel name: {e}")))?;
-    Ok(Schedule { id: Arc::from(id), channel, deliver_at: r.t, created_at: r.r, data: r.d, meta: r.m })
+    Schedule::decode_record(id, v).map_err(StorageError::Corrupt)
 }
 
 fn due_key(deliver_at: u64, id: &str) -> Vec<u8> {
@@ -252,7 +224,7 @@ impl Writer {
             data: req.data,
             meta: req.meta,
         };
-        ws.put(Space::Schedules, id.as_bytes().to_vec(), encode(&s));
+        ws.put(Space::Schedules, id.as_bytes().to_vec(), s.encode_record());
         ws.put(Space::SchedulesDue, due_key(s.deliver_at, &id), Vec::new());
         ws.put(Space::SchedulesByChannel, channel_key(&s.channel, s.deliver_at, &id), Vec::new());
         if let Some(dedup) = &req.dedup {

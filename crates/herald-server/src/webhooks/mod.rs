@@ -40,7 +40,7 @@ pub(crate) mod sign;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use herald_core::{Engine, EngineError, NamespaceOptions, Owned, Seq, SubscriberId};
 use herald_proto::ChannelName;
@@ -513,6 +513,4 @@ fn local_token() -> u64 {
     }
 }
 
-pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+pub(crate) use crate::rooms::now_ms;
