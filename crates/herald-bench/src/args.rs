@@ -255,9 +255,13 @@ pub struct BenchArgs {
     /// reconnect: each client drops at a random time within this window
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub jitter: Duration,
-    /// Connections per worker process (one process may open only so many files)
+    /// Connections per worker process at most (one process may open only so many files)
     #[arg(long, default_value_t = 8000)]
     pub conns_per_worker: usize,
+    /// Worker processes at least (each one thread); 0: one per CPU core, so
+    /// the subscriber side is not a single thread that the server outruns
+    #[arg(long, default_value_t = 0)]
+    pub workers: usize,
     /// First client source address; worker k binds to this + k
     #[arg(long, default_value = "127.0.0.2")]
     pub source_base: Ipv4Addr,

@@ -48,8 +48,7 @@ impl Fleet {
     /// fail if any connection could not be opened.
     pub async fn start(args: &BenchArgs, plan: FleetPlan) -> anyhow::Result<Fleet> {
         let exe = std::env::current_exe().context("cannot find the running executable")?;
-        let per = args.conns_per_worker;
-        let n_workers = plan.connections.div_ceil(per).max(1);
+        let (n_workers, per) = worker_split(plan.connections, args.conns_per_worker, args.workers);
         let mut workers = Vec::with_capacity(n_workers);
         for k in 0..n_workers {
             let first = k * per;
@@ -216,6 +215,18 @@ impl Fleet {
 }
 
 /// Worker `k`'s source address: `base + k` (127.0.0.2, 127.0.0.3, …).
+/// Worker processes for `connections` and connections per worker (the
+/// last one takes the rest): none holds more than `per_worker`, there are
+/// at least `min_workers` (0: one per CPU core) when there are connections
+/// enough, and none is left without a connection.
+fn worker_split(connections: usize, per_worker: usize, min_workers: usize) -> (usize, usize) {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let min_workers = if min_workers == 0 { cores } else { min_workers };
+    let wanted = connections.div_ceil(per_worker).max(min_workers.min(connections)).max(1);
+    let per = connections.div_ceil(wanted).max(1);
+    (connections.div_ceil(per).max(1), per)
+}
+
 fn source_address(base: Ipv4Addr, k: usize) -> anyhow::Result<Ipv4Addr> {
     let ip = u32::from(base).checked_add(k as u32).context("source address overflow")?;
     let ip = Ipv4Addr::from(ip);
@@ -228,6 +239,21 @@ fn source_address(base: Ipv4Addr, k: usize) -> anyhow::Result<Ipv4Addr> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workers_cover_every_connection_within_the_per_worker_cap() {
+        let cases =
+            [(5000, 8000, 2, 2), (15000, 8000, 2, 2), (20000, 8000, 2, 3), (1, 8000, 2, 1), (9, 8000, 6, 5)];
+        for (conns, per, min, expect) in cases {
+            let (n, each) = worker_split(conns, per, min);
+            assert_eq!(n, expect, "{conns} conns, at most {per} each, at least {min} workers");
+            assert!(n * each >= conns, "{conns} conns, {n} workers of {each}");
+            assert!(each <= per, "{conns} conns: {each} per worker exceeds {per}");
+            // No worker is left without a connection.
+            assert!((n - 1) * each < conns, "{conns} conns: {n} workers of {each}");
+        }
+        assert_eq!(worker_split(0, 8000, 2), (1, 1));
+    }
 
     #[test]
     fn source_addresses_count_up_within_loopback() {

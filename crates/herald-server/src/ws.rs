@@ -12,7 +12,7 @@ use base64::Engine as _;
 use herald_proto::{check_id, ErrorCode};
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
-use tokio_websockets::{Limits, ServerBuilder};
+use tokio_websockets::{Config, Limits, ServerBuilder};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
@@ -20,6 +20,12 @@ use crate::session::{Session, Wire};
 use crate::AppState;
 
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// Bytes a session queues on its socket before a write is forced (the
+/// session flushes after each batch anyway). tokio-websockets' default is
+/// 8 KiB; a batch of small frames then goes out as several writes.
+/// Matches the vendored copy's largest coalesced write (vendor/README.md).
+const WRITE_BATCH_BYTES: usize = 64 * 1024;
 
 #[derive(Deserialize)]
 pub struct WsQuery {
@@ -183,7 +189,10 @@ pub(crate) fn start_session(
                 };
                 let limits =
                     Limits::default().max_payload_len(Some(task_state.config.limits.max_message_bytes));
-                let ws = ServerBuilder::new().limits(limits).serve(TokioIo::new(upgraded));
+                let ws = ServerBuilder::new()
+                    .limits(limits)
+                    .config(Config::default().flush_threshold(WRITE_BATCH_BYTES))
+                    .serve(TokioIo::new(upgraded));
                 let (session, outbox_rx) = Session::new(task_state, ws, identity, conn_id, wire);
                 session.run(outbox_rx).await;
             }
@@ -196,4 +205,143 @@ pub(crate) fn start_session(
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
     h.insert(header::SEC_WEBSOCKET_ACCEPT, HeaderValue::from_str(&accept).expect("base64 is a valid header"));
     resp
+}
+
+/// The vendored tokio-websockets' batching (vendor/README.md): a socket
+/// written many small frames at once takes them in a few writes, and one
+/// that keeps receiving reads many frames per read. Counted on an
+/// in-memory pipe: each `poll_write*`/`poll_read` that moves bytes is one
+/// system call on a real socket.
+#[cfg(test)]
+mod io_batching_tests {
+    use std::io;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::task::{Context, Poll};
+
+    use futures_util::{SinkExt, StreamExt};
+    use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
+    use tokio_websockets::{ClientBuilder, Config, Message, ServerBuilder};
+
+    use super::WRITE_BATCH_BYTES;
+
+    /// A pipe end that counts the reads and writes that moved bytes.
+    struct Counted {
+        inner: DuplexStream,
+        reads: Arc<AtomicUsize>,
+        writes: Arc<AtomicUsize>,
+    }
+
+    impl AsyncRead for Counted {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let before = buf.filled().len();
+            let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+            if buf.filled().len() > before {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+            }
+            polled
+        }
+    }
+
+    impl AsyncWrite for Counted {
+        fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+            let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+            if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+                self.writes.fetch_add(1, Ordering::Relaxed);
+            }
+            polled
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            // Like writev on a socket: every slice in one call.
+            let all: Vec<u8> = bufs.iter().flat_map(|b| b.iter().copied()).collect();
+            self.poll_write(cx, &all)
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            true
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_flush(cx)
+        }
+
+        fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.inner).poll_shutdown(cx)
+        }
+    }
+
+    fn counted(inner: DuplexStream) -> (Counted, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (reads, writes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        (Counted { inner, reads: reads.clone(), writes: writes.clone() }, reads, writes)
+    }
+
+    fn frame(i: usize) -> String {
+        format!(
+            r#"{{"type":"message","channel":"live:t","id":"{i:036}","ts":1,"data":{{"n":{i},"p":"{}"}}}}"#,
+            "x".repeat(100)
+        )
+    }
+
+    #[tokio::test]
+    async fn small_frames_leave_in_few_writes_and_a_busy_reader_reads_many_per_read() {
+        const N: usize = 1000;
+        let (server_io, client_io) = tokio::io::duplex(4 << 20);
+        let (server_io, server_reads, server_writes) = counted(server_io);
+        let (client_io, client_reads, _) = counted(client_io);
+        let config = Config::default().flush_threshold(WRITE_BATCH_BYTES);
+        let mut server = ServerBuilder::new().config(config).serve(server_io);
+        let mut client = ClientBuilder::new().take_over(client_io);
+
+        // Server → client: N frames of ~230 bytes queued, then one flush.
+        for i in 0..N {
+            server.feed(Message::text(frame(i))).await.unwrap();
+        }
+        server.flush().await.unwrap();
+        let bytes = N * (frame(0).len() + 4);
+        let writes = server_writes.load(Ordering::Relaxed);
+        // About one write per 64 KiB: each would be 2 slices per frame and
+        // at most 32 frames per write without the coalescing.
+        assert!(writes <= bytes.div_ceil(WRITE_BATCH_BYTES) + 2, "{writes} writes for {N} frames");
+        for i in 0..N {
+            let m = client.next().await.unwrap().unwrap();
+            assert_eq!(m.as_text(), Some(frame(i).as_str()), "frame {i} arrives whole and in order");
+        }
+        let reads = client_reads.load(Ordering::Relaxed);
+        // The read buffer grows while data keeps coming: many frames per
+        // read (one per read with a fixed 256-byte buffer).
+        assert!(reads * 20 <= N, "{reads} reads for {N} frames");
+
+        // Client → server (masked frames), the other direction of the same.
+        for i in 0..N {
+            client.feed(Message::text(frame(i))).await.unwrap();
+        }
+        client.flush().await.unwrap();
+        for i in 0..N {
+            let m = server.next().await.unwrap().unwrap();
+            assert_eq!(m.as_text(), Some(frame(i).as_str()));
+        }
+        let reads = server_reads.load(Ordering::Relaxed);
+        assert!(reads * 20 <= N, "{reads} reads for {N} frames");
+
+        // A frame larger than the coalescing limit between small ones keeps
+        // its place.
+        let big = "y".repeat(100_000);
+        server.feed(Message::text(frame(0))).await.unwrap();
+        server.feed(Message::text(big.clone())).await.unwrap();
+        server.feed(Message::text(frame(1))).await.unwrap();
+        server.flush().await.unwrap();
+        assert_eq!(client.next().await.unwrap().unwrap().as_text(), Some(frame(0).as_str()));
+        assert_eq!(client.next().await.unwrap().unwrap().as_text(), Some(big.as_str()));
+        assert_eq!(client.next().await.unwrap().unwrap().as_text(), Some(frame(1).as_str()));
+    }
 }
