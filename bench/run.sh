@@ -29,7 +29,8 @@
 # the figures in docs/benchmarks.md, plus RECONNECT_CLIENTS, ACKED_USERS,
 # ACKED_MESSAGES and NAMESPACE (of the per-user channels of idle and p2p;
 # default `user`; acked always runs on `user`). `--quick` shrinks them
-# for a smoke run.
+# for a smoke run. WORKERS: subscriber worker processes at least (default:
+# one per CPU core; `herald bench --workers`).
 #
 # `reconnect` and `acked` run against Herald only: the peers have no resume,
 # so a dropped client loses what was published meanwhile by design, and no
@@ -181,7 +182,7 @@ for rep in $(seq 1 "$REPS"); do
       # pipefail: the pipeline fails when the bench does.
       # shellcheck disable=SC2046
       if ! "$HERALD" bench "$scenario" --target "$TARGET" "${PEER_ARGS[@]}" --server-pid "$SERVER_PID" \
-          --label "rep=$rep" --json "$JSON" $(scenario_args "$scenario" "$server") 2>&1 | tee -a "$LOG"; then
+          --label "rep=$rep" --json "$JSON" ${WORKERS:+--workers "$WORKERS"} $(scenario_args "$scenario" "$server") 2>&1 | tee -a "$LOG"; then
         failures=$((failures + 1))
       fi
       stop_server
