@@ -31,8 +31,32 @@ pub fn encode(n: u64, size: usize) -> Vec<u8> {
     out
 }
 
+/// The stamp of a payload. Every peer's subscribers decode one per
+/// delivery, so the shape `encode` writes is read directly (the numbers,
+/// then the padding checked to be all `x`); anything else goes through
+/// serde_json, which accepts any JSON object with `n` and `t`.
 pub fn decode(json: &[u8]) -> Result<Stamp, serde_json::Error> {
-    serde_json::from_slice(json)
+    match decode_encoded(json) {
+        Some(stamp) => Ok(stamp),
+        None => serde_json::from_slice(json),
+    }
+}
+
+/// `{"n":N,"t":T,"p":"x…"}` exactly as `encode` writes it, else `None`.
+fn decode_encoded(json: &[u8]) -> Option<Stamp> {
+    fn number(s: &[u8]) -> Option<(u64, &[u8])> {
+        let len = s.iter().take_while(|b| b.is_ascii_digit()).count();
+        // No leading zeros (as JSON); a number beyond u64 is serde's to refuse.
+        if len == 0 || (len > 1 && s[0] == b'0') {
+            return None;
+        }
+        let n = s[..len].iter().try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))?;
+        Some((n, &s[len..]))
+    }
+    let (n, rest) = number(json.strip_prefix(b"{\"n\":")?)?;
+    let (t, rest) = number(rest.strip_prefix(b",\"t\":")?)?;
+    let pad = rest.strip_prefix(b",\"p\":\"")?.strip_suffix(b"\"}")?;
+    pad.iter().all(|&b| b == b'x').then_some(Stamp { n, t })
 }
 
 #[cfg(test)]
@@ -50,5 +74,32 @@ mod tests {
         }
         let tiny = encode(7, 1);
         assert_eq!(decode(&tiny).unwrap().n, 7);
+    }
+
+    #[test]
+    fn the_direct_reading_agrees_with_serde_json_and_leaves_the_rest_to_it() {
+        let encoded = [encode(0, 100), encode(u64::MAX, 100), encode(123_456, 2), encode(9, 4096)];
+        for p in &encoded {
+            let direct = decode_encoded(p).expect("encode's own shape is read directly");
+            assert_eq!(direct, serde_json::from_slice::<Stamp>(p).unwrap());
+        }
+        // Other shapes: serde_json decides, as before.
+        let spaced = br#"{ "n": 5, "t": 6, "p": "xx" }"#;
+        assert_eq!(decode_encoded(spaced), None);
+        assert_eq!(decode(spaced).unwrap(), Stamp { n: 5, t: 6 });
+        let reordered = br#"{"t":6,"n":5}"#;
+        assert_eq!(decode(reordered).unwrap(), Stamp { n: 5, t: 6 });
+        // Damage is refused, not read past.
+        for bad in [
+            &br#"{"n":5,"t":6,"p":"xxyx"}"#[..],
+            br#"{"n":05,"t":6,"p":"x"}"#,
+            br#"{"n":5,"t":6,"p":"x""#,
+            br#"{"n":5,"t":,"p":"x"}"#,
+            br#"{"n":99999999999999999999,"t":6,"p":"x"}"#,
+        ] {
+            assert_eq!(decode_encoded(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+        assert!(decode(br#"{"n":5,"t":6,"p":"x""#).is_err());
+        assert!(decode(br#"{"n":99999999999999999999,"t":6,"p":"x"}"#).is_err());
     }
 }
