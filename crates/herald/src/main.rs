@@ -34,7 +34,7 @@ enum Command {
     /// Print the default configuration (TOML)
     Config,
     /// Load generator and benchmarks (see docs/benchmarks.md)
-    Bench(herald_bench::BenchArgs),
+    Bench(Box<herald_bench::BenchArgs>),
 }
 
 fn main() -> ExitCode {
@@ -60,7 +60,7 @@ fn main() -> ExitCode {
         }
         Command::Publish(args) => run_async(cli::publish(args)),
         Command::Tail(args) => run_async(cli::tail(args)),
-        Command::Bench(args) => herald_bench::main(args),
+        Command::Bench(args) => herald_bench::main(*args),
     }
 }
 

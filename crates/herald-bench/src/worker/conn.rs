@@ -29,6 +29,10 @@ struct Slot {
     channel: String,
 }
 
+/// Most events handled in one go before the control channel (stop, drop
+/// rounds) is checked again.
+const DRAIN_MAX: usize = 256;
+
 pub(super) async fn run(
     shared: Arc<Shared>,
     i: usize,
@@ -94,21 +98,38 @@ pub(super) async fn run(
                 }
                 conn = slot.planned_reconnect(pause).await;
             }
-            event = next_opt(&mut conn) => match event {
-                Ok(Some(Incoming::Delivery { stamp, seq, redelivered })) => {
-                    shared.on_delivery(i, stamp, seq, redelivered)
-                }
-                Ok(Some(Incoming::Acked { seq })) => shared.on_ack(i, seq),
-                Ok(Some(Incoming::Closing(reason))) => {
-                    shared.with_period(|t| t.note_error(format!("connection {global}: server closing: {reason}")));
-                }
-                Ok(None) => {
-                    drop(conn.take());
-                    conn = slot.after_loss("connection ended".to_owned()).await;
-                }
-                Err(e) => {
-                    drop(conn.take());
-                    conn = slot.after_loss(format!("{e:#}")).await;
+            first = next_opt(&mut conn) => {
+                // This event, then those already read from the socket (at
+                // most DRAIN_MAX), before the control channel is looked at
+                // again: one select per burst instead of per message.
+                let mut next = Some(first);
+                let mut handled = 0;
+                while let Some(event) = next.take() {
+                    handled += 1;
+                    match event {
+                        Ok(Some(Incoming::Delivery { stamp, seq, redelivered })) => {
+                            shared.on_delivery(i, stamp, seq, redelivered)
+                        }
+                        Ok(Some(Incoming::Acked { seq })) => shared.on_ack(i, seq),
+                        Ok(Some(Incoming::Closing(reason))) => {
+                            shared.with_period(|t| {
+                                t.note_error(format!("connection {global}: server closing: {reason}"))
+                            });
+                        }
+                        Ok(None) => {
+                            drop(conn.take());
+                            conn = slot.after_loss("connection ended".to_owned()).await;
+                            break;
+                        }
+                        Err(e) => {
+                            drop(conn.take());
+                            conn = slot.after_loss(format!("{e:#}")).await;
+                            break;
+                        }
+                    }
+                    if handled < DRAIN_MAX {
+                        next = futures_util::FutureExt::now_or_never(next_opt(&mut conn));
+                    }
                 }
             }
         }
