@@ -218,3 +218,111 @@ fn every_encoded_client_frame_parses_back() {
         r#"{"type":"subscribe","req":1,"channel":"c"}"#
     );
 }
+
+/// `encode_frame` and `OkFrame::encode_published` write their JSON
+/// directly; these are the serde_json encodings they must match byte for
+/// byte (stored frames are served and replayed as they are).
+mod direct_encoding {
+    use serde::Serialize;
+
+    use super::*;
+
+    #[derive(Serialize)]
+    struct Reference<'a> {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        channel: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        seq: Option<u64>,
+        id: &'a str,
+        ts: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<&'a RawValue>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        member: Option<&'a RawValue>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        meta: Option<&'a Meta>,
+    }
+
+    const IDS: [&str; 5] = [
+        "0190b2a1-7c3e-7000-8000-000000000001",
+        "",
+        "quote\" back\\slash",
+        "tab\tnewline\n\u{1} del\u{7f}",
+        "é ✓ 𝄞",
+    ];
+
+    #[test]
+    fn message_frames_are_the_bytes_serde_json_writes() {
+        let channels = ["chat:1", "live:a.b-c_d@e=f", "x"];
+        let bodies = [r#"{"n":1,"p":"x"}"#, r#"[1, 2 ,"\u00e9\n"]"#, "null", r#""str""#, "1e400"];
+        let mut meta = Meta::new();
+        meta.insert("k\"ey".into(), "v\\al\nue".into());
+        meta.insert("a".into(), "é".into());
+        let metas = [None, Some(&meta), Some(&Meta::new())];
+        let kinds = [FrameKind::Message, FrameKind::Room, FrameKind::Join, FrameKind::Leave];
+        let mut n = 0;
+        for kind in kinds {
+            for channel in channels {
+                let ch = ChannelName::new(channel).unwrap();
+                for id in IDS {
+                    for body in bodies {
+                        let body = RawValue::from_string(body.to_owned()).unwrap();
+                        for seq in [None, Some(0), Some(u64::MAX)] {
+                            for meta in metas {
+                                let (data, member) = match kind.body_field() {
+                                    "member" => (None, Some(&*body)),
+                                    _ => (Some(&*body), None),
+                                };
+                                let ts = 1_700_000_000_123 + n;
+                                let reference = Reference {
+                                    kind: kind.as_str(),
+                                    channel,
+                                    seq,
+                                    id,
+                                    ts,
+                                    data,
+                                    member,
+                                    meta,
+                                };
+                                let expected = serde_json::to_vec(&reference).unwrap();
+                                let got = encode_frame(kind, &ch, seq, id, ts, &body, meta);
+                                assert_eq!(
+                                    String::from_utf8(got).unwrap(),
+                                    String::from_utf8(expected).unwrap()
+                                );
+                                n += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(n, 4 * 3 * 5 * 5 * 3 * 3);
+    }
+
+    #[test]
+    fn publish_oks_are_the_bytes_of_their_ok_frame() {
+        for req in [None, Some(0), Some(42), Some(u64::MAX)] {
+            for channel in ["chat:1", "odd \"name\"\u{2}"] {
+                for id in IDS {
+                    for seq in [None, Some(7)] {
+                        for duplicate in [false, true] {
+                            let expected = OkFrame {
+                                req,
+                                channel: Some(channel.to_owned()),
+                                seq,
+                                id: Some(id.to_owned()),
+                                duplicate: Some(duplicate),
+                                ..Default::default()
+                            }
+                            .encode();
+                            let got = OkFrame::encode_published(req, channel, seq, id, duplicate);
+                            assert_eq!(String::from_utf8(got).unwrap(), String::from_utf8(expected).unwrap());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -155,15 +155,9 @@ impl Wire {
     /// The reply to a publish that the engine took.
     pub(super) fn published(&self, req: Option<u64>, channel: &ChannelName, receipt: &Receipt) -> Vec<u8> {
         match self {
-            Wire::Herald => OkFrame {
-                req,
-                channel: Some(channel.to_string()),
-                seq: receipt.seq,
-                id: Some(receipt.id.to_string()),
-                duplicate: Some(receipt.duplicate),
-                ..Default::default()
+            Wire::Herald => {
+                OkFrame::encode_published(req, channel.as_str(), receipt.seq, &receipt.id, receipt.duplicate)
             }
-            .encode(),
             Wire::Centrifugo(_) => Reply::new(command_id(req), Answer::Publish(Empty {})).encode(),
         }
     }
