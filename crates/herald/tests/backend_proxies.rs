@@ -23,7 +23,8 @@ const SECRET: &str = "proxy-test-secret-0123456789abcdef0123";
 
 /// Answers by the published data (or, for a subscribe question, the
 /// channel name): "refuse" → refusal, "slow" → no answer
-/// within the timeout, "replace" → new data, "broken" → 500, else allow.
+/// within the timeout, "hold" → allow after 300 ms, "replace" → new data,
+/// "broken" → 500, else allow.
 /// Records every question with whether its signature was valid.
 async fn backend() -> (String, Arc<Mutex<Vec<(Value, bool)>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -63,6 +64,9 @@ async fn backend() -> (String, Arc<Mutex<Vec<(Value, bool)>>>) {
                         (200, json!({ "allow": false, "message": "not in this conversation" }))
                     } else if data.contains("slow") {
                         tokio::time::sleep(Duration::from_secs(3)).await;
+                        (200, json!({ "allow": true }))
+                    } else if data.contains("hold") {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
                         (200, json!({ "allow": true }))
                     } else if data.contains("broken") {
                         (500, json!({}))
@@ -146,6 +150,55 @@ async fn the_publish_proxy_allows_refuses_replaces_and_fails_closed() {
     assert_eq!(srv.publish("chat:p", json!({ "text": "refuse via api" })).await.status, 201);
     assert_eq!(seen.len(), 5);
     srv.stop().await;
+}
+
+/// The peer's close frame arrives while one batch of its publishes is with
+/// the engine (held here by the publish proxy) and more are queued behind
+/// it: every publish sent before the close is appended, in frame order,
+/// though the replies can no longer be written (the socket takes no frames
+/// after the peer's close).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_queued_behind_a_batch_in_flight_are_appended_when_the_peer_closes() {
+    let (url, seen) = backend().await;
+    let srv = TestServer::start_with(|c| {
+        c.limits.client_frames_per_sec = 1_000_000;
+        c.proxies = ProxiesConfig {
+            publish: Some(ProxyConfig {
+                url,
+                timeout: Duration::from_secs(5),
+                namespaces: vec!["chat".into()],
+                secret: SECRET.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+    })
+    .await;
+    let mut alice = srv.connect("alice").await;
+    let publish = |i: u64, text: &str| json!({ "type": "publish", "req": i + 1, "channel": "chat:held", "data": { "i": i, "text": text } });
+    alice.send(&publish(0, "hold")).await.unwrap();
+    // The first batch is with the backend (for 300 ms) before the rest is sent.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while seen.lock().unwrap().is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the publish proxy was never asked");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    const N: u64 = 50;
+    for i in 1..N {
+        alice.send(&publish(i, "queued")).await.unwrap();
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(10), alice.close(Some(1000), "done"))
+        .await
+        .expect("closed in time");
+    let mut got = Vec::new();
+    for _ in 0..200 {
+        got = srv.history("chat:held").await.iter().map(|m| m["data"]["i"].as_u64().unwrap()).collect();
+        if got.len() as u64 == N {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(got, (0..N).collect::<Vec<_>>(), "every publish before the close, once, in frame order");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -160,12 +160,21 @@ impl Session {
 
     /// Wait until every publish read so far is answered (before any other
     /// frame is handled).
+    ///
+    /// Every publish read goes to the engine even when the replies can no
+    /// longer be written (after the peer's close frame the socket takes no
+    /// more frames): the first write failure is returned once all are
+    /// answered. A batch is a future that only runs while polled, so giving
+    /// up at the first failure would drop the publishes queued behind it.
     pub(super) async fn settle_publishes(&mut self) -> Result<(), SessionEnd> {
+        let mut written = Ok(());
         while !self.pipeline.is_empty() {
             self.start_batch();
             let answers = std::future::poll_fn(|cx| poll_in_engine(&mut self.pipeline, cx)).await;
-            self.on_answers(answers).await?;
+            if written.is_ok() {
+                written = self.on_answers(answers).await;
+            }
         }
-        Ok(())
+        written
     }
 }
