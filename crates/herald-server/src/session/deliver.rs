@@ -177,16 +177,14 @@ impl Session {
         }
         self.state.metrics.delivered.inc_by(written);
         if closes {
+            // The room's final message was in this page: no further read.
             self.end_subscription(&channel, "room_closed").await?;
-            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
-            self.release_held();
-            return Ok(());
         }
         if !messages.is_empty() {
             self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
         }
         self.release_held();
-        if more {
+        if more && !closes {
             self.catchup.push_back(channel);
         }
         Ok(())
