@@ -94,7 +94,8 @@ pub enum Step {
     /// in the log (one node wins), then [`follow`](Feed::follow) the one
     /// that stands. Nothing changed in the feed.
     Lost { epoch: Epoch, head: Seq },
-    /// The feed's epoch changed since the round began: go on.
+    /// The feed's epoch changed (or the feed was started) since the round
+    /// began: go on.
     Stale,
     /// `count` messages of the page, those after `last`, were released (the
     /// `release` callback had each, in order). `done`: the repair may end;
@@ -255,6 +256,11 @@ impl Feed {
         mut release: impl FnMut(&Arc<Message>),
     ) -> Step {
         let Some(epoch) = &round.epoch else {
+            if self.epoch.is_some() {
+                // Started (by `start`) while this page was read: what it
+                // released since must not be released again.
+                return Step::Stale;
+            }
             self.epoch = Some(position.epoch.clone());
             self.last = position.head.saturating_sub(1);
             return Step::Started;

@@ -136,6 +136,23 @@ fn a_log_that_lost_what_was_released_under_the_same_epoch_is_reported() {
     assert_eq!(feed.on_page(&round, &p, &msgs, |_| {}), Step::Lost { epoch: Epoch::new("E"), head: 1 });
 }
 
+/// A repair asked for before the start (the periodic check) whose page
+/// comes back after `start` and a live release: the page must not start
+/// the feed again (that handed the head message out twice).
+#[test]
+fn a_start_round_overtaken_by_the_start_releases_nothing_twice() {
+    let mut feed = Feed::new();
+    assert!(feed.request_repair());
+    let round = feed.round(256);
+    assert!(!feed.start(&pos("E", 1, 0)), "a repair is already running");
+    assert_eq!(feed.offer(1, "E", &id("E", 1)), Offered::Release);
+    let (p, msgs) = page(&round, "E", 1, 1);
+    assert_eq!(feed.on_page(&round, &p, &msgs, |_| panic!("seq 1 went out live")), Step::Stale);
+    assert_eq!(feed.last(), 1);
+    let (released, _) = repair(&mut feed, "E", 1, 2, 256);
+    assert_eq!(released, [2], "the next round goes on after what went out");
+}
+
 #[test]
 fn a_page_of_a_round_overtaken_by_an_epoch_change_releases_nothing() {
     let mut feed = Feed::new();
