@@ -99,6 +99,12 @@ fn check_string(b: &[u8], mut i: usize) -> Result<usize, DataError> {
                     i += 2;
                 }
             }
+            // Plain characters: nothing to look at before the next quote or
+            // backslash (unless a high surrogate waits for its low half,
+            // which this character then leaves alone).
+            _ if pending_high.is_none() => {
+                i = memchr::memchr2(b'"', b'\\', &b[i..]).map_or(b.len(), |n| i + n);
+            }
             _ => i += 1,
         }
         if let Some(h) = pending_high {

@@ -13,10 +13,9 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use herald_core::NamespaceOptions;
 use herald_proto::{BodyError, ChannelName, ErrorCode, RequestBody};
@@ -24,6 +23,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::error::ApiError;
+use crate::listener::body::caused_by;
 use crate::publish::validate_idempotency_key;
 use crate::AppState;
 
@@ -84,8 +84,10 @@ impl<T: RequestBody> FromRequest<Arc<AppState>> for Body<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
-        let body = Bytes::from_request(req, state).await;
-        let body = body_bytes(body, state.config.limits.max_body_bytes)?;
+        // Read within our limit here (no `DefaultBodyLimit` layer: the
+        // layers wrap the router once, see `Server::http_service`).
+        let limit = state.config.limits.max_body_bytes;
+        let body = body_bytes(axum::body::to_bytes(req.into_body(), limit).await, limit)?;
         T::parse(&body).map(Body).map_err(body_error)
     }
 }
@@ -145,12 +147,12 @@ pub(crate) fn parse_channel<'a>(
     Ok((channel, ns))
 }
 
-/// The body as read by axum, its failures mapped to stable codes.
-pub(crate) fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+/// The body as read within `limit`, its failures mapped to stable codes.
+pub(crate) fn body_bytes(body: Result<Bytes, axum::Error>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
-        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        if caused_by::<http_body_util::LengthLimitError>(&e) {
             ApiError::new(ErrorCode::PayloadTooLarge, format!("request body is larger than {limit} bytes"))
-        } else if crate::listener::body::is_body_timeout(&e) {
+        } else if caused_by::<crate::listener::body::BodyTimeout>(&e) {
             ApiError::new(ErrorCode::RequestTimeout, "the request body did not arrive in time")
         } else {
             ApiError::new(ErrorCode::BadRequest, format!("could not read the body: {e}"))

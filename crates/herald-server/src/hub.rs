@@ -21,12 +21,14 @@
 //!   token); the session task owns everything else and removes its entries
 //!   on every exit path (see `session::Registrations`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::task::AtomicWaker;
 use herald_core::{FanoutSink, Message};
 use herald_proto::ChannelName;
 use prometheus_client::metrics::gauge::Gauge;
@@ -44,12 +46,8 @@ const SHED_INTERVAL: Duration = Duration::from_millis(100);
 #[derive(Clone)]
 pub struct ConnHandle {
     pub id: u64,
-    /// Bounded. flume rather than tokio's mpsc because it allocates its
-    /// queue lazily: an idle connection's outbox costs ~100 bytes instead of
-    /// a preallocated block (memory per idle connection matters).
-    pub outbox_tx: flume::Sender<Arc<Outgoing>>,
     /// Bytes queued for this connection: its outbox, plus what its session
-    /// holds in its write path (see [`ConnBytes`]).
+    /// holds in its write path; and the outbox itself (see [`ConnBytes`]).
     pub bytes: Arc<ConnBytes>,
     /// Cancelled when the connection must go as a slow consumer.
     pub slow: Kick,
@@ -151,19 +149,95 @@ impl Drop for Charge {
     }
 }
 
-/// Bytes queued for one connection: frames in its outbox (each counted in
-/// full even when shared with other connections: this is how far behind it
-/// is), plus the batch or catch-up page its session is writing. The hub
-/// adds, the session subtracts what it wrote.
-#[derive(Default)]
+/// One connection's outbox and the bytes queued for it: frames in its
+/// outbox (each counted in full even when shared with other connections:
+/// this is how far behind it is), plus the batch or catch-up page its
+/// session is writing. The hub adds, the session subtracts what it wrote.
+///
+/// The outbox is a bounded queue the hub pushes to without waiting and the
+/// session drains: one allocation per connection for all of it (a channel
+/// crate's shared state and the hook it allocates for each wait of the
+/// receiver cost an idle connection ~280 bytes). Its queue allocates on
+/// the first message.
 pub struct ConnBytes {
     queued: AtomicUsize,
     /// The slow-consumer kick ([`Kick`]).
     kicked: AtomicBool,
     kick: Notify,
+    /// Messages not yet taken by the session, at most `capacity`; `None`
+    /// once the session ended (nothing is queued any more).
+    outbox: Mutex<Option<VecDeque<Arc<Outgoing>>>>,
+    capacity: usize,
+    /// The session, waiting for the outbox.
+    waiting: AtomicWaker,
+}
+
+/// Why [`ConnBytes::push`] did not queue a message.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PushError {
+    /// The outbox holds `limits.outbox_capacity` messages.
+    Full,
+    /// The session ended.
+    Closed,
 }
 
 impl ConnBytes {
+    /// A connection whose outbox holds at most `capacity` messages.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            queued: AtomicUsize::new(0),
+            kicked: AtomicBool::new(false),
+            kick: Notify::new(),
+            outbox: Mutex::new(Some(VecDeque::new())),
+            capacity,
+            waiting: AtomicWaker::new(),
+        }
+    }
+
+    /// Queue a message for the session and wake it.
+    pub fn push(&self, out: Arc<Outgoing>) -> Result<(), PushError> {
+        {
+            let mut outbox = self.outbox.lock().expect("outbox lock poisoned");
+            let queue = outbox.as_mut().ok_or(PushError::Closed)?;
+            if queue.len() >= self.capacity {
+                return Err(PushError::Full);
+            }
+            queue.push_back(out);
+        }
+        self.waiting.wake();
+        Ok(())
+    }
+
+    /// The next queued message, if any.
+    pub fn pop(&self) -> Option<Arc<Outgoing>> {
+        self.outbox.lock().expect("outbox lock poisoned").as_mut()?.pop_front()
+    }
+
+    /// Messages queued now.
+    pub fn outbox_len(&self) -> usize {
+        self.outbox.lock().expect("outbox lock poisoned").as_ref().map_or(0, VecDeque::len)
+    }
+
+    /// The next message, once there is one (for one waiter: the session).
+    pub fn poll_pop(&self, cx: &mut Context<'_>) -> Poll<Arc<Outgoing>> {
+        if let Some(out) = self.pop() {
+            return Poll::Ready(out);
+        }
+        self.waiting.register(cx.waker());
+        // A push between the first look and the registration woke nobody.
+        match self.pop() {
+            Some(out) => Poll::Ready(out),
+            None => Poll::Pending,
+        }
+    }
+
+    /// The session ended: refuse further pushes and let go of what is
+    /// queued (and its share of the server's ceiling) now.
+    pub fn close_outbox(&self) {
+        let queued = self.outbox.lock().expect("outbox lock poisoned").take();
+        drop(queued);
+    }
+
     /// Add `len` if the count stays within `limit`, or holds nothing yet (a
     /// frame larger than the bound still reaches a connection that keeps up).
     pub fn try_add(&self, len: usize, limit: usize) -> bool {
@@ -266,7 +340,7 @@ impl Hub {
         if missed.msg.seq.is_none() {
             return self.refuse(conn, &missed.msg);
         }
-        if let Err(flume::TrySendError::Full(_)) = conn.outbox_tx.try_send(missed.clone()) {
+        if let Err(PushError::Full) = conn.bytes.push(missed.clone()) {
             self.metrics.outbox_full_frames.inc();
             self.refuse(conn, &missed.msg);
         }
@@ -364,15 +438,15 @@ impl Hub {
             self.metrics.outbox_full_bytes.inc();
             return self.refuse(conn, &out.msg);
         }
-        match conn.outbox_tx.try_send(out.clone()) {
+        match conn.bytes.push(out.clone()) {
             Ok(()) => {}
-            Err(flume::TrySendError::Full(_)) => {
+            Err(PushError::Full) => {
                 conn.bytes.sub(len);
                 self.metrics.outbox_full_frames.inc();
                 self.refuse(conn, &out.msg);
             }
             // The session is exiting; its cleanup removes this entry.
-            Err(flume::TrySendError::Disconnected(_)) => conn.bytes.sub(len),
+            Err(PushError::Closed) => conn.bytes.sub(len),
         }
     }
 
@@ -383,9 +457,19 @@ impl Hub {
         let Some(first) = run.first() else { return };
         let map = self.shard(&first.channel).read().expect("hub lock poisoned");
         let Some(subs) = map.get(&first.channel) else { return };
-        let outs: Vec<Arc<Outgoing>> = run.iter().map(|m| self.outgoing(m.clone())).collect();
+        // A run of one (each message of a batch to many channels) needs no
+        // list of its own.
+        let one;
+        let many: Vec<Arc<Outgoing>>;
+        let outs: &[Arc<Outgoing>] = if let [m] = run {
+            one = [self.outgoing(m.clone())];
+            &one
+        } else {
+            many = run.iter().map(|m| self.outgoing(m.clone())).collect();
+            &many
+        };
         for conn in subs {
-            for out in &outs {
+            for out in outs {
                 self.offer(conn, out);
             }
         }
@@ -410,5 +494,66 @@ impl FanoutSink for Hub {
             self.deliver_run(&rest[..n]);
             rest = &rest[n..];
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+
+    use herald_core::Epoch;
+
+    use super::*;
+
+    fn outgoing(n: u64, queued: &Arc<QueuedBytes>) -> Arc<Outgoing> {
+        let msg = Message {
+            channel: ChannelName::new("live:t").unwrap(),
+            seq: None,
+            id: Arc::from(n.to_string()),
+            ts: n,
+            epoch: Epoch::new("e".to_owned()),
+            frame: Bytes::from(vec![b'x'; 10]),
+            closes: false,
+        };
+        let charge = queued.try_charge(10);
+        Arc::new(Outgoing {
+            msg: Arc::new(msg),
+            missed: false,
+            centrifugo: Default::default(),
+            _charge: charge,
+        })
+    }
+
+    #[tokio::test]
+    async fn the_outbox_is_bounded_in_order_and_lets_go_when_the_session_ends() {
+        let queued = Arc::new(QueuedBytes::new(Gauge::default(), 1 << 20));
+        let conn = Arc::new(ConnBytes::new(3));
+        for n in 1..=3 {
+            conn.push(outgoing(n, &queued)).unwrap();
+        }
+        assert_eq!(conn.push(outgoing(4, &queued)), Err(PushError::Full));
+        assert_eq!(conn.outbox_len(), 3);
+        assert_eq!(conn.pop().unwrap().msg.ts, 1, "first in, first out");
+        // A waiting session is woken by a push from another task.
+        let waiter = {
+            let conn = conn.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                for _ in 0..3 {
+                    seen.push(poll_fn(|cx| conn.poll_pop(cx)).await.msg.ts);
+                }
+                seen
+            })
+        };
+        tokio::task::yield_now().await;
+        conn.push(outgoing(5, &queued)).unwrap();
+        assert_eq!(waiter.await.unwrap(), [2, 3, 5]);
+        // Ended: pushes are refused and what was queued is released now.
+        conn.push(outgoing(6, &queued)).unwrap();
+        assert_eq!(queued.total(), 10);
+        conn.close_outbox();
+        assert_eq!(queued.total(), 0, "the queued message's charge is released with the outbox");
+        assert_eq!(conn.push(outgoing(7, &queued)), Err(PushError::Closed));
+        assert!(conn.pop().is_none());
     }
 }

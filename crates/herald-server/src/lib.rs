@@ -33,7 +33,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::DefaultBodyLimit;
 use axum::http::header;
 use axum::routing::{get, post};
 use axum::Router;
@@ -41,7 +40,7 @@ use herald_core::Engine;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::set_header::SetResponseHeader;
 
 pub use config::Config;
 pub use error::ApiError;
@@ -154,6 +153,17 @@ impl Server {
         &self.state
     }
 
+    /// The router inside the layers every request passes, applied around
+    /// it once: `Router::layer` would wrap every route on its own, and
+    /// axum then clones each route's boxed layer stack for every request
+    /// (an allocation per layer and route call).
+    fn http_service(&self) -> listener::HttpService {
+        let guarded = listener::body::Guard::new(self.router(), self.state.clone());
+        let nosniff =
+            SetResponseHeader::overriding(guarded, header::X_CONTENT_TYPE_OPTIONS, browser::NOSNIFF);
+        SetResponseHeader::if_not_present(nosniff, header::CACHE_CONTROL, browser::NO_STORE)
+    }
+
     fn router(&self) -> Router {
         // The 405 fallback is set before the CORS layer so that preflights
         // (OPTIONS) reach the layer.
@@ -190,10 +200,6 @@ impl Server {
             .merge(console::router())
             .fallback(http::not_found)
             .method_not_allowed_fallback(http::method_not_allowed)
-            .layer(axum::middleware::from_fn_with_state(self.state.clone(), listener::body::guard))
-            .layer(SetResponseHeaderLayer::overriding(header::X_CONTENT_TYPE_OPTIONS, browser::NOSNIFF))
-            .layer(SetResponseHeaderLayer::if_not_present(header::CACHE_CONTROL, browser::NO_STORE))
-            .layer(DefaultBodyLimit::max(self.state.config.limits.max_body_bytes))
             .with_state(self.state.clone())
     }
 
@@ -210,7 +216,7 @@ impl Server {
                 state.metrics.clone(),
             )),
             http: listener::Serving::http_builder(limits),
-            router: self.router(),
+            service: self.http_service(),
             timeouts: listener::Timeouts::from_limits(limits),
             shutdown: state.shutdown.clone(),
             metrics: state.metrics.clone(),

@@ -41,16 +41,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::{Request, Response, StatusCode};
+use axum::http::{HeaderValue, Request, Response, StatusCode};
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
-use hyper_util::service::TowerToHyperService;
+use hyper_util::service::{TowerToHyperService, TowerToHyperServiceFuture};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower_http::set_header::SetResponseHeader;
 
 use crate::config::Limits;
 use crate::metrics::Metrics;
@@ -278,30 +279,50 @@ impl Drop for Registered {
     }
 }
 
-/// The router as a hyper service that tells the connection when a request
+/// What serves each request: the router inside the response-header layers
+/// and the body guard (`Server::http_service`), cloned per request without
+/// an allocation (each layer holds `Arc`s and static header values).
+pub(crate) type HttpService =
+    SetResponseHeader<SetResponseHeader<body::Guard<Router>, HeaderValue>, HeaderValue>;
+
+/// The service as a hyper service that tells the connection when a request
 /// is dispatched and when it is answered.
 #[derive(Clone)]
 struct Tracked {
-    inner: TowerToHyperService<Router>,
+    inner: TowerToHyperService<HttpService>,
     conn: Arc<Conn>,
 }
-
-type BoxedResponse = Pin<Box<dyn Future<Output = Result<Response<axum::body::Body>, Infallible>> + Send>>;
 
 impl hyper::service::Service<Request<Incoming>> for Tracked {
     type Response = Response<axum::body::Body>;
     type Error = Infallible;
-    type Future = BoxedResponse;
+    type Future = TrackedResponse;
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         self.conn.begin_request();
-        let answer = self.inner.call(req);
-        let conn = self.conn.clone();
-        Box::pin(async move {
-            let resp = answer.await?;
+        TrackedResponse { answer: self.inner.call(req), conn: Some(self.conn.clone()) }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request's answer; tells the connection once it is there.
+    struct TrackedResponse {
+        #[pin]
+        answer: TowerToHyperServiceFuture<HttpService, Request<Incoming>>,
+        conn: Option<Arc<Conn>>,
+    }
+}
+
+impl Future for TrackedResponse {
+    type Output = Result<Response<axum::body::Body>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        let resp = std::task::ready!(this.answer.poll(cx))?;
+        if let Some(conn) = this.conn.take() {
             conn.end_request(resp.status() == StatusCode::SWITCHING_PROTOCOLS);
-            Ok(resp)
-        })
+        }
+        std::task::Poll::Ready(Ok(resp))
     }
 }
 
@@ -309,7 +330,7 @@ impl hyper::service::Service<Request<Incoming>> for Tracked {
 pub(crate) struct Serving {
     pub connections: Arc<Connections>,
     pub http: http1::Builder,
-    pub router: Router,
+    pub service: HttpService,
     pub timeouts: Timeouts,
     pub shutdown: CancellationToken,
     pub metrics: Arc<Metrics>,
@@ -336,7 +357,7 @@ impl Serving {
         };
         let _ = stream.set_nodelay(true);
         let io = TokioIo::new(io::GuardedIo::new(stream, conn.clone()));
-        let service = Tracked { inner: TowerToHyperService::new(self.router.clone()), conn: conn.clone() };
+        let service = Tracked { inner: TowerToHyperService::new(self.service.clone()), conn: conn.clone() };
         let http = self.http.serve_connection(io, service).with_upgrades();
         let registered = Registered(self.connections.clone(), conn.id);
         let (timeouts, shutdown, metrics) = (self.timeouts, self.shutdown.clone(), self.metrics.clone());

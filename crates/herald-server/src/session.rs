@@ -177,6 +177,15 @@ impl Drop for Registrations {
     }
 }
 
+/// Whatever way the session ends, its outbox takes nothing more and lets go
+/// of what it still holds (and its share of the server's ceiling) at once;
+/// the hub entries go with `regs`.
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.handle.bytes.close_outbox();
+    }
+}
+
 /// Why the loop ended.
 enum SessionEnd {
     /// The peer closed or the socket failed: nothing more to send.
@@ -221,23 +230,16 @@ impl Session {
     /// Build the session for an upgraded socket. Synchronous on purpose: the
     /// connection task then holds the `Session` once, not also the pieces it
     /// was made from (an async fn keeps its arguments alive in its future).
-    pub fn new(
-        state: Arc<AppState>,
-        ws: Ws,
-        identity: Identity,
-        conn_id: u64,
-        wire: Wire,
-    ) -> (Self, flume::Receiver<Arc<Outgoing>>) {
-        let (outbox_tx, outbox_rx) = flume::bounded(state.config.limits.outbox_capacity);
-        let bytes = Arc::new(ConnBytes::default());
-        let handle = ConnHandle { id: conn_id, outbox_tx, slow: Kick::new(&bytes), bytes };
+    pub fn new(state: Arc<AppState>, ws: Ws, identity: Identity, conn_id: u64, wire: Wire) -> Self {
+        let bytes = Arc::new(ConnBytes::new(state.config.limits.outbox_capacity));
+        let handle = ConnHandle { id: conn_id, slow: Kick::new(&bytes), bytes };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
         let protocol = wire.protocol();
         state.metrics.protocol_connection(protocol, 1);
         let budget = budget::Budget::new(&state.config.limits, Instant::now());
         let frame_estimate = state.config.limits.max_message_bytes;
-        let session = Session {
+        Session {
             regs: Registrations {
                 state: state.clone(),
                 conn_id,
@@ -261,8 +263,7 @@ impl Session {
             catchup_pause: None,
             pipeline: pipeline::Pipeline::default(),
             wire,
-        };
-        (session, outbox_rx)
+        }
     }
 
     /// Run the connection to its end. Cleanup is guaranteed by `Registrations`.
@@ -272,9 +273,9 @@ impl Session {
     /// more in every connection's task; an `async move` block uses the
     /// captured session in place.
     #[allow(clippy::manual_async_fn)]
-    pub fn run(mut self, outbox_rx: flume::Receiver<Arc<Outgoing>>) -> impl Future<Output = ()> + Send {
+    pub fn run(mut self) -> impl Future<Output = ()> + Send {
         async move {
-            let end = self.run_loop(outbox_rx).await;
+            let end = self.run_loop().await;
             if let SessionEnd::Close { code, .. } = &end {
                 // An idle timeout is a lost client, like a dropped socket.
                 self.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
@@ -287,7 +288,7 @@ impl Session {
         }
     }
 
-    async fn run_loop(&mut self, mut outbox_rx: flume::Receiver<Arc<Outgoing>>) -> SessionEnd {
+    async fn run_loop(&mut self) -> SessionEnd {
         let mut period = self.tick_period();
         let mut tick = heartbeat(period);
         let mut expiry = self.expiry_timer();
@@ -300,7 +301,7 @@ impl Session {
             let step = async {
                 tokio::select! {
                     biased;
-                    Ok(msg) = outbox_rx.recv_async() => Box::pin(self.on_outbox(msg, &mut outbox_rx)).await,
+                    msg = std::future::poll_fn(|cx| self.handle.bytes.poll_pop(cx)) => Box::pin(self.on_outbox(msg)).await,
                     answers = std::future::poll_fn(|cx| pipeline::poll_in_engine(&mut self.pipeline, cx)) => {
                         Box::pin(self.on_answers(answers)).await
                     }

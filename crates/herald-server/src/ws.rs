@@ -193,8 +193,8 @@ pub(crate) fn start_session(
                     .limits(limits)
                     .config(Config::default().flush_threshold(WRITE_BATCH_BYTES))
                     .serve(TokioIo::new(upgraded));
-                let (session, outbox_rx) = Session::new(task_state, ws, identity, conn_id, wire);
-                session.run(outbox_rx).await;
+                let session = Session::new(task_state, ws, identity, conn_id, wire);
+                session.run().await;
             }
             Err(e) => tracing::debug!(error = %e, "upgrade failed"),
         }

@@ -15,7 +15,7 @@ use herald_core::{AppendRequest, EngineError, Epoch, Message, Receipt};
 use herald_proto::{encode_frame, ChannelName};
 use uuid::Uuid;
 
-use crate::codec::{self, ChannelMeta, IdemRecord, LogHeader};
+use crate::codec::{self, ChannelMeta, IdemRecord, KeyLayout, LogHeader};
 use crate::storage::{Space, StorageError, WriteSet};
 use crate::writer::{PendingIdem, StageError, Tally, Writer};
 
@@ -61,7 +61,7 @@ impl Writer {
             return Err(StageError::Refused(EngineError::Closed));
         }
         let id = Uuid::now_v7();
-        let id_str: Arc<str> = Arc::from(id.hyphenated().to_string());
+        let id_str: Arc<str> = codec::id_str(&id);
         let ts = now;
         let seq = if req.durable { Some(meta.head + 1) } else { None };
         // Only a durable append can close (there is no final seq otherwise).
@@ -69,9 +69,10 @@ impl Writer {
         let frame =
             Bytes::from(encode_frame(req.kind, channel, seq, &id_str, ts, &req.data, req.meta.as_ref()));
         if let Some(seq) = seq {
+            let layout = self.shared.storage.key_layout();
             ws.put(
                 Space::Log,
-                codec::log_key(channel.as_str(), seq),
+                layout.log_key(channel.as_str(), seq),
                 codec::encode_log_value(&LogHeader { ts, id }, &frame),
             );
             let meta = self.channel_meta(channel)?;
@@ -80,7 +81,7 @@ impl Writer {
             meta.max_age = req.retention.max_age;
             meta.closed = closes;
             let old_first = meta.first;
-            let trimmed = trim_to_len(channel.as_str(), meta, req.retention.max_len, ws);
+            let trimmed = trim_to_len(layout, channel.as_str(), meta, req.retention.max_len, ws);
             // Its meta is staged with the batch (`Writer::stage_metas`).
             self.dirty_metas.insert(channel.clone());
             if trimmed > 0 {
@@ -167,14 +168,21 @@ pub(crate) fn stage_receipt(
 /// Delete the oldest entries beyond `max_len` (0 = no limit), at most
 /// [`TRIM_BUDGET_PER_APPEND`]; returns how many. Deletes a prefix only, so
 /// the log stays gap-free.
-fn trim_to_len(channel: &str, meta: &mut ChannelMeta, max_len: u64, ws: &mut WriteSet) -> u64 {
+fn trim_to_len(
+    layout: KeyLayout,
+    channel: &str,
+    meta: &mut ChannelMeta,
+    max_len: u64,
+    ws: &mut WriteSet,
+) -> u64 {
     let len = meta.head + 1 - meta.first;
     if max_len == 0 || len <= max_len {
         return 0;
     }
     let excess = (len - max_len).min(TRIM_BUDGET_PER_APPEND);
+    let log = layout.log(channel);
     for seq in meta.first..meta.first + excess {
-        ws.delete(Space::Log, codec::log_key(channel, seq));
+        ws.delete(Space::Log, log.key(seq));
     }
     meta.first += excess;
     excess
@@ -185,12 +193,5 @@ fn receipt_from_record(rec: &IdemRecord, store_epoch: &Epoch) -> Result<Receipt,
         .map_err(|e| StorageError::Corrupt(format!("receipt with a bad channel name: {e}")))?;
     let epoch =
         if rec.epoch == store_epoch.as_str() { store_epoch.clone() } else { Epoch::new(rec.epoch.as_str()) };
-    Ok(Receipt {
-        channel,
-        seq: rec.seq,
-        id: Arc::from(rec.id.hyphenated().to_string()),
-        epoch,
-        ts: rec.ts,
-        duplicate: true,
-    })
+    Ok(Receipt { channel, seq: rec.seq, id: codec::id_str(&rec.id), epoch, ts: rec.ts, duplicate: true })
 }

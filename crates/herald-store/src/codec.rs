@@ -34,23 +34,113 @@ fn bad(what: &'static str) -> CodecError {
     CodecError { what }
 }
 
-/// `channel ++ 0x00 ++ seq (u64 BE)`.
-pub(crate) fn log_key(channel: &str, seq: u64) -> Vec<u8> {
-    let mut key = Vec::with_capacity(channel.len() + 9);
-    key.extend_from_slice(channel.as_bytes());
-    key.push(LOG_KEY_SEP);
-    key.extend_from_slice(&seq.to_be_bytes());
-    key
+/// A message id as clients see it (hyphenated, lower case), written
+/// straight into the shared string (no intermediate `String`).
+pub(crate) fn id_str(id: &Uuid) -> std::sync::Arc<str> {
+    std::sync::Arc::from(&*id.hyphenated().encode_lower(&mut Uuid::encode_buffer()))
 }
 
-/// The seq of a log key of `channel`.
-pub(crate) fn log_key_seq(channel: &str, key: &[u8]) -> Result<u64, CodecError> {
-    let rest = key
-        .strip_prefix(channel.as_bytes())
-        .and_then(|r| r.strip_prefix(&[LOG_KEY_SEP]))
-        .ok_or(bad("log key"))?;
-    let seq: [u8; 8] = rest.try_into().map_err(|_| bad("log key"))?;
-    Ok(u64::from_be_bytes(seq))
+/// How a data dir lays out the keys of its two per-append keyspaces (`log`
+/// and `channels`), fixed by its store format (`storage.rs`). Either way
+/// the log keys of one channel form one contiguous range in seq order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyLayout {
+    /// Format 1: log `channel ++ 0x00 ++ seq (u64 BE)`, channel meta
+    /// `channel`.
+    Plain,
+    /// Format 2: the same after `tag(channel)`, the tag being
+    /// [`channel_tag`]. The storage engine's memtable compares keys by their
+    /// first four bytes before anything else; with the channel name first
+    /// those are the namespace (`chat`) for every key, so every comparison
+    /// of an insert read and compared the whole key. With the tag they tell
+    /// two channels apart nearly always.
+    Tagged,
+}
+
+impl KeyLayout {
+    /// The key of `channel`'s meta in the `channels` keyspace.
+    pub(crate) fn channel_key(self, channel: &str) -> Vec<u8> {
+        let mut key = Vec::with_capacity(TAG_LEN + channel.len());
+        if self == KeyLayout::Tagged {
+            key.extend_from_slice(&channel_tag(channel));
+        }
+        key.extend_from_slice(channel.as_bytes());
+        key
+    }
+
+    /// The channel name of a `channels` key (checked against its tag).
+    pub(crate) fn channel_of(self, key: &[u8]) -> Result<&str, CodecError> {
+        let (tag, name) = match self {
+            KeyLayout::Plain => (None, key),
+            KeyLayout::Tagged => {
+                let (tag, name) = key.split_at_checked(TAG_LEN).ok_or(bad("channel key"))?;
+                (Some(tag), name)
+            }
+        };
+        let name = std::str::from_utf8(name).map_err(|_| bad("channel key"))?;
+        if tag.is_some_and(|t| t != channel_tag(name)) {
+            return Err(bad("channel key"));
+        }
+        Ok(name)
+    }
+
+    /// The key of `seq` in `channel`'s log (one key; for several of a
+    /// channel, [`KeyLayout::log`] makes their prefix once).
+    pub(crate) fn log_key(self, channel: &str, seq: u64) -> Vec<u8> {
+        let mut key = Vec::with_capacity(TAG_LEN + channel.len() + 9);
+        self.push_log_prefix(&mut key, channel);
+        key.extend_from_slice(&seq.to_be_bytes());
+        key
+    }
+
+    /// The log keys of `channel`: their shared prefix (with its tag) made
+    /// once, for scans and deletes of many entries.
+    pub(crate) fn log(self, channel: &str) -> ChannelLogKeys {
+        let mut prefix = Vec::with_capacity(TAG_LEN + channel.len() + 1);
+        self.push_log_prefix(&mut prefix, channel);
+        ChannelLogKeys { prefix }
+    }
+
+    /// `tag ++ channel ++ 0x00` (format 2) or `channel ++ 0x00` (format 1).
+    fn push_log_prefix(self, out: &mut Vec<u8>, channel: &str) {
+        if self == KeyLayout::Tagged {
+            out.extend_from_slice(&channel_tag(channel));
+        }
+        out.extend_from_slice(channel.as_bytes());
+        out.push(LOG_KEY_SEP);
+    }
+}
+
+/// The log keys of one channel ([`KeyLayout::log`]).
+pub(crate) struct ChannelLogKeys {
+    prefix: Vec<u8>,
+}
+
+impl ChannelLogKeys {
+    /// The key of `seq`.
+    pub(crate) fn key(&self, seq: u64) -> Vec<u8> {
+        let mut key = Vec::with_capacity(self.prefix.len() + 8);
+        key.extend_from_slice(&self.prefix);
+        key.extend_from_slice(&seq.to_be_bytes());
+        key
+    }
+
+    /// The seq of a key of this channel's log.
+    pub(crate) fn seq(&self, key: &[u8]) -> Result<u64, CodecError> {
+        let rest = key.strip_prefix(self.prefix.as_slice()).ok_or(bad("log key"))?;
+        let seq: [u8; 8] = rest.try_into().map_err(|_| bad("log key"))?;
+        Ok(u64::from_be_bytes(seq))
+    }
+}
+
+const TAG_LEN: usize = 4;
+
+/// The first four bytes (big-endian) of the channel name's XXH3-64: stable
+/// across versions and machines (XXH3 is a specified hash without a seed
+/// here), and part of the stored keys of format 2.
+pub(crate) fn channel_tag(channel: &str) -> [u8; TAG_LEN] {
+    let h = xxhash_rust::xxh3::xxh3_64(channel.as_bytes()).to_be_bytes();
+    [h[0], h[1], h[2], h[3]]
 }
 
 /// The fixed header stored before each message frame. Kept outside the frame
@@ -488,21 +578,49 @@ mod tests {
     use super::*;
 
     #[test]
-    fn log_keys_sort_by_channel_then_seq() {
-        // Sorted order: a channel's keys are contiguous and in seq order, and
-        // a channel sorts before any channel it is a prefix of.
-        let sorted = [
-            log_key("a", 1),
-            log_key("a", 2),
-            log_key("a:", u64::MAX),
-            log_key("a:b", 1),
-            log_key("a:b", 256),
-        ];
-        let mut shuffled = [&sorted[3], &sorted[1], &sorted[4], &sorted[0], &sorted[2]];
-        shuffled.sort();
-        assert!(shuffled.iter().copied().eq(sorted.iter()));
-        assert_eq!(log_key_seq("a:b", &log_key("a:b", 256)), Ok(256));
-        assert!(log_key_seq("a", &log_key("a:b", 1)).is_err());
+    fn a_channels_log_keys_are_contiguous_and_in_seq_order_in_both_layouts() {
+        // Channels that are prefixes of one another, seqs across byte widths.
+        let channels = ["a", "a:", "a:b", "ab", "chat:1", "chat:10"];
+        let seqs = [1, 2, 255, 256, u64::MAX];
+        for keys in [KeyLayout::Plain, KeyLayout::Tagged] {
+            let mut all: Vec<(Vec<u8>, &str, u64)> = channels
+                .iter()
+                .flat_map(|c| seqs.iter().map(move |&s| (keys.log_key(c, s), *c, s)))
+                .collect();
+            all.sort();
+            for c in channels {
+                let at: Vec<usize> =
+                    all.iter().enumerate().filter(|(_, k)| k.1 == c).map(|(i, _)| i).collect();
+                assert_eq!(at.last().unwrap() - at[0] + 1, seqs.len(), "{keys:?}: {c}'s keys are one range");
+                let in_order: Vec<u64> = at.iter().map(|&i| all[i].2).collect();
+                assert_eq!(in_order, seqs, "{keys:?}: {c}'s keys in seq order");
+            }
+            assert_eq!(keys.log("a:b").seq(&keys.log_key("a:b", 256)), Ok(256));
+            assert_eq!(keys.log("a:b").key(256), keys.log_key("a:b", 256));
+            assert!(keys.log("a").seq(&keys.log_key("a:b", 1)).is_err());
+            assert!(keys.log("a:b").seq(&keys.log_key("a", 1)).is_err());
+        }
+        assert_eq!(KeyLayout::Plain.log_key("a", 1), b"a\0\0\0\0\0\0\0\0\x01");
+        let tagged = KeyLayout::Tagged.log_key("a", 1);
+        assert_eq!(
+            (&tagged[..4], &tagged[4..]),
+            (&channel_tag("a")[..], &KeyLayout::Plain.log_key("a", 1)[..])
+        );
+        for layout in [KeyLayout::Plain, KeyLayout::Tagged] {
+            for c in channels {
+                assert_eq!(layout.channel_of(&layout.channel_key(c)), Ok(c), "{layout:?}");
+            }
+        }
+        assert_eq!(KeyLayout::Plain.channel_key("chat:1"), b"chat:1");
+        let mut wrong_tag = KeyLayout::Tagged.channel_key("chat:1");
+        wrong_tag[0] ^= 1;
+        assert!(
+            KeyLayout::Tagged.channel_of(&wrong_tag).is_err(),
+            "a tag that is not the name's is corruption"
+        );
+        assert!(KeyLayout::Tagged.channel_of(b"abc").is_err(), "shorter than a tag");
+        // Stored in data dirs: the tag must never change.
+        assert_eq!(channel_tag("chat:1"), [167, 249, 141, 222], "the tag is stored: it must never change");
     }
 
     #[test]

@@ -159,21 +159,10 @@ impl Log for EmbeddedEngine {
             _ => {}
         }
         let n = reqs.len();
-        let mut replies = Vec::with_capacity(n);
-        let mut ops = Vec::with_capacity(n);
-        for req in reqs {
-            let (tx, rx) = oneshot::channel();
-            ops.push((req, tx));
-            replies.push(rx);
+        match self.submit(|reply| Command::AppendBatch(reqs, reply)).await {
+            Ok(results) => results,
+            Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
         }
-        if let Err(e) = self.enqueue(Command::AppendBatch(ops)).await {
-            return (0..n).map(|_| Err(e.clone())).collect();
-        }
-        let mut out = Vec::with_capacity(n);
-        for rx in replies {
-            out.push(rx.await.unwrap_or_else(|_| Err(self.shared.stopped_error())));
-        }
-        out
     }
 
     /// Runs inline: one point read of the channel meta, served from the

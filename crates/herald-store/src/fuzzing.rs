@@ -60,8 +60,13 @@ fn keys(bytes: &[u8]) {
     let Some((&n, rest)) = bytes.split_first() else { return };
     let Some((channel, key)) = rest.split_at_checked(usize::from(n)) else { return };
     let Ok(channel) = std::str::from_utf8(channel) else { return };
-    if let Ok(seq) = codec::log_key_seq(channel, key) {
-        assert_eq!(codec::log_key(channel, seq), key);
+    for keys in [codec::KeyLayout::Plain, codec::KeyLayout::Tagged] {
+        if let Ok(seq) = keys.log(channel).seq(key) {
+            assert_eq!(keys.log_key(channel, seq), key);
+        }
+        if let Ok(name) = keys.channel_of(bytes) {
+            assert_eq!(keys.channel_key(name), bytes);
+        }
     }
     if let Ok(sub) = codec::cursor_key_subscriber(channel, key) {
         assert_eq!(codec::cursor_key(channel, sub), key);

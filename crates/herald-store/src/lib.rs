@@ -134,10 +134,10 @@
 //!
 //! | keyspace | key | value |
 //! |---|---|---|
-//! | `meta` | `format` | store format, `1` |
+//! | `meta` | `format` | store format: `2` for a data dir made by this version, `1` (still read and written in its own layout) for one made before |
 //! | `meta` | `epoch` | UUID made when the data dir was created; every channel's [`Epoch`](herald_core::Epoch) |
-//! | `log` | channel ++ `0x00` ++ seq (u64) | format (u8) ++ ts (u64 ms) ++ id (16-byte UUIDv7) ++ the `message` frame, byte for byte as sent |
-//! | `channels` | channel | format (`2`) ++ head ++ first ++ has_max_age (u8) ++ max_age_ms ++ closed (u8); format `1` (still read) has no `closed` |
+//! | `log` | format 2: tag ++ channel ++ `0x00` ++ seq (u64); format 1: channel ++ `0x00` ++ seq | format (u8) ++ ts (u64 ms) ++ id (16-byte UUIDv7) ++ the `message` frame, byte for byte as sent |
+//! | `channels` | format 2: tag ++ channel; format 1: channel | format (`2`) ++ head ++ first ++ has_max_age (u8) ++ max_age_ms ++ closed (u8); format `1` (still read) has no `closed` |
 //! | `idem` | dedup key | format ++ fingerprint (32) ++ has_seq (u8) ++ seq ++ id (16) ++ ts ++ expires_at ++ channel (u16 len + bytes) ++ epoch (u16 len + bytes) |
 //! | `idem_exp` | expires_at (u64 ms) ++ dedup key | empty: the expiry index the sweeper scans |
 //! | `cursors` | channel ++ `0x00` ++ subscriber key | format ++ seq (u64) ++ acked_at_ms (u64) |
@@ -151,7 +151,13 @@
 //! The id and ts sit in a fixed header before the frame so reads and the
 //! sweeper never parse JSON, and reads send the stored frame unchanged.
 //! Channel names never contain `0x00`, so each channel's log is one
-//! contiguous key range, and so are its cursors. The subscriber key is
+//! contiguous key range, and so are its cursors. The tag of a format-2 log
+//! or channel key is the first four bytes of the channel name's XXH3-64
+//! (`codec::channel_tag`): the memtable compares keys by their first four
+//! bytes first, and without it those were the namespace, the same for
+//! every key (`chat`), so every comparison of an insert read the whole
+//! key. A channel's keys share its tag, so its range stays contiguous and
+//! in seq order. The subscriber key is
 //! [`SubscriberId::key`](herald_core::SubscriberId::key) (length-prefixed
 //! user and device, no control characters), so a user's `user_cursors`
 //! entries, every device and channel, are the one key range starting with

@@ -22,7 +22,7 @@ use crate::codec::{self, ChannelMeta, CursorRecord, LeaseRecord};
 use crate::storage::{Space, Storage, StorageError, View};
 
 fn load_meta(view: &View<'_>, channel: &ChannelName) -> Result<ChannelMeta, StorageError> {
-    match view.get(Space::Channels, channel.as_str().as_bytes())? {
+    match view.get(Space::Channels, &view.key_layout().channel_key(channel.as_str()))? {
         Some(v) => Ok(ChannelMeta::decode(&v)?),
         None => Ok(ChannelMeta::default()),
     }
@@ -59,9 +59,10 @@ pub(crate) fn read_page(
     // At most `limit` entries, and never more than the log holds.
     let mut messages = Vec::with_capacity(usize::try_from(end - start + 1).unwrap_or(0).min(1024));
     let mut expected = start;
-    let range = (Bound::Included(codec::log_key(name, start)), Bound::Included(codec::log_key(name, end)));
+    let log = storage.key_layout().log(name);
+    let range = (Bound::Included(log.key(start)), Bound::Included(log.key(end)));
     view.scan(Space::Log, range, |k, v| {
-        let seq = codec::log_key_seq(name, k)?;
+        let seq = log.seq(k)?;
         if seq != expected {
             return Err(gap(name, expected));
         }
@@ -69,7 +70,7 @@ pub(crate) fn read_page(
         messages.push(Arc::new(Message {
             channel: channel.clone(),
             seq: Some(seq),
-            id: Arc::from(header.id.hyphenated().to_string()),
+            id: codec::id_str(&header.id),
             ts: header.ts,
             epoch: epoch.clone(),
             frame: Bytes::copy_from_slice(frame),

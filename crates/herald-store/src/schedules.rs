@@ -207,7 +207,7 @@ impl Writer {
                 let channel = ChannelName::new(&rec.channel)
                     .map_err(|e| StorageError::Corrupt(format!("receipt with a bad channel name: {e}")))?;
                 return Ok(ScheduleReceipt {
-                    id: Arc::from(rec.id.hyphenated().to_string()),
+                    id: crate::codec::id_str(&rec.id),
                     channel,
                     deliver_at: rec.ts,
                     duplicate: true,
@@ -215,7 +215,7 @@ impl Writer {
             }
         }
         let uuid = Uuid::now_v7();
-        let id: Arc<str> = Arc::from(uuid.hyphenated().to_string());
+        let id: Arc<str> = crate::codec::id_str(&uuid);
         let s = Schedule {
             id: id.clone(),
             channel: req.channel,

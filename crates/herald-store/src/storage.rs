@@ -21,10 +21,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
 use herald_core::Epoch;
 
+use crate::codec::KeyLayout;
 use crate::StoreError;
 
-/// Format of the data dir; bumped on an incompatible layout change.
-const STORE_FORMAT: &[u8] = b"1";
+/// Format of a new data dir; bumped on an incompatible layout change. Every
+/// format listed in [`KeyLayout`]'s variants is still opened (`init_meta`).
+const STORE_FORMAT: &[u8] = b"2";
+/// The first format: log keys without the channel tag.
+const STORE_FORMAT_1: &[u8] = b"1";
 const META_FORMAT_KEY: &[u8] = b"format";
 const META_EPOCH_KEY: &[u8] = b"epoch";
 
@@ -146,6 +150,8 @@ pub(crate) struct Storage {
     schedules_due: Keyspace,
     schedules_by_channel: Keyspace,
     epoch: Epoch,
+    /// The key layout of this data dir's format (`log` and `channels`).
+    key_layout: KeyLayout,
     /// Test hook: the next commit fails without writing.
     fail_next_commit: AtomicBool,
 }
@@ -154,13 +160,19 @@ impl Storage {
     /// Open or create the data dir. Fails with [`StoreError::Locked`] if
     /// another engine (in this or another process) has it open.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_new_as(dir, STORE_FORMAT)
+    }
+
+    /// [`Storage::open`], creating a new data dir in `format` (tests make
+    /// data dirs of an older format with it).
+    pub(crate) fn open_new_as(dir: &Path, format: &'static [u8]) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|source| StoreError::CreateDir { path: dir.to_path_buf(), source })?;
         let db = Database::builder(dir).open().map_err(|e| open_error(dir, e))?;
         let space =
             |name: &str| db.keyspace(name, KeyspaceCreateOptions::default).map_err(|e| open_error(dir, e));
         let meta = space("meta")?;
-        let epoch = init_meta(&db, &meta).map_err(|e| match e {
+        let (epoch, key_layout) = init_meta(&db, &meta, format).map_err(|e| match e {
             StorageError::Corrupt(m) => StoreError::Corrupt(m),
             other => StoreError::Storage(other.to_string()),
         })?;
@@ -183,9 +195,15 @@ impl Storage {
             schedules_due: space("schedules_due")?,
             schedules_by_channel: space("schedules_by_channel")?,
             epoch,
+            key_layout,
             db,
             fail_next_commit: AtomicBool::new(false),
         })
+    }
+
+    /// How this data dir's `log` and `channels` keys are laid out.
+    pub(crate) fn key_layout(&self) -> KeyLayout {
+        self.key_layout
     }
 
     /// The epoch of this data dir, created with it.
@@ -276,6 +294,11 @@ pub(crate) struct View<'a> {
 }
 
 impl View<'_> {
+    /// The key layout of the data dir viewed.
+    pub fn key_layout(&self) -> KeyLayout {
+        self.storage.key_layout
+    }
+
     pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         Ok(self.snapshot.get(self.storage.keyspace(space), key)?.map(|v| v.to_vec()))
     }
@@ -305,38 +328,119 @@ fn scan_iter(
 
 /// Check the data dir's format and read its epoch, creating both (durably)
 /// in a new data dir.
-fn init_meta(db: &Database, meta: &Keyspace) -> Result<Epoch, StorageError> {
-    match meta.get(META_FORMAT_KEY)? {
-        Some(f) if &*f == STORE_FORMAT => {}
-        Some(f) => {
-            return Err(StorageError::Corrupt(format!(
-                "data dir format {:?} is not supported (expected {:?})",
+fn init_meta(db: &Database, meta: &Keyspace, new_format: &[u8]) -> Result<(Epoch, KeyLayout), StorageError> {
+    let layout_of = |format: &[u8]| match format {
+        STORE_FORMAT => Some(KeyLayout::Tagged),
+        STORE_FORMAT_1 => Some(KeyLayout::Plain),
+        _ => None,
+    };
+    let layout = match meta.get(META_FORMAT_KEY)? {
+        Some(f) => layout_of(&f).ok_or_else(|| {
+            StorageError::Corrupt(format!(
+                "data dir format {:?} is not supported (this version reads {:?} and {:?})",
                 String::from_utf8_lossy(&f),
+                String::from_utf8_lossy(STORE_FORMAT_1),
                 String::from_utf8_lossy(STORE_FORMAT)
-            )));
-        }
+            ))
+        })?,
         None => {
             // A new data dir: a new epoch, so clients resuming with seqs of
             // another (lost) log resync instead of trusting them.
             let epoch = uuid::Uuid::new_v4().hyphenated().to_string();
             let mut batch = db.batch().durability(Some(PersistMode::SyncAll));
-            batch.insert(meta, META_FORMAT_KEY, STORE_FORMAT);
+            batch.insert(meta, META_FORMAT_KEY, new_format);
             batch.insert(meta, META_EPOCH_KEY, epoch.as_bytes());
             batch.commit()?;
+            layout_of(new_format).expect("a known format")
         }
-    }
+    };
     let epoch = meta
         .get(META_EPOCH_KEY)?
         .ok_or_else(|| StorageError::Corrupt("data dir has a format marker but no epoch".into()))?;
     let epoch = std::str::from_utf8(&epoch)
         .map_err(|_| StorageError::Corrupt("epoch is not UTF-8".into()))?
         .to_owned();
-    Ok(Epoch::new(epoch))
+    Ok((Epoch::new(epoch), layout))
 }
 
 fn open_error(dir: &Path, e: fjall::Error) -> StoreError {
     match e {
         fjall::Error::Locked => StoreError::Locked { path: PathBuf::from(dir) },
         other => StoreError::Storage(format!("cannot open {}: {other}", dir.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ops::ControlFlow;
+
+    use herald_core::{AppendRequest, Lifecycle, Log, Retention};
+    use herald_proto::ChannelName;
+    use serde_json::value::RawValue;
+
+    use super::*;
+    use crate::{EmbeddedEngine, StoreConfig};
+
+    fn req(channel: &ChannelName, data: &str) -> AppendRequest {
+        let data = RawValue::from_string(data.to_owned()).expect("JSON");
+        AppendRequest::message(channel.clone(), data, true, Retention { max_len: 3, max_age: None })
+    }
+
+    /// Every key of one space of the data dir.
+    fn keys_of(dir: &Path, space: Space) -> Vec<Vec<u8>> {
+        let storage = Storage::open(dir).expect("open");
+        let mut keys = Vec::new();
+        storage
+            .scan(space, (Bound::Unbounded, Bound::Unbounded), |k, _| {
+                keys.push(k.to_vec());
+                Ok(ControlFlow::Continue(()))
+            })
+            .expect("scan");
+        keys
+    }
+
+    /// A data dir of each format opens, appends (with trimming), reads and
+    /// reopens in its own key layout: format 1 (no tag) as it was written
+    /// by earlier versions, format 2 (new data dirs) tagged.
+    #[tokio::test]
+    async fn each_format_keeps_its_key_layout() {
+        let ch = ChannelName::new("chat:layout").unwrap();
+        for (format, layout) in [(STORE_FORMAT_1, KeyLayout::Plain), (STORE_FORMAT, KeyLayout::Tagged)] {
+            let dir = tempfile::tempdir().unwrap();
+            drop(Storage::open_new_as(dir.path(), format).expect("create"));
+            for round in 0..2 {
+                let engine = EmbeddedEngine::open(StoreConfig::new(dir.path())).expect("open");
+                for i in 1..=4 {
+                    let seq = engine.append(req(&ch, &format!("{}", round * 4 + i))).await.unwrap().seq;
+                    assert_eq!(seq, Some(round * 4 + i), "seqs continue across a reopen");
+                }
+                let page = engine.read(&ch, 0, 100).await.unwrap();
+                let seqs: Vec<_> = page.messages.iter().map(|m| m.seq.unwrap()).collect();
+                let head = round * 4 + 4;
+                assert_eq!(seqs, (head - 2..=head).collect::<Vec<_>>(), "the last three, trimmed in place");
+                engine.close().await;
+                drop(engine);
+            }
+            assert_eq!(Storage::open(dir.path()).unwrap().key_layout(), layout);
+            let keys = keys_of(dir.path(), Space::Log);
+            let expected: Vec<_> = (6..=8).map(|seq| layout.log_key(ch.as_str(), seq)).collect();
+            assert_eq!(keys, expected, "{layout:?}: exactly the live entries, in this layout");
+            let tagged = keys.iter().all(|k| k.starts_with(&crate::codec::channel_tag(ch.as_str())));
+            assert_eq!(tagged, layout == KeyLayout::Tagged);
+            assert_eq!(keys_of(dir.path(), Space::Channels), [layout.channel_key(ch.as_str())]);
+        }
+    }
+
+    #[test]
+    fn a_format_this_version_does_not_know_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = Database::builder(dir.path()).open().unwrap();
+            let meta = db.keyspace("meta", KeyspaceCreateOptions::default).unwrap();
+            meta.insert(META_FORMAT_KEY, b"9").unwrap();
+            db.persist(PersistMode::SyncAll).unwrap();
+        }
+        let e = Storage::open(dir.path()).err().expect("refused").to_string();
+        assert!(e.contains("format \"9\" is not supported"), "{e}");
     }
 }

@@ -126,8 +126,14 @@ impl Writer {
         })?;
         let pass_unfinished = channels.len() >= CHANNELS_PER_SLICE;
         for (key, stored) in channels {
-            let name =
-                std::str::from_utf8(&key).ok().and_then(|s| ChannelName::new(s).ok()).ok_or_else(|| {
+            let name = self
+                .shared
+                .storage
+                .key_layout()
+                .channel_of(&key)
+                .ok()
+                .and_then(|s| ChannelName::new(s).ok())
+                .ok_or_else(|| {
                     StorageError::Corrupt(format!("bad channel key {:?}", String::from_utf8_lossy(&key)))
                 })?;
             // The cache, when it has the channel, equals the stored meta.
@@ -173,14 +179,13 @@ impl Writer {
         ws: &mut WriteSet,
     ) -> Result<usize, StorageError> {
         let name = channel.as_str();
-        let range = (
-            Bound::Included(codec::log_key(name, meta.first)),
-            Bound::Included(codec::log_key(name, meta.head)),
-        );
+        let layout = self.shared.storage.key_layout();
+        let log = layout.log(name);
+        let range = (Bound::Included(log.key(meta.first)), Bound::Included(log.key(meta.head)));
         let mut expired = 0u64;
         let mut expected = meta.first;
         self.shared.storage.scan(Space::Log, range, |k, v| {
-            let seq = codec::log_key_seq(name, k)?;
+            let seq = log.seq(k)?;
             if seq != expected {
                 return Err(StorageError::Corrupt(format!(
                     "channel {name}: expected seq {expected}, found {seq}"
@@ -198,11 +203,11 @@ impl Writer {
             return Ok(0);
         }
         for seq in meta.first..meta.first + expired {
-            ws.delete(Space::Log, codec::log_key(name, seq));
+            ws.delete(Space::Log, log.key(seq));
         }
         let cached = self.channel_meta(channel)?;
         cached.first += expired;
-        ws.put(Space::Channels, name.as_bytes().to_vec(), cached.encode());
+        ws.put(Space::Channels, layout.channel_key(name), cached.encode());
         Ok(expired as usize)
     }
 }

@@ -62,6 +62,8 @@ use crate::FsyncMode;
 const CHANNEL_CACHE_CAP: usize = 65_536;
 
 pub(crate) type AppendReply = oneshot::Sender<Result<Receipt, EngineError>>;
+/// The results of an [`Command::AppendBatch`], in its order, sent together.
+pub(crate) type BatchReply = oneshot::Sender<Vec<Result<Receipt, EngineError>>>;
 pub(crate) type AckReply = oneshot::Sender<Result<CursorState, AckError>>;
 pub(crate) type RoomReply = oneshot::Sender<Result<RoomWritten, EngineError>>;
 
@@ -72,8 +74,9 @@ pub(crate) enum Command {
     },
     /// Several appends of one caller, in order: one queue hand-off, staged
     /// one after the other into the same group commit (the batch may then
-    /// exceed `max_batch` by this command's length).
-    AppendBatch(Vec<(AppendRequest, AppendReply)>),
+    /// exceed `max_batch` by this command's length), answered with one
+    /// reply (one wake-up of the caller).
+    AppendBatch(Vec<AppendRequest>, BatchReply),
     Ack {
         req: AckRequest,
         reply: AckReply,
@@ -98,6 +101,7 @@ pub(crate) struct AckRequest {
 /// A request taken from the queue for the next group commit.
 pub(crate) enum Op {
     Append(AppendRequest, AppendReply),
+    AppendBatch(Vec<AppendRequest>, BatchReply),
     Ack(AckRequest, AckReply),
     Presence(PresenceCmd),
     Room(RoomWrite, RoomReply),
@@ -105,11 +109,23 @@ pub(crate) enum Op {
 }
 
 impl Op {
+    /// How many requests the op carries (a group commit takes up to
+    /// `max_batch` of them, and at least one op).
+    fn requests(&self) -> usize {
+        match self {
+            Op::AppendBatch(reqs, _) => reqs.len(),
+            _ => 1,
+        }
+    }
+
     fn fail(self, reason: &str) {
         // A dropped receiver is a caller that stopped waiting.
         match self {
             Op::Append(_, reply) => {
                 let _ = reply.send(Err(EngineError::Failed(reason.to_owned())));
+            }
+            Op::AppendBatch(reqs, reply) => {
+                let _ = reply.send(failed_all(reqs.len(), reason));
             }
             Op::Ack(_, reply) => {
                 let _ = reply.send(Err(EngineError::Failed(reason.to_owned()).into()));
@@ -126,6 +142,7 @@ impl Op {
 /// A staged request: what its caller is told once the batch committed.
 enum Staged {
     Append { reply: AppendReply, result: Result<Receipt, EngineError>, fanout: Option<Arc<Message>> },
+    AppendBatch { reply: BatchReply, results: Vec<Result<Receipt, EngineError>>, fanout: Vec<Arc<Message>> },
     Ack { reply: AckReply, result: Result<CursorState, AckError> },
     Presence(PresenceDone),
     Room { reply: RoomReply, result: Result<RoomWritten, EngineError>, fanout: Option<Arc<Message>> },
@@ -140,6 +157,11 @@ impl Staged {
             Op::Append(_, reply) => {
                 Staged::Append { reply, result: Err(EngineError::ShuttingDown), fanout: None }
             }
+            Op::AppendBatch(reqs, reply) => Staged::AppendBatch {
+                reply,
+                results: reqs.iter().map(|_| Err(EngineError::ShuttingDown)).collect(),
+                fanout: Vec::new(),
+            },
             Op::Ack(_, reply) => Staged::Ack { reply, result: Err(EngineError::ShuttingDown.into()) },
             Op::Presence(cmd) => Staged::Presence(cmd.unstaged()),
             Op::Room(_, reply) => {
@@ -153,6 +175,9 @@ impl Staged {
         match self {
             Staged::Append { reply, .. } => {
                 let _ = reply.send(Err(EngineError::Failed(reason.to_owned())));
+            }
+            Staged::AppendBatch { reply, results, .. } => {
+                let _ = reply.send(failed_all(results.len(), reason));
             }
             Staged::Ack { reply, .. } => {
                 let _ = reply.send(Err(EngineError::Failed(reason.to_owned()).into()));
@@ -174,6 +199,10 @@ impl Staged {
                 let _ = reply.send(result);
                 fanout.extend(msg);
             }
+            Staged::AppendBatch { reply, results, fanout: msgs } => {
+                let _ = reply.send(results);
+                fanout.extend(msgs);
+            }
             Staged::Ack { reply, result } => {
                 let _ = reply.send(result);
             }
@@ -185,6 +214,66 @@ impl Staged {
             Staged::Sched(done) => done.answer(fanout),
         }
     }
+}
+
+/// The group commit being built by [`Writer::process`].
+struct Staging {
+    ws: WriteSet,
+    pending_idem: PendingIdem,
+    tally: Tally,
+    /// Whether an append, room write or schedule wrote anything: only then
+    /// does the commit need an fsync under `FsyncMode::Always` (acks and
+    /// presence writes alone never do).
+    appended: bool,
+    /// After a storage error the rest is not staged; every result of the
+    /// batch is then replaced by `Failed`.
+    storage_error: Option<StorageError>,
+}
+
+impl Staging {
+    fn new(requests: usize) -> Self {
+        Self {
+            // An append stages up to four keys (log entry, channel meta,
+            // receipt and its expiry entry); the meta is shared by a
+            // channel's appends.
+            ws: WriteSet::with_capacity(requests * 3),
+            pending_idem: PendingIdem::with_capacity_and_hasher(requests, Default::default()),
+            tally: Tally::default(),
+            appended: false,
+            storage_error: None,
+        }
+    }
+
+    /// Stage one write that may fan a message out (an append, a room
+    /// write): its result and the message to fan out once committed. Every
+    /// such write that writes puts a key no other request of the batch
+    /// wrote (a new log entry or receipt), so a longer write set means it
+    /// wrote.
+    fn write<T>(
+        &mut self,
+        stage: impl FnOnce(
+            &mut WriteSet,
+            &mut PendingIdem,
+            &mut Tally,
+        ) -> Result<(T, Option<Arc<Message>>), StageError>,
+    ) -> (Result<T, EngineError>, Option<Arc<Message>>) {
+        let before = self.ws.len();
+        let result = stage(&mut self.ws, &mut self.pending_idem, &mut self.tally);
+        self.appended |= self.ws.len() > before;
+        match result {
+            Ok((written, fanout)) => (Ok(written), fanout),
+            Err(StageError::Refused(e)) => (Err(e), None),
+            Err(StageError::Storage(e)) => {
+                self.storage_error = Some(e);
+                (Err(EngineError::ShuttingDown), None)
+            }
+        }
+    }
+}
+
+/// `n` results failed with the engine's failure `reason`.
+fn failed_all(n: usize, reason: &str) -> Vec<Result<Receipt, EngineError>> {
+    (0..n).map(|_| Err(EngineError::Failed(reason.to_owned()))).collect()
 }
 
 /// Why staging one request did not produce an append.
@@ -275,9 +364,14 @@ impl Writer {
             let mut closing = false;
             if let Some(cmd) = first {
                 closing |= collect(cmd, &mut batch);
-                while batch.len() < self.max_batch && !closing {
+                let mut requests = requests_in(&batch);
+                while requests < self.max_batch && !closing {
                     match self.rx.try_recv() {
-                        Ok(cmd) => closing |= collect(cmd, &mut batch),
+                        Ok(cmd) => {
+                            let before = batch.len();
+                            closing |= collect(cmd, &mut batch);
+                            requests += requests_in(&batch[before..]);
+                        }
                         Err(_) => break,
                     }
                 }
@@ -289,7 +383,7 @@ impl Writer {
                 self.rx.close();
                 while let Ok(cmd) = self.rx.try_recv() {
                     collect(cmd, &mut batch);
-                    if batch.len() >= self.max_batch {
+                    if requests_in(&batch) >= self.max_batch {
                         self.process(&mut batch);
                     }
                 }
@@ -374,7 +468,8 @@ impl Writer {
         }
         let shared = self.shared.clone();
         let counters = &shared.counters;
-        let n = batch.len() as u64;
+        let requests = requests_in(batch);
+        let n = requests as u64;
         if let Some(reason) = self.shared.failure() {
             let reason = reason.to_owned();
             // Counted before answering, so a caller that saw the error sees it counted.
@@ -385,91 +480,78 @@ impl Writer {
             return;
         }
 
-        // An append stages up to four keys (log entry, channel meta, receipt
-        // and its expiry entry); the meta is shared by a channel's appends.
-        let mut ws = WriteSet::with_capacity(batch.len() * 3);
-        let mut pending_idem = PendingIdem::with_capacity_and_hasher(batch.len(), Default::default());
-        let mut tally = Tally::default();
+        let mut st = Staging::new(requests);
         let mut done: Vec<Staged> = Vec::with_capacity(batch.len());
-        // Whether an append (or a room write) wrote anything: only then does
-        // the commit need an fsync under `FsyncMode::Always` (acks and
-        // presence writes alone never do).
-        let mut appended = false;
-        // After a storage error the rest is not staged; every result of the
-        // batch is then replaced by `Failed` below.
-        let mut storage_error = None;
         // What the batch does to the number of pending schedules.
         let mut sched_delta = 0i64;
         // The earliest `deliver_at` the batch adds (lowers the due floor
         // once committed).
         let mut sched_added_min: Option<u64> = None;
         for op in batch.drain(..) {
-            if storage_error.is_some() {
+            if st.storage_error.is_some() {
                 done.push(Staged::unstaged(op));
                 continue;
             }
             match op {
                 Op::Append(req, reply) => {
-                    let before = ws.len();
-                    let result = self.stage_append(req, &mut ws, &mut pending_idem, &mut tally);
-                    // Every append that writes puts a key no other request
-                    // of the batch wrote (a new log entry or receipt).
-                    appended |= ws.len() > before;
-                    let (result, fanout) = match result {
-                        Ok((receipt, fanout)) => (Ok(receipt), fanout),
-                        Err(StageError::Refused(e)) => (Err(e), None),
-                        Err(StageError::Storage(e)) => {
-                            storage_error = Some(e);
-                            (Err(EngineError::ShuttingDown), None)
-                        }
-                    };
+                    let (result, fanout) =
+                        st.write(|ws, idem, tally| self.stage_append(req, ws, idem, tally));
                     done.push(Staged::Append { reply, result, fanout });
                 }
+                Op::AppendBatch(reqs, reply) => {
+                    let mut results = Vec::with_capacity(reqs.len());
+                    let mut fanout = Vec::with_capacity(reqs.len());
+                    for req in reqs {
+                        // After a storage error the rest is not staged (the
+                        // whole group commit fails).
+                        if st.storage_error.is_some() {
+                            results.push(Err(EngineError::ShuttingDown));
+                            continue;
+                        }
+                        let (result, msg) =
+                            st.write(|ws, idem, tally| self.stage_append(req, ws, idem, tally));
+                        results.push(result);
+                        fanout.extend(msg);
+                    }
+                    done.push(Staged::AppendBatch { reply, results, fanout });
+                }
                 Op::Ack(req, reply) => {
-                    let result = match self.stage_ack(&req, &mut ws, &mut tally) {
+                    let result = match self.stage_ack(&req, &mut st.ws, &mut st.tally) {
                         Ok(result) => result,
                         Err(e) => {
-                            storage_error = Some(e);
+                            st.storage_error = Some(e);
                             Err(EngineError::ShuttingDown.into())
                         }
                     };
                     done.push(Staged::Ack { reply, result });
                 }
                 Op::Presence(cmd) => {
-                    let (staged, error) = self.stage_presence(cmd, &mut ws, &mut tally);
-                    storage_error = error;
+                    let (staged, error) = self.stage_presence(cmd, &mut st.ws, &mut st.tally);
+                    st.storage_error = error;
                     done.push(Staged::Presence(staged));
                 }
                 Op::Room(write, reply) => {
-                    let before = ws.len();
-                    let result = self.stage_room(write, &mut ws, &mut pending_idem, &mut tally);
-                    appended |= ws.len() > before;
-                    let (result, fanout) = match result {
-                        Ok((written, fanout)) => (Ok(written), fanout),
-                        Err(StageError::Refused(e)) => (Err(e), None),
-                        Err(StageError::Storage(e)) => {
-                            storage_error = Some(e);
-                            (Err(EngineError::ShuttingDown), None)
-                        }
-                    };
+                    let (result, fanout) =
+                        st.write(|ws, idem, tally| self.stage_room(write, ws, idem, tally));
                     done.push(Staged::Room { reply, result, fanout });
                 }
                 Op::Sched(cmd) => {
-                    let before = ws.len();
+                    let before = st.ws.len();
                     let (staged, delta, error) =
-                        self.stage_sched(cmd, &mut ws, &mut pending_idem, &mut tally);
+                        self.stage_sched(cmd, &mut st.ws, &mut st.pending_idem, &mut st.tally);
                     // A schedule is as durable as an append once it is
                     // answered, and so is its delivery or cancel.
-                    appended |= ws.len() > before;
+                    st.appended |= st.ws.len() > before;
                     sched_delta += delta;
                     if let Some(at) = staged.added_at() {
                         sched_added_min = Some(sched_added_min.map_or(at, |m: u64| m.min(at)));
                     }
-                    storage_error = error;
+                    st.storage_error = error;
                     done.push(Staged::Sched(staged));
                 }
             }
         }
+        let Staging { mut ws, tally, appended, storage_error, .. } = st;
         self.stage_metas(&mut ws);
         let sync = appended && self.fsync == FsyncMode::Always;
         let outcome = match storage_error {
@@ -515,7 +597,11 @@ impl Writer {
     pub(crate) fn stage_metas(&mut self, ws: &mut WriteSet) {
         for channel in self.dirty_metas.drain() {
             if let Some(meta) = self.channels.get(&channel) {
-                ws.put(Space::Channels, channel.as_str().as_bytes().to_vec(), meta.encode());
+                ws.put(
+                    Space::Channels,
+                    self.shared.storage.key_layout().channel_key(channel.as_str()),
+                    meta.encode(),
+                );
             }
         }
     }
@@ -526,7 +612,8 @@ impl Writer {
         match self.channels.entry(channel.clone()) {
             Entry::Occupied(e) => Ok(e.into_mut()),
             Entry::Vacant(e) => {
-                let meta = match self.shared.storage.get(Space::Channels, channel.as_str().as_bytes())? {
+                let key = self.shared.storage.key_layout().channel_key(channel.as_str());
+                let meta = match self.shared.storage.get(Space::Channels, &key)? {
                     Some(v) => ChannelMeta::decode(&v)?,
                     None => ChannelMeta::default(),
                 };
@@ -536,6 +623,11 @@ impl Writer {
     }
 }
 
+/// The requests `ops` carry.
+fn requests_in(ops: &[Op]) -> usize {
+    ops.iter().map(Op::requests).sum()
+}
+
 /// Queue a request into `batch`; `true` for a close request.
 fn collect(cmd: Command, batch: &mut Vec<Op>) -> bool {
     match cmd {
@@ -543,8 +635,8 @@ fn collect(cmd: Command, batch: &mut Vec<Op>) -> bool {
             batch.push(Op::Append(req, reply));
             false
         }
-        Command::AppendBatch(appends) => {
-            batch.extend(appends.into_iter().map(|(req, reply)| Op::Append(req, reply)));
+        Command::AppendBatch(reqs, reply) => {
+            batch.push(Op::AppendBatch(reqs, reply));
             false
         }
         Command::Ack { req, reply } => {

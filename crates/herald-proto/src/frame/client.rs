@@ -2,6 +2,8 @@
 //! parses; [`OutFrame`] is what a client encodes. Both describe the same
 //! wire shape; the tests check that every encoded frame parses back.
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -56,13 +58,14 @@ pub struct ClientFrameError {
 }
 
 #[derive(Deserialize)]
-struct RawClientFrame {
-    #[serde(rename = "type")]
-    kind: String,
+struct RawClientFrame<'a> {
+    /// Borrowed from the frame (no allocation) unless it has escapes.
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
     #[serde(default)]
     req: Option<u64>,
-    #[serde(default)]
-    channel: Option<String>,
+    #[serde(default, borrow, deserialize_with = "borrowed")]
+    channel: Option<Cow<'a, str>>,
     #[serde(default)]
     since: Option<Since>,
     /// `"data":null` is data (`null`), as in an HTTP publish.
@@ -78,6 +81,14 @@ struct RawClientFrame {
     client_id: Option<String>,
     #[serde(default)]
     info: Option<Box<RawValue>>,
+}
+
+/// An optional string borrowed from the frame unless it has escapes (serde
+/// borrows a bare `Cow<str>`, but not one inside an `Option`).
+fn borrowed<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Cow<'de, str>>, D::Error> {
+    #[derive(Deserialize)]
+    struct Borrowed<'a>(#[serde(borrow)] Cow<'a, str>);
+    Ok(Option::<Borrowed<'de>>::deserialize(d)?.map(|b| b.0))
 }
 
 impl ClientFrame {
@@ -112,7 +123,7 @@ impl ClientFrame {
                 .ok_or_else(|| err(ErrorCode::BadRequest, format!("`{}` needs `channel`", raw.kind)))?;
             ChannelName::new(name).map_err(|e| err(ErrorCode::BadChannel, e.to_string()))
         };
-        Ok(match raw.kind.as_str() {
+        Ok(match &*raw.kind {
             "subscribe" => {
                 let channel = channel()?;
                 if let Some(id) = &raw.client_id {

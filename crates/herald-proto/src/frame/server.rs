@@ -98,7 +98,10 @@ impl OkFrame {
 /// string with nothing to escape (ids and channel names always) is copied
 /// as it is; any other goes through serde_json.
 fn push_str(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    // No early exit: the whole string is folded, which the compiler turns
+    // into wide compares (strings here are short, and nearly always clean).
+    let escapes = s.bytes().fold(false, |any, b| any | (b < 0x20) | (b == b'"') | (b == b'\\'));
+    if !escapes {
         out.reserve(s.len() + 2);
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());

@@ -34,6 +34,16 @@ fn parses_every_client_frame() {
         ClientFrame::Publish { data, .. } => assert_eq!(data.get(), "null"),
         other => panic!("{other:?}"),
     }
+    // `type` and `channel` are read in place when they can be, and still
+    // decoded when they are written with escapes.
+    match ClientFrame::parse(r#"{"type":"publ\u0069sh","channel":"chat:\u0031\/x","data":1}"#) {
+        Err(e) => assert_eq!(e.code, ErrorCode::BadChannel, "`/` is not in the alphabet"),
+        other => panic!("{other:?}"),
+    }
+    match ClientFrame::parse(r#"{"type":"publ\u0069sh","channel":"chat:\u0031","data":1}"#).unwrap() {
+        ClientFrame::Publish { channel, .. } => assert_eq!(channel.as_str(), "chat:1"),
+        other => panic!("{other:?}"),
+    }
     assert!(matches!(
         ClientFrame::parse(r#"{"type":"ping","req":4}"#),
         Ok(ClientFrame::Ping { req: Some(4) })

@@ -6,18 +6,19 @@
 //! its connection, which is busy and never evicted) open for days; here the
 //! deadline is fixed when the headers are complete.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::{Body, Bytes, HttpBody};
-use axum::extract::{Request, State};
-use axum::http::header;
-use axum::middleware::Next;
+use axum::http::{header, Request};
 use axum::response::{IntoResponse, Response};
+use futures_util::future::{ready, Either, Ready};
 use herald_proto::ErrorCode;
 use http_body::{Frame, SizeHint};
+use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use crate::error::ApiError;
@@ -29,11 +30,13 @@ use crate::AppState;
 #[error("the request body did not arrive within limits.body_read_timeout")]
 pub(crate) struct BodyTimeout;
 
-/// Whether a body read failed because of [`BodyTimeout`].
-pub(crate) fn is_body_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether `T` is in the chain of `e` and its sources: a body read that
+/// failed because of [`BodyTimeout`], or stopped at the size limit
+/// (`http_body_util::LengthLimitError`).
+pub(crate) fn caused_by<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(err) = cur {
-        if err.is::<BodyTimeout>() {
+        if err.is::<T>() {
             return true;
         }
         cur = err.source();
@@ -41,35 +44,65 @@ pub(crate) fn is_body_timeout(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Middleware: 413 before reading a body whose `Content-Length` is above
-/// `limits.max_body_bytes` (a chunked body is cut at the limit while it is
-/// read), then the body deadline.
-pub(crate) async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Response {
-    let limit = state.config.limits.max_body_bytes;
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return ApiError::new(
-            ErrorCode::PayloadTooLarge,
-            format!("request body is larger than {limit} bytes"),
-        )
-        .into_response();
+/// The guard around the whole router (one service per connection, applied
+/// once per request, not per route): 413 before reading a body whose
+/// `Content-Length` is above `limits.max_body_bytes` (a chunked body is cut
+/// at the limit while it is read, see `extract::Body`), then the body
+/// deadline.
+#[derive(Clone)]
+pub(crate) struct Guard<S> {
+    inner: S,
+    state: Arc<AppState>,
+}
+
+impl<S> Guard<S> {
+    pub(crate) fn new(inner: S, state: Arc<AppState>) -> Self {
+        Self { inner, state }
     }
-    if req.body().is_end_stream() {
-        return next.run(req).await;
+}
+
+impl<S> tower_service::Service<Request<Incoming>> for Guard<S>
+where
+    S: tower_service::Service<Request<Body>, Response = Response, Error = Infallible>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Either<Ready<Result<Response, Infallible>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
     }
-    let deadline = Instant::now() + state.config.limits.body_read_timeout;
-    let metrics = state.metrics.clone();
-    let req = req.map(|body| Body::new(Deadline { body, deadline, sleep: None, metrics, expired: false }));
-    next.run(req).await
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let limits = &self.state.config.limits;
+        let limit = limits.max_body_bytes;
+        let declared = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            let refused = ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("request body is larger than {limit} bytes"),
+            )
+            .into_response();
+            return Either::Left(ready(Ok(refused)));
+        }
+        let req = if req.body().is_end_stream() {
+            req.map(Body::new)
+        } else {
+            let deadline = Instant::now() + limits.body_read_timeout;
+            let metrics = self.state.metrics.clone();
+            req.map(|body| Body::new(Deadline { body, deadline, sleep: None, metrics, expired: false }))
+        };
+        Either::Right(self.inner.call(req))
+    }
 }
 
 /// A body that fails with [`BodyTimeout`] if it has not ended by `deadline`.
 struct Deadline {
-    body: Body,
+    body: Incoming,
     deadline: Instant,
     /// Created on the first wait: a body that is already there needs none.
     sleep: Option<Pin<Box<Sleep>>>,
@@ -90,7 +123,7 @@ impl HttpBody for Deadline {
             return Poll::Ready(Some(Err(axum::Error::new(BodyTimeout))));
         }
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
-            return Poll::Ready(frame);
+            return Poll::Ready(frame.map(|f| f.map_err(axum::Error::new)));
         }
         let deadline = this.deadline;
         let sleep = this.sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));

@@ -45,16 +45,12 @@ pub(super) enum PageStep {
 
 impl Session {
     /// Live messages from the hub, written in batches with one flush.
-    pub(super) async fn on_outbox(
-        &mut self,
-        first: Arc<Outgoing>,
-        outbox_rx: &mut flume::Receiver<Arc<Outgoing>>,
-    ) -> Result<(), SessionEnd> {
+    pub(super) async fn on_outbox(&mut self, first: Arc<Outgoing>) -> Result<(), SessionEnd> {
         let mut written = 0u64;
         let mut next = Some(first);
         let mut taken = 0;
         let mut closed = Vec::new();
-        self.batch.reserve(OUTBOX_BATCH.min(outbox_rx.len() + 1));
+        self.batch.reserve(OUTBOX_BATCH.min(self.handle.bytes.outbox_len() + 1));
         while let Some(out) = next.take() {
             let send = if out.missed {
                 self.on_missed(&out.msg);
@@ -77,7 +73,7 @@ impl Session {
             }
             taken += 1;
             if taken < OUTBOX_BATCH {
-                next = outbox_rx.try_recv().ok();
+                next = self.handle.bytes.pop();
             }
         }
         for channel in closed {

@@ -35,6 +35,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures_util::future::{maybe_done, MaybeDone};
 use futures_util::SinkExt;
 use herald_core::Receipt;
 use herald_proto::ChannelName;
@@ -66,7 +67,9 @@ pub(super) type InEngine = Pin<Box<dyn Future<Output = Vec<Answer>> + Send>>;
 #[derive(Default)]
 pub(super) struct Pipeline {
     pub queued: Vec<Queued>,
-    pub in_engine: Option<(InEngine, usize)>,
+    /// The batch with the engine (its answers kept once it is done, until
+    /// the session takes them) and how many publishes it carries.
+    pub in_engine: Option<(MaybeDone<InEngine>, usize)>,
 }
 
 impl Pipeline {
@@ -84,11 +87,20 @@ impl Pipeline {
 pub(super) fn poll_in_engine(pipeline: &mut Pipeline, cx: &mut Context<'_>) -> Poll<Vec<Answer>> {
     match pipeline.in_engine.as_mut() {
         Some((fut, _)) => {
-            let answers = std::task::ready!(fut.as_mut().poll(cx));
+            std::task::ready!(Pin::new(&mut *fut).poll(cx));
+            let answers = Pin::new(fut).take_output().expect("a done batch has its answers");
             pipeline.in_engine = None;
             Poll::Ready(answers)
         }
         None => Poll::Pending,
+    }
+}
+
+/// Run the batch with the engine as far as it goes now (its checks and the
+/// hand-off to the engine), keeping its answers if it is done.
+fn kick(pipeline: &mut Pipeline, cx: &mut Context<'_>) {
+    if let Some((fut, _)) = pipeline.in_engine.as_mut() {
+        let _ = Pin::new(fut).poll(cx);
     }
 }
 
@@ -136,12 +148,19 @@ impl Session {
                 .map(|((req, channel), result)| Answer { req, channel, result })
                 .collect()
         };
-        self.pipeline.in_engine = Some((Box::pin(fut), n));
+        self.pipeline.in_engine = Some((maybe_done(Box::pin(fut) as InEngine), n));
     }
 
-    /// Send a batch's answers in one write, then start the next batch.
+    /// Start the next batch, then send this batch's answers in one write:
+    /// the next batch reaches the engine before the answers are written
+    /// (the engine is not left idle while they are).
     pub(super) async fn on_answers(&mut self, answers: Vec<Answer>) -> Result<(), SessionEnd> {
         self.start_batch();
+        std::future::poll_fn(|cx| {
+            kick(&mut self.pipeline, cx);
+            Poll::Ready(())
+        })
+        .await;
         for a in answers {
             let bytes = match a.result {
                 Ok(receipt) => self.wire.published(a.req, &a.channel, &receipt),

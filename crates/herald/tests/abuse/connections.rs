@@ -165,6 +165,24 @@ async fn an_unfinished_chunked_body_gets_408() {
 }
 
 #[tokio::test]
+async fn a_chunked_body_above_the_limit_gets_413_and_appends_nothing() {
+    // No Content-Length to refuse up front: the body is cut at
+    // `limits.max_body_bytes` while it is read (extract::Body).
+    let srv = TestServer::start_with(|c| c.limits.max_body_bytes = 1024).await;
+    let mut s = connect(&srv).await;
+    let body = format!("{{\"data\":\"{}\"}}", "x".repeat(2000));
+    let req =
+        publish_head("Transfer-Encoding: chunked\r\n") + &format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+    s.write_all(req.as_bytes()).await.unwrap();
+    read_response(&mut s).await.assert_problem(413, "payload_too_large");
+    assert!(srv.history("chat:abuse").await.is_empty());
+    // The limit is ours, not the framework's default (2 MB): a body just
+    // under it is taken.
+    let r = srv.publish("chat:abuse", serde_json::json!("y".repeat(900))).await;
+    assert_eq!(r.status, 201);
+}
+
+#[tokio::test]
 async fn a_body_trickled_a_byte_at_a_time_gets_408_at_its_deadline() {
     let srv = TestServer::start_with(|c| c.limits.body_read_timeout = Duration::from_millis(500)).await;
     let (mut rd, mut wr) = connect(&srv).await.into_split();
@@ -282,7 +300,7 @@ async fn a_request_in_progress_is_never_evicted() {
     .await;
     s.write_all(&body[10..]).await.unwrap();
     let r = read_response(&mut s).await;
-    assert_eq!(r.status, 201, "{r:?}");
+    assert_eq!(r.status, 201);
     assert_eq!(srv.history("chat:abuse").await.len(), 1);
 }
 
