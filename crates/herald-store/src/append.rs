@@ -53,17 +53,17 @@ impl Writer {
         }
 
         let channel = &req.channel;
-        let meta = *self.channel_meta(channel)?;
+        let before = *self.channel_meta(channel)?;
         // After the dedup check: a retry of an append made before the close
         // still gets its receipt.
-        if meta.closed {
+        if before.closed {
             tally.closed_refused += 1;
             return Err(StageError::Refused(EngineError::Closed));
         }
         let id = Uuid::now_v7();
         let id_str: Arc<str> = codec::id_str(&id);
         let ts = now;
-        let seq = if req.durable { Some(meta.head + 1) } else { None };
+        let seq = if req.durable { Some(before.head + 1) } else { None };
         // Only a durable append can close (there is no final seq otherwise).
         let closes = req.closes && req.durable;
         let frame =
@@ -82,8 +82,15 @@ impl Writer {
             meta.closed = closes;
             let old_first = meta.first;
             let trimmed = trim_to_len(layout, channel.as_str(), meta, req.retention.max_len, ws);
-            // Its meta is staged with the batch (`Writer::stage_metas`).
-            self.dirty_metas.insert(channel.clone());
+            // Its meta is staged with the batch (`Writer::stage_metas`)
+            // when more than the head changed (format 2: the head is the
+            // log's last entry, see `KeyLayout::lazy_head`).
+            let (first, max_age, closed) = (meta.first, meta.max_age, meta.closed);
+            if !layout.lazy_head()
+                || (first, max_age, closed) != (before.first, before.max_age, before.closed)
+            {
+                self.dirty_metas.insert(channel.clone());
+            }
             if trimmed > 0 {
                 tally.trimmed += trimmed;
                 tally.unacked_trimmed += self.cursors.unacked_in(

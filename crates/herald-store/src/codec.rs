@@ -58,6 +58,16 @@ pub(crate) enum KeyLayout {
 }
 
 impl KeyLayout {
+    /// Whether a channel's stored meta may lag its log (format 2): an
+    /// append writes the meta only when `first`, `max_age` or `closed`
+    /// change, so the stored `head` is a lower bound and the log's last
+    /// entry of the channel, when later, is the head (`Storage::channel_meta`).
+    /// Format 1 writes the meta with every batch that appends (binaries that
+    /// read only format 1 trust its `head`).
+    pub(crate) fn lazy_head(self) -> bool {
+        self == KeyLayout::Tagged
+    }
+
     /// The key of `channel`'s meta in the `channels` keyspace.
     pub(crate) fn channel_key(self, channel: &str) -> Vec<u8> {
         let mut key = Vec::with_capacity(TAG_LEN + channel.len());
@@ -173,9 +183,14 @@ pub(crate) fn decode_log_value(v: &[u8]) -> Result<(LogHeader, &[u8]), CodecErro
 /// Where a channel's log stands, plus the retention the sweeper applies.
 ///
 /// Invariant: `1 <= first <= head + 1`; the log holds exactly the seqs
-/// `first..=head`. The meta is written in the same atomic batch as the log
-/// entries it describes, so the two never disagree, even after a crash.
-/// Once `closed`, it stays closed and `head` stays where it is.
+/// `first..=head`. A change of `first`, `max_age` or `closed` is written in
+/// the same atomic batch as the log entries and deletions it goes with, so
+/// those never disagree with the log, even after a crash. `head` is exact
+/// in format 1 (written with every batch that appends); in format 2 the
+/// stored `head` is where it was at the last meta write and the head is
+/// the greater of it and the channel's last log entry ([`KeyLayout::lazy_head`]).
+/// Once `closed`, it stays closed and `head` stays where it is (the closing
+/// append writes the meta).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ChannelMeta {
     pub head: u64,

@@ -22,10 +22,7 @@ use crate::codec::{self, ChannelMeta, CursorRecord, LeaseRecord};
 use crate::storage::{Space, Storage, StorageError, View};
 
 fn load_meta(view: &View<'_>, channel: &ChannelName) -> Result<ChannelMeta, StorageError> {
-    match view.get(Space::Channels, &view.key_layout().channel_key(channel.as_str()))? {
-        Some(v) => Ok(ChannelMeta::decode(&v)?),
-        None => Ok(ChannelMeta::default()),
-    }
+    view.channel_meta(channel.as_str())
 }
 
 fn to_position(epoch: &Epoch, meta: &ChannelMeta) -> Position {

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
 use herald_core::Epoch;
 
-use crate::codec::KeyLayout;
+use crate::codec::{ChannelMeta, KeyLayout};
 use crate::StoreError;
 
 /// Format of a new data dir; bumped on an incompatible layout change. Every
@@ -247,6 +247,27 @@ impl Storage {
         scan_iter(self.keyspace(space).range(range), f)
     }
 
+    /// The greatest key in `range`, if any (latest committed state; writer
+    /// thread only, like [`Storage::get`]).
+    pub fn last_key(
+        &self,
+        space: Space,
+        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        last_key_of(self.keyspace(space).range(range))
+    }
+
+    /// `channel`'s meta, its head brought up to the log (latest committed
+    /// state; writer thread only).
+    pub(crate) fn channel_meta(&self, channel: &str) -> Result<ChannelMeta, StorageError> {
+        load_channel_meta(
+            self.key_layout,
+            channel,
+            |k| self.get(Space::Channels, k),
+            |r| self.last_key(Space::Log, r),
+        )
+    }
+
     /// A consistent read view across all spaces, for readers that must not
     /// see half of a commit.
     pub fn view(&self) -> View<'_> {
@@ -294,11 +315,6 @@ pub(crate) struct View<'a> {
 }
 
 impl View<'_> {
-    /// The key layout of the data dir viewed.
-    pub fn key_layout(&self) -> KeyLayout {
-        self.storage.key_layout
-    }
-
     pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         Ok(self.snapshot.get(self.storage.keyspace(space), key)?.map(|v| v.to_vec()))
     }
@@ -311,6 +327,57 @@ impl View<'_> {
     ) -> Result<(), StorageError> {
         scan_iter(self.snapshot.range(self.storage.keyspace(space), range), f)
     }
+
+    pub fn last_key(
+        &self,
+        space: Space,
+        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+    ) -> Result<Option<Vec<u8>>, StorageError> {
+        last_key_of(self.snapshot.range(self.storage.keyspace(space), range))
+    }
+
+    /// `channel`'s meta in this view, its head brought up to the log.
+    pub(crate) fn channel_meta(&self, channel: &str) -> Result<ChannelMeta, StorageError> {
+        load_channel_meta(
+            self.storage.key_layout,
+            channel,
+            |k| self.get(Space::Channels, k),
+            |r| self.last_key(Space::Log, r),
+        )
+    }
+}
+
+fn last_key_of(mut iter: fjall::Iter) -> Result<Option<Vec<u8>>, StorageError> {
+    match iter.next_back() {
+        Some(guard) => Ok(Some(guard.key()?.to_vec())),
+        None => Ok(None),
+    }
+}
+
+type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
+
+/// A channel's stored meta (the default for a channel never written), with
+/// `head` raised to the channel's last log entry where the layout lets the
+/// stored head lag ([`KeyLayout::lazy_head`]; a closed channel's meta is
+/// exact). One reverse seek past the stored head.
+fn load_channel_meta(
+    layout: KeyLayout,
+    channel: &str,
+    get: impl FnOnce(&[u8]) -> Result<Option<Vec<u8>>, StorageError>,
+    last_key: impl FnOnce(KeyRange) -> Result<Option<Vec<u8>>, StorageError>,
+) -> Result<ChannelMeta, StorageError> {
+    let mut meta = match get(&layout.channel_key(channel))? {
+        Some(v) => ChannelMeta::decode(&v)?,
+        None => ChannelMeta::default(),
+    };
+    if layout.lazy_head() && !meta.closed {
+        let log = layout.log(channel);
+        let range = (Bound::Excluded(log.key(meta.head)), Bound::Included(log.key(u64::MAX)));
+        if let Some(key) = last_key(range)? {
+            meta.head = meta.head.max(log.seq(&key)?);
+        }
+    }
+    Ok(meta)
 }
 
 fn scan_iter(
@@ -373,6 +440,7 @@ fn open_error(dir: &Path, e: fjall::Error) -> StoreError {
 #[cfg(test)]
 mod tests {
     use std::ops::ControlFlow;
+    use std::time::Duration;
 
     use herald_core::{AppendRequest, Lifecycle, Log, Retention};
     use herald_proto::ChannelName;
@@ -429,6 +497,101 @@ mod tests {
             assert_eq!(tagged, layout == KeyLayout::Tagged);
             assert_eq!(keys_of(dir.path(), Space::Channels), [layout.channel_key(ch.as_str())]);
         }
+    }
+
+    /// The stored meta of `channel`, as it is on disk.
+    fn stored_meta(dir: &Path, layout: KeyLayout, channel: &ChannelName) -> Option<ChannelMeta> {
+        let storage = Storage::open(dir).expect("open");
+        let v = storage.get(Space::Channels, &layout.channel_key(channel.as_str())).expect("get");
+        v.map(|v| ChannelMeta::decode(&v).expect("decode"))
+    }
+
+    /// Format 2 writes a channel's meta only when more than its head
+    /// changes; the head then comes from the log, for the readers and for
+    /// the writer after a reopen (no seq is handed out twice). Format 1
+    /// writes it with every append, as binaries that know only format 1
+    /// expect.
+    #[tokio::test]
+    async fn a_format_2_head_is_read_from_the_log() {
+        let ch = ChannelName::new("chat:lazy").unwrap();
+        let append = |max_age: Option<Duration>| {
+            let data = RawValue::from_string("1".to_owned()).unwrap();
+            AppendRequest::message(ch.clone(), data, true, Retention { max_len: 0, max_age })
+        };
+        let hour = Some(Duration::from_secs(3600));
+        for (format, layout) in [(STORE_FORMAT_1, KeyLayout::Plain), (STORE_FORMAT, KeyLayout::Tagged)] {
+            let dir = tempfile::tempdir().unwrap();
+            drop(Storage::open_new_as(dir.path(), format).expect("create"));
+            let engine = EmbeddedEngine::open(StoreConfig::new(dir.path())).expect("open");
+            for i in 1..=5 {
+                assert_eq!(engine.append(append(None)).await.unwrap().seq, Some(i));
+            }
+            assert_eq!(engine.position(&ch).await.unwrap().head, 5, "{layout:?}: readers see the head");
+            engine.close().await;
+            drop(engine);
+            let stored = stored_meta(dir.path(), layout, &ch).map(|m| m.head);
+            let expected = if layout.lazy_head() { None } else { Some(5) };
+            assert_eq!(stored, expected, "{layout:?}: only format 1 wrote a meta for head changes");
+
+            let engine = EmbeddedEngine::open(StoreConfig::new(dir.path())).expect("reopen");
+            assert_eq!(engine.position(&ch).await.unwrap().head, 5, "{layout:?}: the head after a reopen");
+            // An age limit is written with the meta; later heads lag again.
+            assert_eq!(engine.append(append(hour)).await.unwrap().seq, Some(6));
+            assert_eq!(engine.append(append(hour)).await.unwrap().seq, Some(7));
+            engine.close().await;
+            drop(engine);
+            let stored = stored_meta(dir.path(), layout, &ch).expect("written for the age limit");
+            assert_eq!(stored.max_age, hour);
+            assert_eq!(stored.head, if layout.lazy_head() { 6 } else { 7 }, "{layout:?}");
+
+            let engine = EmbeddedEngine::open(StoreConfig::new(dir.path())).expect("reopen");
+            assert_eq!(engine.append(append(hour)).await.unwrap().seq, Some(8), "{layout:?}: no seq twice");
+            let page = engine.read(&ch, 0, 100).await.unwrap();
+            assert_eq!((page.position.first, page.position.head), (1, 8));
+            let seqs: Vec<_> = page.messages.iter().map(|m| m.seq.unwrap()).collect();
+            assert_eq!(seqs, (1..=8).collect::<Vec<_>>());
+            engine.close().await;
+        }
+    }
+
+    /// The age sweep expires up to the head in the log, not the stored one
+    /// (format 2), and the head survives a log it emptied.
+    #[tokio::test]
+    async fn the_age_sweep_goes_up_to_the_head_in_the_log() {
+        let ch = ChannelName::new("chat:aged").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let append = || {
+            let data = RawValue::from_string("1".to_owned()).unwrap();
+            let retention = Retention { max_len: 0, max_age: Some(Duration::from_millis(300)) };
+            AppendRequest::message(ch.clone(), data, true, retention)
+        };
+        let engine = EmbeddedEngine::open(StoreConfig::new(dir.path())).expect("open");
+        for i in 1..=3 {
+            assert_eq!(engine.append(append()).await.unwrap().seq, Some(i));
+        }
+        engine.close().await;
+        drop(engine);
+        assert_eq!(stored_meta(dir.path(), KeyLayout::Tagged, &ch).map(|m| m.head), Some(1));
+        let config =
+            StoreConfig { sweep_interval: Duration::from_millis(20), ..StoreConfig::new(dir.path()) };
+        let engine = EmbeddedEngine::open(config).expect("reopen");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let p = engine.position(&ch).await.unwrap();
+            if p.first == 4 {
+                assert_eq!(p.head, 3);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "not expired: {p:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        engine.close().await;
+        drop(engine);
+        let stored = stored_meta(dir.path(), KeyLayout::Tagged, &ch).expect("meta");
+        assert_eq!((stored.first, stored.head), (4, 3), "the emptied log's head is in the meta");
+        let engine = EmbeddedEngine::open(StoreConfig::new(dir.path())).expect("reopen");
+        assert_eq!(engine.append(append()).await.unwrap().seq, Some(4));
+        engine.close().await;
     }
 
     #[test]

@@ -611,14 +611,7 @@ impl Writer {
         use std::collections::hash_map::Entry;
         match self.channels.entry(channel.clone()) {
             Entry::Occupied(e) => Ok(e.into_mut()),
-            Entry::Vacant(e) => {
-                let key = self.shared.storage.key_layout().channel_key(channel.as_str());
-                let meta = match self.shared.storage.get(Space::Channels, &key)? {
-                    Some(v) => ChannelMeta::decode(&v)?,
-                    None => ChannelMeta::default(),
-                };
-                Ok(e.insert(meta))
-            }
+            Entry::Vacant(e) => Ok(e.insert(self.shared.storage.channel_meta(channel.as_str())?)),
         }
     }
 }
