@@ -85,10 +85,8 @@ impl Writer {
             // Its meta is staged with the batch (`Writer::stage_metas`)
             // when more than the head changed (format 2: the head is the
             // log's last entry, see `KeyLayout::lazy_head`).
-            let (first, max_age, closed) = (meta.first, meta.max_age, meta.closed);
-            if !layout.lazy_head()
-                || (first, max_age, closed) != (before.first, before.max_age, before.closed)
-            {
+            let more_than_head = ChannelMeta { head: before.head, ..*meta } != before;
+            if !layout.lazy_head() || more_than_head {
                 self.dirty_metas.insert(channel.clone());
             }
             if trimmed > 0 {

@@ -21,16 +21,12 @@ use herald_proto::ChannelName;
 use crate::codec::{self, ChannelMeta, CursorRecord, LeaseRecord};
 use crate::storage::{Space, Storage, StorageError, View};
 
-fn load_meta(view: &View<'_>, channel: &ChannelName) -> Result<ChannelMeta, StorageError> {
-    view.channel_meta(channel.as_str())
-}
-
 fn to_position(epoch: &Epoch, meta: &ChannelMeta) -> Position {
     Position { epoch: epoch.clone(), first: meta.first, head: meta.head, closed: meta.closed }
 }
 
 pub(crate) fn position(storage: &Storage, channel: &ChannelName) -> Result<Position, StorageError> {
-    let meta = load_meta(&storage.view(), channel)?;
+    let meta = storage.view().channel_meta(channel.as_str())?;
     Ok(to_position(storage.epoch(), &meta))
 }
 
@@ -43,7 +39,7 @@ pub(crate) fn read_page(
     limit: usize,
 ) -> Result<Page, StorageError> {
     let view = storage.view();
-    let meta = load_meta(&view, channel)?;
+    let meta = view.channel_meta(channel.as_str())?;
     let epoch = storage.epoch();
     let position = to_position(epoch, &meta);
     let start = after.saturating_add(1).max(meta.first);

@@ -247,24 +247,14 @@ impl Storage {
         scan_iter(self.keyspace(space).range(range), f)
     }
 
-    /// The greatest key in `range`, if any (latest committed state; writer
-    /// thread only, like [`Storage::get`]).
-    pub fn last_key(
-        &self,
-        space: Space,
-        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
-    ) -> Result<Option<Vec<u8>>, StorageError> {
-        last_key_of(self.keyspace(space).range(range))
-    }
-
     /// `channel`'s meta, its head brought up to the log (latest committed
-    /// state; writer thread only).
+    /// state; writer thread only, like [`Storage::get`]).
     pub(crate) fn channel_meta(&self, channel: &str) -> Result<ChannelMeta, StorageError> {
         load_channel_meta(
             self.key_layout,
             channel,
             |k| self.get(Space::Channels, k),
-            |r| self.last_key(Space::Log, r),
+            |r| last_key_of(self.log.range(r)),
         )
     }
 
@@ -328,25 +318,18 @@ impl View<'_> {
         scan_iter(self.snapshot.range(self.storage.keyspace(space), range), f)
     }
 
-    pub fn last_key(
-        &self,
-        space: Space,
-        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
-    ) -> Result<Option<Vec<u8>>, StorageError> {
-        last_key_of(self.snapshot.range(self.storage.keyspace(space), range))
-    }
-
     /// `channel`'s meta in this view, its head brought up to the log.
     pub(crate) fn channel_meta(&self, channel: &str) -> Result<ChannelMeta, StorageError> {
         load_channel_meta(
             self.storage.key_layout,
             channel,
             |k| self.get(Space::Channels, k),
-            |r| self.last_key(Space::Log, r),
+            |r| last_key_of(self.snapshot.range(&self.storage.log, r)),
         )
     }
 }
 
+/// The greatest key `iter` yields, if any.
 fn last_key_of(mut iter: fjall::Iter) -> Result<Option<Vec<u8>>, StorageError> {
     match iter.next_back() {
         Some(guard) => Ok(Some(guard.key()?.to_vec())),

@@ -136,14 +136,10 @@ impl Writer {
                 .ok_or_else(|| {
                     StorageError::Corrupt(format!("bad channel key {:?}", String::from_utf8_lossy(&key)))
                 })?;
-            // Only channels with an age limit (written with the meta
-            // whenever it changes); their head from the cache or the log
-            // (the stored one may lag, see `KeyLayout::lazy_head`).
-            if stored.max_age.is_none() {
-                self.sweep.cursor = Some(Bound::Excluded(key));
-                continue;
-            }
-            let meta = *self.channel_meta(&name)?;
+            // A channel with an age limit (written with the meta whenever
+            // it changes): its head from the cache or the log (the stored
+            // one may lag, see `KeyLayout::lazy_head`).
+            let meta = if stored.max_age.is_some() { *self.channel_meta(&name)? } else { stored };
             let removed = match meta.max_age {
                 Some(age) if meta.first <= meta.head => {
                     let cutoff = now.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX));
