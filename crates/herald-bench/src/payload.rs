@@ -42,17 +42,20 @@ pub fn decode(json: &[u8]) -> Result<Stamp, serde_json::Error> {
     }
 }
 
-/// `{"n":N,"t":T,"p":"x…"}` exactly as `encode` writes it, else `None`.
-fn decode_encoded(json: &[u8]) -> Option<Stamp> {
-    fn number(s: &[u8]) -> Option<(u64, &[u8])> {
-        let len = s.iter().take_while(|b| b.is_ascii_digit()).count();
-        // No leading zeros (as JSON); a number beyond u64 is serde's to refuse.
-        if len == 0 || (len > 1 && s[0] == b'0') {
-            return None;
-        }
-        let n = s[..len].iter().try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))?;
-        Some((n, &s[len..]))
+/// A JSON number at the start of `s` that fits a `u64`, and what follows
+/// it; `None` for anything else (leading zeros, signs, fractions, too big:
+/// serde_json's to judge).
+pub(crate) fn number(s: &[u8]) -> Option<(u64, &[u8])> {
+    let len = s.iter().take_while(|b| b.is_ascii_digit()).count();
+    if len == 0 || (len > 1 && s[0] == b'0') || s.get(len).is_some_and(|b| matches!(b, b'.' | b'e' | b'E')) {
+        return None;
     }
+    let n = s[..len].iter().try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))?;
+    Some((n, &s[len..]))
+}
+
+/// `{"n":N,"t":T,"p":"x…"}` exactly as `encode` writes it, else `None`.
+pub(crate) fn decode_encoded(json: &[u8]) -> Option<Stamp> {
     let (n, rest) = number(json.strip_prefix(b"{\"n\":")?)?;
     let (t, rest) = number(rest.strip_prefix(b",\"t\":")?)?;
     let pad = rest.strip_prefix(b",\"p\":\"")?.strip_suffix(b"\"}")?;
