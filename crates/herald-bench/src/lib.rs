@@ -24,6 +24,7 @@ mod args;
 mod fleet;
 mod herald_api;
 mod hist;
+mod http1;
 mod payload;
 mod pipelined;
 mod proc_stats;

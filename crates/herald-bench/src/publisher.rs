@@ -10,10 +10,13 @@
 
 use anyhow::{anyhow, bail, Context};
 use herald_client::HttpApi;
+use herald_proto::Published;
+use hyper::header::{HeaderName, AUTHORIZATION, CONTENT_TYPE};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::args::{BenchArgs, Peer};
+use crate::http1::Http1;
 use crate::protocol::nats;
 
 /// The server's answer to one publish.
@@ -25,17 +28,20 @@ pub struct Ack {
     pub replayed: bool,
 }
 
-/// Makes one [`Publisher`] per publishing task (HTTP ones share a pool).
+/// Makes one [`Publisher`] per publishing task, each with a connection of
+/// its own (`http1.rs`: one request in flight each, no pool). The Herald
+/// variant also holds the Rust client's [`HttpApi`], which the scenarios use
+/// outside the timed part (history, verification).
 #[derive(Clone)]
 pub enum PublisherFactory {
-    Herald(HttpApi),
-    Http { client: reqwest::Client, base: String },
+    Herald { api: HttpApi, base: String, api_key: Option<String> },
+    Http { base: String },
     Nats { addr: String },
 }
 
 pub enum Publisher {
-    Herald(HttpApi),
-    Http { client: reqwest::Client, base: String },
+    Herald { conn: Http1, bearer: Option<String> },
+    Http(Http1),
     Nats(NatsPublisher),
 }
 
@@ -43,25 +49,34 @@ impl PublisherFactory {
     pub fn new(args: &BenchArgs) -> anyhow::Result<Self> {
         let base = args.publish_target.as_deref().unwrap_or(&args.target).trim_end_matches('/').to_owned();
         Ok(match args.peer {
-            Peer::Herald => PublisherFactory::Herald(match &args.api_key {
-                Some(key) => HttpApi::new(&base, key.clone()),
-                None => HttpApi::anonymous(&base),
-            }),
-            Peer::Ws | Peer::Socketio | Peer::Socketioxide => {
-                let client =
-                    reqwest::Client::builder().no_proxy().build().context("cannot build the HTTP client")?;
-                PublisherFactory::Http { client, base }
-            }
+            Peer::Herald => PublisherFactory::Herald {
+                api: match &args.api_key {
+                    Some(key) => HttpApi::new(&base, key.clone()),
+                    None => HttpApi::anonymous(&base),
+                },
+                base,
+                api_key: args.api_key.clone(),
+            },
+            Peer::Ws | Peer::Socketio | Peer::Socketioxide => PublisherFactory::Http { base },
             Peer::Nats => PublisherFactory::Nats { addr: args.nats_publish.clone() },
         })
     }
 
+    /// The Rust client's HTTP API of a Herald target.
+    pub fn herald_api(&self) -> Option<&HttpApi> {
+        match self {
+            PublisherFactory::Herald { api, .. } => Some(api),
+            _ => None,
+        }
+    }
+
     pub async fn connect(&self) -> anyhow::Result<Publisher> {
         Ok(match self {
-            PublisherFactory::Herald(api) => Publisher::Herald(api.clone()),
-            PublisherFactory::Http { client, base } => {
-                Publisher::Http { client: client.clone(), base: base.clone() }
-            }
+            PublisherFactory::Herald { base, api_key, .. } => Publisher::Herald {
+                conn: Http1::connect(base).await?,
+                bearer: api_key.as_ref().map(|k| format!("Bearer {k}")),
+            },
+            PublisherFactory::Http { base } => Publisher::Http(Http1::connect(base).await?),
             PublisherFactory::Nats { addr } => Publisher::Nats(NatsPublisher::connect(addr).await?),
         })
     }
@@ -77,30 +92,41 @@ impl Publisher {
         idempotency_key: Option<&str>,
     ) -> anyhow::Result<Ack> {
         match self {
-            Publisher::Herald(api) => {
+            Publisher::Herald { conn, bearer } => {
                 let mut body = Vec::with_capacity(payload.len() + 9);
                 body.extend_from_slice(b"{\"data\":");
                 body.extend_from_slice(&payload);
                 body.push(b'}');
-                let resp = api.publish_raw(channel, body, idempotency_key).await?;
-                let replayed =
-                    resp.header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-                let resp = resp.error_for_status()?;
-                let json = resp.json()?;
-                Ok(Ack { seq: json.get("seq").and_then(serde_json::Value::as_u64), replayed })
+                // Channel names are letters, digits and `_-.:@=`: a path
+                // segment as they are.
+                let path = format!("/api/v1/channels/{channel}/messages");
+                let mut headers = vec![(CONTENT_TYPE, "application/json")];
+                if let Some(key) = idempotency_key {
+                    headers.push((HeaderName::from_static("idempotency-key"), key));
+                }
+                if let Some(bearer) = bearer {
+                    headers.push((AUTHORIZATION, bearer.as_str()));
+                }
+                let resp = conn.post(&path, &headers, body.into()).await.context("publish request failed")?;
+                if !resp.status.is_success() {
+                    bail!("publish answered {}: {}", resp.status, String::from_utf8_lossy(&resp.body));
+                }
+                let replayed = resp
+                    .headers
+                    .get("idempotent-replayed")
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+                let published: Published = serde_json::from_slice(&resp.body).with_context(|| {
+                    format!("unexpected publish answer: {}", String::from_utf8_lossy(&resp.body))
+                })?;
+                Ok(Ack { seq: published.seq, replayed })
             }
-            Publisher::Http { client, base } => {
-                let resp = client
-                    .post(format!("{base}/publish/{channel}"))
-                    .header("content-type", "application/json")
-                    .body(payload)
-                    .send()
+            Publisher::Http(conn) => {
+                let resp = conn
+                    .post_json(&format!("/publish/{channel}"), None, payload.into())
                     .await
                     .context("publish request failed")?;
-                let status = resp.status();
-                let body = resp.bytes().await.unwrap_or_default();
-                if !status.is_success() {
-                    bail!("publish answered {status}: {}", String::from_utf8_lossy(&body));
+                if !resp.status.is_success() {
+                    bail!("publish answered {}: {}", resp.status, String::from_utf8_lossy(&resp.body));
                 }
                 Ok(Ack::default())
             }

@@ -32,7 +32,6 @@ use crate::herald_api::{ensure_acked, verify_cursors, AckCounters};
 use crate::hist::Histogram;
 use crate::payload::now_micros;
 use crate::proc_stats::{maybe_sample, sample, CpuSnapshot};
-use crate::publisher::PublisherFactory;
 use crate::report::{round2, Report};
 use crate::tally::Tally;
 use crate::worker::wire::{Layout, WorkerSpec};
@@ -81,7 +80,7 @@ impl Setup<'_> {
 
 pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     let args = ctx.args;
-    let (PublisherFactory::Herald(api), Peer::Herald) = (&ctx.publishers, args.peer) else {
+    let (Some(api), Peer::Herald) = (ctx.publishers.herald_api(), args.peer) else {
         bail!("`acked` runs against Herald only: the peers have no acked delivery");
     };
     let n = args.connections();

@@ -40,7 +40,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     report.size = Some(args.size as u64);
     report.expected = total;
     report.checks = match ctx.publishers {
-        PublisherFactory::Herald(_) => {
+        PublisherFactory::Herald { .. } => {
             "every publish acknowledged; per-channel seqs exactly 1..=n; log heads agree; \
              replays return the original seq"
         }
@@ -113,7 +113,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     report.publishes_per_s = Some((published as f64 / elapsed.as_secs_f64().max(1e-9)).round());
     report.apply_latency(&latency);
     report.apply_window(&w0, &w1);
-    if let PublisherFactory::Herald(_) = ctx.publishers {
+    if let PublisherFactory::Herald { .. } = ctx.publishers {
         verify_herald(ctx, &lanes, &mut report).await?;
     }
     Ok(report)
@@ -121,7 +121,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
 
 /// Seqs gap-free per channel, log heads, and idempotent replays.
 async fn verify_herald(ctx: &Ctx<'_>, lanes: &[Lane], report: &mut Report) -> anyhow::Result<()> {
-    let PublisherFactory::Herald(api) = &ctx.publishers else { return Ok(()) };
+    let Some(api) = ctx.publishers.herald_api() else { return Ok(()) };
     let mut publisher = ctx.publishers.connect().await?;
     let (mut bad_seqs, mut bad_heads, mut bad_replays) = (Vec::new(), Vec::new(), Vec::new());
     for lane in lanes {

@@ -18,7 +18,6 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use crate::hist::Histogram;
-use crate::publisher::PublisherFactory;
 use crate::report::{round2, Report};
 
 use super::Ctx;
@@ -35,9 +34,7 @@ struct Lane {
 
 pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let args = ctx.args;
-    let PublisherFactory::Herald(api) = &ctx.publishers else {
-        bail!("`scheduled` runs against Herald only")
-    };
+    let Some(api) = ctx.publishers.herald_api() else { bail!("`scheduled` runs against Herald only") };
     let total = args.messages.unwrap_or(100_000);
     let publishers = args.publishers().min(total.max(1) as usize);
     let mut report = ctx.report();
