@@ -22,7 +22,7 @@
 //!   on every exit path (see `session::Registrations`).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -32,7 +32,6 @@ use futures_util::task::AtomicWaker;
 use herald_core::{FanoutSink, Message};
 use herald_proto::ChannelName;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::Notify;
 
 use crate::config::Limits;
 use crate::metrics::Metrics;
@@ -54,9 +53,9 @@ pub struct ConnHandle {
 }
 
 /// The slow-consumer kick of one connection: cancelled once, for good,
-/// awaited by its session. The `CancellationToken` API, kept in the
-/// connection's [`ConnBytes`] instead of a token tree node of its own (one
-/// allocation less per connection).
+/// seen by its session ([`ConnBytes::poll_stop`]). Kept in the connection's
+/// [`ConnBytes`] instead of a token of its own (one allocation less per
+/// connection).
 #[derive(Clone)]
 pub struct Kick(Arc<ConnBytes>);
 
@@ -67,24 +66,26 @@ impl Kick {
     }
 
     pub fn cancel(&self) {
-        if !self.0.kicked.swap(true, Ordering::AcqRel) {
-            // Stored as a permit when the session is not waiting right now.
-            self.0.kick.notify_one();
-        }
+        self.0.stop_with(STOP_SLOW);
     }
 
     pub fn is_cancelled(&self) -> bool {
-        self.0.kicked.load(Ordering::Acquire)
-    }
-
-    /// Ready once [`cancel`](Kick::cancel) was called (before or after).
-    /// For one waiter: the session.
-    pub async fn cancelled(&self) {
-        while !self.is_cancelled() {
-            self.0.kick.notified().await;
-        }
+        self.0.stop.load(Ordering::Acquire) & STOP_SLOW != 0
     }
 }
+
+/// Why a session must end now (see [`ConnBytes::poll_stop`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// The server is shutting down ([`Sessions::stop_all`]).
+    Shutdown,
+    /// The connection fell too far behind ([`Kick`]).
+    SlowConsumer,
+}
+
+/// Bits of [`ConnBytes::stop`].
+const STOP_SLOW: u8 = 1;
+const STOP_SHUTDOWN: u8 = 2;
 
 /// One message on its way to this node's subscribers, shared by their
 /// outboxes. Holds its frame's bytes against the server's ceiling until the
@@ -159,16 +160,21 @@ impl Drop for Charge {
 /// crate's shared state and the hook it allocates for each wait of the
 /// receiver cost an idle connection ~280 bytes). Its queue allocates on
 /// the first message.
+///
+/// It is also how the session learns it must stop (a slow-consumer
+/// [`Kick`], shutdown): one atomic the session reads each time it is
+/// polled, and the same waker as the outbox, so a session's loop takes no
+/// lock shared with other connections (a `CancellationToken` or `Notify`
+/// polled by every session takes the one mutex behind it on each poll).
 pub struct ConnBytes {
     queued: AtomicUsize,
-    /// The slow-consumer kick ([`Kick`]).
-    kicked: AtomicBool,
-    kick: Notify,
+    /// `STOP_*` bits: why the session must end, once set never cleared.
+    stop: AtomicU8,
     /// Messages not yet taken by the session, at most `capacity`; `None`
     /// once the session ended (nothing is queued any more).
     outbox: Mutex<Option<VecDeque<Arc<Outgoing>>>>,
     capacity: usize,
-    /// The session, waiting for the outbox.
+    /// The session's task, waiting for the outbox or a stop.
     waiting: AtomicWaker,
 }
 
@@ -186,8 +192,7 @@ impl ConnBytes {
     pub fn new(capacity: usize) -> Self {
         Self {
             queued: AtomicUsize::new(0),
-            kicked: AtomicBool::new(false),
-            kick: Notify::new(),
+            stop: AtomicU8::new(0),
             outbox: Mutex::new(Some(VecDeque::new())),
             capacity,
             waiting: AtomicWaker::new(),
@@ -231,6 +236,35 @@ impl ConnBytes {
         }
     }
 
+    /// Ready once the session must stop, shutdown first. For one waiter
+    /// (the session), which polls it every time it is polled, so its waker
+    /// is registered whenever it waits for anything.
+    pub fn poll_stop(&self, cx: &mut Context<'_>) -> Poll<Stop> {
+        if let Some(stop) = self.stopped() {
+            return Poll::Ready(stop);
+        }
+        self.waiting.register(cx.waker());
+        // A stop between the first look and the registration woke nobody.
+        self.stopped().map_or(Poll::Pending, Poll::Ready)
+    }
+
+    fn stopped(&self) -> Option<Stop> {
+        let bits = self.stop.load(Ordering::Acquire);
+        if bits & STOP_SHUTDOWN != 0 {
+            Some(Stop::Shutdown)
+        } else if bits & STOP_SLOW != 0 {
+            Some(Stop::SlowConsumer)
+        } else {
+            None
+        }
+    }
+
+    fn stop_with(&self, bit: u8) {
+        if self.stop.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+            self.waiting.wake();
+        }
+    }
+
     /// The session ended: refuse further pushes and let go of what is
     /// queued (and its share of the server's ceiling) now.
     pub fn close_outbox(&self) {
@@ -262,8 +296,69 @@ impl ConnBytes {
     }
 }
 
+/// Every socket session of this server, so that shutdown reaches each one
+/// through its [`ConnBytes`] (an atomic and a wake) instead of every
+/// session polling one shared token. Sharded by connection id; a session
+/// is in it from [`Session::new`](crate::session::Session::new) until it
+/// is dropped.
+pub struct Sessions {
+    shards: Vec<Mutex<HashMap<u64, Arc<ConnBytes>>>>,
+    stopping: AtomicBool,
+}
+
+impl Default for Sessions {
+    fn default() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            stopping: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Sessions {
+    fn shard(&self, id: u64) -> &Mutex<HashMap<u64, Arc<ConnBytes>>> {
+        &self.shards[(id % SHARDS as u64) as usize]
+    }
+
+    /// A new session; told to stop at once when shutdown has begun.
+    pub fn add(&self, id: u64, conn: &Arc<ConnBytes>) {
+        self.shard(id).lock().expect("sessions lock poisoned").insert(id, conn.clone());
+        // `stop_all` sets the flag before it visits the shards: a session
+        // added to a shard it already visited sees the flag here.
+        if self.stopping.load(Ordering::SeqCst) {
+            conn.stop_with(STOP_SHUTDOWN);
+        }
+    }
+
+    pub fn remove(&self, id: u64) {
+        self.shard(id).lock().expect("sessions lock poisoned").remove(&id);
+    }
+
+    /// Shutdown: every session, present and future, stops (with 1001).
+    pub fn stop_all(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        for shard in &self.shards {
+            for conn in shard.lock().expect("sessions lock poisoned").values() {
+                conn.stop_with(STOP_SHUTDOWN);
+            }
+        }
+    }
+
+    /// Sessions now.
+    #[cfg(test)]
+    fn count(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().expect("sessions lock poisoned").len()).sum()
+    }
+}
+
+/// One shard of the hub: a channel's local subscribers. Hashed with
+/// foldhash, randomly seeded per process (channel names come from clients;
+/// a seed they cannot know keeps them from choosing collisions), at a
+/// fraction of SipHash's cost on the path of every delivery.
+type Shard = RwLock<HashMap<ChannelName, Vec<ConnHandle>, foldhash::fast::RandomState>>;
+
 pub struct Hub {
-    shards: Vec<RwLock<HashMap<ChannelName, Vec<ConnHandle>>>>,
+    shards: Vec<Shard>,
     metrics: Arc<Metrics>,
     /// The server-wide count (`limits.total_outbox_bytes`).
     pub queued: Arc<QueuedBytes>,
@@ -278,7 +373,7 @@ impl Hub {
     pub fn new(metrics: Arc<Metrics>, limits: &Limits) -> Self {
         let queued = Arc::new(QueuedBytes::new(metrics.outbox_bytes.clone(), limits.total_outbox_bytes));
         Self {
-            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::new())).collect(),
+            shards: (0..SHARDS).map(|_| RwLock::new(HashMap::default())).collect(),
             metrics,
             queued,
             conn_bytes: limits.outbox_bytes,
@@ -287,10 +382,10 @@ impl Hub {
         }
     }
 
-    fn shard(&self, channel: &ChannelName) -> &RwLock<HashMap<ChannelName, Vec<ConnHandle>>> {
-        use std::hash::{BuildHasher, RandomState};
-        static HASHER: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
-        let h = HASHER.get_or_init(RandomState::new).hash_one(channel.as_str());
+    fn shard(&self, channel: &ChannelName) -> &Shard {
+        use std::hash::BuildHasher;
+        static HASHER: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+        let h = HASHER.get_or_init(Default::default).hash_one(channel.as_str());
         &self.shards[(h as usize) % SHARDS]
     }
 
@@ -555,5 +650,49 @@ mod tests {
         assert_eq!(queued.total(), 0, "the queued message's charge is released with the outbox");
         assert_eq!(conn.push(outgoing(7, &queued)), Err(PushError::Closed));
         assert!(conn.pop().is_none());
+    }
+
+    /// A session waiting on its outbox is woken by a kick or by shutdown
+    /// (which wins over a kick), and a session that starts after shutdown
+    /// began is stopped at once.
+    #[tokio::test]
+    async fn kicks_and_shutdown_wake_the_waiting_session() {
+        let sessions = Sessions::default();
+        let wait = |conn: Arc<ConnBytes>| {
+            tokio::spawn(async move {
+                // What the session's loop does: the stop first, then the outbox.
+                let woken = poll_fn(|cx| match conn.poll_stop(cx) {
+                    Poll::Ready(stop) => Poll::Ready(Some(stop)),
+                    Poll::Pending => conn.poll_pop(cx).map(|_| None),
+                });
+                tokio::time::timeout(Duration::from_secs(5), woken)
+                    .await
+                    .expect("the waiting session was woken")
+            })
+        };
+        let (a, b) = (Arc::new(ConnBytes::new(4)), Arc::new(ConnBytes::new(4)));
+        sessions.add(1, &a);
+        sessions.add(2, &b);
+        let (wa, wb) = (wait(a.clone()), wait(b.clone()));
+        tokio::task::yield_now().await;
+        Kick::new(&a).cancel();
+        assert_eq!(wa.await.unwrap(), Some(Stop::SlowConsumer));
+        assert!(Kick::new(&a).is_cancelled() && !Kick::new(&b).is_cancelled());
+        assert!(!wb.is_finished(), "another connection's kick wakes no one else");
+        sessions.remove(1);
+        assert_eq!(sessions.count(), 1);
+        sessions.stop_all();
+        assert_eq!(wb.await.unwrap(), Some(Stop::Shutdown));
+        assert_eq!(
+            wait(a.clone()).await.unwrap(),
+            Some(Stop::SlowConsumer),
+            "removed before shutdown: kick only"
+        );
+        // Shutdown wins over a kick; a session added after it stops at once.
+        Kick::new(&b).cancel();
+        assert_eq!(wait(b).await.unwrap(), Some(Stop::Shutdown));
+        let late = Arc::new(ConnBytes::new(4));
+        sessions.add(3, &late);
+        assert_eq!(wait(late).await.unwrap(), Some(Stop::Shutdown));
     }
 }

@@ -56,6 +56,9 @@ pub struct AppState {
     in_flight: publish::InFlight,
     /// Cancelled when shutdown starts.
     pub shutdown: CancellationToken,
+    /// Every socket session: shutdown tells each one through it
+    /// (`hub::Sessions`), not through `shutdown`.
+    pub sessions: hub::Sessions,
     /// WebSocket tasks (axum/hyper do not track upgraded connections).
     tasks: TaskTracker,
     open_connections: AtomicUsize,
@@ -137,6 +140,7 @@ impl Server {
             jwt,
             in_flight: publish::InFlight::default(),
             shutdown: CancellationToken::new(),
+            sessions: hub::Sessions::default(),
             tasks: TaskTracker::new(),
             open_connections: AtomicUsize::new(0),
             next_conn_id: AtomicU64::new(1),
@@ -243,6 +247,7 @@ impl Server {
         drop(self.listener);
         tracing::info!("shutting down: closing connections");
         state.shutdown.cancel();
+        state.sessions.stop_all();
         state.tasks.close();
         let grace = state.config.limits.shutdown_grace;
         http_tasks.close();

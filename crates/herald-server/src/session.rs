@@ -41,7 +41,7 @@ use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::hub::{Charge, ConnBytes, ConnHandle, Kick, Outgoing};
+use crate::hub::{Charge, ConnBytes, ConnHandle, Kick, Outgoing, Stop};
 use crate::metrics::Protocol;
 use crate::rooms::MemberLease;
 use crate::AppState;
@@ -183,6 +183,7 @@ impl Drop for Registrations {
 impl Drop for Session {
     fn drop(&mut self) {
         self.handle.bytes.close_outbox();
+        self.state.sessions.remove(self.handle.id);
     }
 }
 
@@ -232,6 +233,7 @@ impl Session {
     /// was made from (an async fn keeps its arguments alive in its future).
     pub fn new(state: Arc<AppState>, ws: Ws, identity: Identity, conn_id: u64, wire: Wire) -> Self {
         let bytes = Arc::new(ConnBytes::new(state.config.limits.outbox_capacity));
+        state.sessions.add(conn_id, &bytes);
         let handle = ConnHandle { id: conn_id, slow: Kick::new(&bytes), bytes };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
@@ -292,8 +294,7 @@ impl Session {
         let mut period = self.tick_period();
         let mut tick = heartbeat(period);
         let mut expiry = self.expiry_timer();
-        let shutdown = self.state.shutdown.clone();
-        let slow = self.handle.slow.clone();
+        let stops = self.handle.bytes.clone();
         loop {
             let has_catchup = !self.catchup.is_empty();
             // Back-pressure: with the pipeline full, the socket is not read.
@@ -315,19 +316,21 @@ impl Session {
                     _ = tick.tick() => Box::pin(self.on_tick()).await,
                 }
             };
-            // The kick and shutdown also interrupt a step blocked on a full
+            // Shutdown and the kick also interrupt a step blocked on a full
             // socket, so a peer that stops reading cannot pin the task.
             let result = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => Err(SessionEnd::Close {
-                    code: close::GOING_AWAY,
-                    reason: "server shutting down",
-                    reconnect: true,
+                stop = std::future::poll_fn(|cx| stops.poll_stop(cx)) => Err(match stop {
+                    Stop::Shutdown => SessionEnd::Close {
+                        code: close::GOING_AWAY,
+                        reason: "server shutting down",
+                        reconnect: true,
+                    },
+                    Stop::SlowConsumer => {
+                        self.state.metrics.slow_consumers.inc();
+                        SessionEnd::Close { code: close::SLOW_CONSUMER, reason: "slow consumer", reconnect: true }
+                    }
                 }),
-                _ = slow.cancelled() => {
-                    self.state.metrics.slow_consumers.inc();
-                    Err(SessionEnd::Close { code: close::SLOW_CONSUMER, reason: "slow consumer", reconnect: true })
-                }
                 () = std::future::poll_fn(|cx| poll_deadline(&mut expiry, cx)) => Err(SessionEnd::Close {
                     code: close::TOKEN_EXPIRED,
                     reason: "token expired",
