@@ -67,6 +67,31 @@ pub struct Published {
     pub epoch: Option<String>,
 }
 
+impl Published {
+    /// The JSON of a `Published` with these fields, byte for byte what
+    /// serde_json writes for it, written directly from borrowed parts:
+    /// every HTTP publish is answered with one (see
+    /// [`encode_frame`](crate::encode_frame) for why not through serde_json).
+    pub fn encode_parts(channel: &str, seq: Option<u64>, id: &str, epoch: Option<&str>) -> Vec<u8> {
+        use crate::frame::server::{push_str, push_u64};
+        let mut out = Vec::with_capacity(64 + channel.len() + id.len() + epoch.map_or(0, str::len));
+        out.extend_from_slice(b"{\"channel\":");
+        push_str(&mut out, channel);
+        if let Some(seq) = seq {
+            out.extend_from_slice(b",\"seq\":");
+            push_u64(&mut out, seq);
+        }
+        out.extend_from_slice(b",\"id\":");
+        push_str(&mut out, id);
+        if let Some(epoch) = epoch {
+            out.extend_from_slice(b",\"epoch\":");
+            push_str(&mut out, epoch);
+        }
+        out.push(b'}');
+        out
+    }
+}
+
 /// One channel's outcome in a batch publish: the fields of [`Published`]
 /// on success, `error` otherwise.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -325,6 +350,28 @@ pub struct WebhookRetrying {
 mod tests {
     use super::*;
     use crate::ErrorCode;
+
+    #[test]
+    fn published_replies_are_the_bytes_serde_json_writes() {
+        let odd = ["", "quote\" back\\slash", "tab\tnewline\n\u{1} del\u{7f}", "é ✓ 𝄞"];
+        for channel in ["chat:1", "live:a.b-c_d@e=f"].into_iter().chain(odd) {
+            for id in ["0190b2a1-7c3e-7000-8000-000000000001"].into_iter().chain(odd) {
+                for seq in [None, Some(0), Some(u64::MAX)] {
+                    for epoch in [None, Some("e1f2"), Some(odd[1]), Some(odd[3])] {
+                        let reply = Published {
+                            channel: channel.into(),
+                            seq,
+                            id: id.into(),
+                            epoch: epoch.map(str::to_owned),
+                        };
+                        let expected = serde_json::to_string(&reply).unwrap();
+                        let got = Published::encode_parts(channel, seq, id, epoch);
+                        assert_eq!(String::from_utf8(got).unwrap(), expected);
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn webhook_status_writes_its_nulls_and_reads_back() {

@@ -34,7 +34,10 @@ fn published(r: &Receipt) -> Published {
 }
 
 fn json_response(status: StatusCode, body: &impl Serialize, replayed: bool) -> Response {
-    let bytes = serde_json::to_vec(body).expect("response serialises");
+    json_bytes_response(status, serde_json::to_vec(body).expect("response serialises"), replayed)
+}
+
+fn json_bytes_response(status: StatusCode, bytes: Vec<u8>, replayed: bool) -> Response {
     let mut resp = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], bytes)
         .into_response();
     if replayed {
@@ -88,7 +91,14 @@ pub async fn publish_one(
         (ScopedKey::new(&scope, &k).anchor(), fp)
     });
     let receipt = state.publish(ns, Publish { channel, data, meta, dedup }).await?;
-    Ok(json_response(publish_status(ns.is_durable()), &published(&receipt), receipt.duplicate))
+    // The `Published` reply, written directly (`Published::encode_parts`).
+    let body = Published::encode_parts(
+        receipt.channel.as_str(),
+        receipt.seq,
+        &receipt.id,
+        Some(receipt.epoch.as_str()),
+    );
+    Ok(json_bytes_response(publish_status(ns.is_durable()), body, receipt.duplicate))
 }
 
 /// `POST /api/v1/publish`: one message to several channels. With an

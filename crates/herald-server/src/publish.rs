@@ -57,7 +57,7 @@ impl ScopedKey {
     /// The dedup key of a request's first channel (and the in-flight key of
     /// the whole request).
     pub fn anchor(&self) -> Arc<str> {
-        Arc::from(hex::encode(self.scope_and_key.clone().finalize()))
+        hex_key(self.scope_and_key.clone().finalize().into())
     }
 
     /// The dedup key of a later channel of a batch.
@@ -65,8 +65,16 @@ impl ScopedKey {
         let mut h = self.scope_and_key.clone();
         h.update(b"channel\0");
         put(&mut h, channel.as_str().as_bytes());
-        Arc::from(hex::encode(h.finalize()))
+        hex_key(h.finalize().into())
     }
+}
+
+/// A digest as the lowercase hex key the engines store (`hex::encode`'s
+/// text, without its character-by-character `String`).
+fn hex_key(digest: [u8; 32]) -> Arc<str> {
+    let mut out = [0u8; 64];
+    hex::encode_to_slice(digest, &mut out).expect("64 hex digits for 32 bytes");
+    Arc::from(std::str::from_utf8(&out).expect("hex digits are ASCII"))
 }
 
 /// Hash one length-prefixed field, so no two field lists hash alike.
@@ -329,5 +337,11 @@ mod tests {
         assert_ne!(k.for_channel(&ch), k.anchor());
         assert_ne!(k.for_channel(&ch), k.for_channel(&ChannelName::new("a:2").unwrap()));
         assert!(!k.anchor().contains("key"), "never the raw key");
+        // The stored form: 64 lowercase hex digits of the SHA-256, as
+        // `hex::encode` wrote it before (receipts stored then still match).
+        let mut h = Sha256::new();
+        put(&mut h, b"api:1");
+        put(&mut h, b"key");
+        assert_eq!(&*k.anchor(), hex::encode(h.finalize()));
     }
 }

@@ -97,7 +97,7 @@ impl OkFrame {
 /// Append `s` as a JSON string, byte for byte what serde_json writes: a
 /// string with nothing to escape (ids and channel names always) is copied
 /// as it is; any other goes through serde_json.
-fn push_str(out: &mut Vec<u8>, s: &str) {
+pub(crate) fn push_str(out: &mut Vec<u8>, s: &str) {
     // No early exit: the whole string is folded, which the compiler turns
     // into wide compares (strings here are short, and nearly always clean).
     let escapes = s.bytes().fold(false, |any, b| any | (b < 0x20) | (b == b'"') | (b == b'\\'));
@@ -111,7 +111,7 @@ fn push_str(out: &mut Vec<u8>, s: &str) {
     }
 }
 
-fn push_u64(out: &mut Vec<u8>, n: u64) {
+pub(crate) fn push_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
