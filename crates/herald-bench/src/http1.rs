@@ -80,15 +80,8 @@ impl Http1 {
     }
 
     /// `POST path` with a JSON body.
-    pub async fn post_json(
-        &mut self,
-        path: &str,
-        extra: Option<(HeaderName, &str)>,
-        body: Bytes,
-    ) -> anyhow::Result<Response> {
-        let mut headers = vec![(CONTENT_TYPE, "application/json")];
-        headers.extend(extra);
-        self.post(path, &headers, body).await
+    pub async fn post_json(&mut self, path: &str, body: Bytes) -> anyhow::Result<Response> {
+        self.post(path, &[(CONTENT_TYPE, "application/json")], body).await
     }
 }
 
@@ -149,18 +142,20 @@ mod tests {
         });
         let mut c = Http1::connect(&format!("http://{addr}")).await.unwrap();
         let key = HeaderName::from_static("idempotency-key");
-        let a = c.post_json("/a", Some((key.clone(), "k1")), Bytes::from_static(b"{}")).await.unwrap();
+        let a = c.post("/a", &[(key, "k1")], Bytes::from_static(b"{}")).await.unwrap();
         assert_eq!(a.status, StatusCode::CREATED);
         assert_eq!(a.headers.get("x-test").unwrap(), "yes");
         assert_eq!(&a.body[..], br#"{"answer":"201 Created"}"#);
-        let b = c.post_json("/b", None, Bytes::from_static(b"{}")).await.unwrap();
+        let b = c.post_json("/b", Bytes::from_static(b"{}")).await.unwrap();
         assert_eq!(b.status, StatusCode::CONFLICT);
         let seen = server.await.unwrap();
         assert!(seen[0].starts_with("POST /a HTTP/1.1\r\n"), "{}", seen[0]);
         assert!(
             seen[0].contains("idempotency-key: k1\r\n") && seen[0].contains(&format!("host: {addr}\r\n"))
         );
+        assert!(!seen[0].contains("content-type"), "only the headers given");
         assert!(seen[1].starts_with("POST /b HTTP/1.1\r\n") && !seen[1].contains("idempotency-key"));
+        assert!(seen[1].contains("content-type: application/json\r\n"));
     }
 
     #[tokio::test]
@@ -172,8 +167,8 @@ mod tests {
             drop(s);
         });
         let mut c = Http1::connect(&format!("http://{addr}")).await.unwrap();
-        assert!(c.post_json("/a", None, Bytes::from_static(b"{}")).await.is_err());
+        assert!(c.post_json("/a", Bytes::from_static(b"{}")).await.is_err());
         // And so is every later request (the ended connection is not polled).
-        assert!(c.post_json("/a", None, Bytes::from_static(b"{}")).await.is_err());
+        assert!(c.post_json("/a", Bytes::from_static(b"{}")).await.is_err());
     }
 }

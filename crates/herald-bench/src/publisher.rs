@@ -34,9 +34,17 @@ pub struct Ack {
 /// outside the timed part (history, verification).
 #[derive(Clone)]
 pub enum PublisherFactory {
-    Herald { api: HttpApi, base: String, api_key: Option<String> },
-    Http { base: String },
-    Nats { addr: String },
+    /// `bearer`: the `Authorization` value of `--api-key`, if any.
+    Herald {
+        api: HttpApi,
+        bearer: Option<String>,
+    },
+    Http {
+        base: String,
+    },
+    Nats {
+        addr: String,
+    },
 }
 
 pub enum Publisher {
@@ -54,8 +62,7 @@ impl PublisherFactory {
                     Some(key) => HttpApi::new(&base, key.clone()),
                     None => HttpApi::anonymous(&base),
                 },
-                base,
-                api_key: args.api_key.clone(),
+                bearer: args.api_key.as_ref().map(|k| format!("Bearer {k}")),
             },
             Peer::Ws | Peer::Socketio | Peer::Socketioxide => PublisherFactory::Http { base },
             Peer::Nats => PublisherFactory::Nats { addr: args.nats_publish.clone() },
@@ -72,10 +79,10 @@ impl PublisherFactory {
 
     pub async fn connect(&self) -> anyhow::Result<Publisher> {
         Ok(match self {
-            PublisherFactory::Herald { base, api_key, .. } => Publisher::Herald {
-                conn: Http1::connect(base).await?,
-                bearer: api_key.as_ref().map(|k| format!("Bearer {k}")),
-            },
+            // The client's server root (a `ws://…/ws` target made `http://…`).
+            PublisherFactory::Herald { api, bearer } => {
+                Publisher::Herald { conn: Http1::connect(api.base_url()).await?, bearer: bearer.clone() }
+            }
             PublisherFactory::Http { base } => Publisher::Http(Http1::connect(base).await?),
             PublisherFactory::Nats { addr } => Publisher::Nats(NatsPublisher::connect(addr).await?),
         })
@@ -122,7 +129,7 @@ impl Publisher {
             }
             Publisher::Http(conn) => {
                 let resp = conn
-                    .post_json(&format!("/publish/{channel}"), None, payload.into())
+                    .post_json(&format!("/publish/{channel}"), payload.into())
                     .await
                     .context("publish request failed")?;
                 if !resp.status.is_success() {
