@@ -73,16 +73,10 @@ impl Published {
     /// every HTTP publish is answered with one (see
     /// [`encode_frame`](crate::encode_frame) for why not through serde_json).
     pub fn encode_parts(channel: &str, seq: Option<u64>, id: &str, epoch: Option<&str>) -> Vec<u8> {
-        use crate::frame::server::{push_str, push_u64};
+        use crate::frame::server::{push_placement, push_str};
         let mut out = Vec::with_capacity(64 + channel.len() + id.len() + epoch.map_or(0, str::len));
-        out.extend_from_slice(b"{\"channel\":");
-        push_str(&mut out, channel);
-        if let Some(seq) = seq {
-            out.extend_from_slice(b",\"seq\":");
-            push_u64(&mut out, seq);
-        }
-        out.extend_from_slice(b",\"id\":");
-        push_str(&mut out, id);
+        out.push(b'{');
+        push_placement(&mut out, channel, seq, id);
         if let Some(epoch) = epoch {
             out.extend_from_slice(b",\"epoch\":");
             push_str(&mut out, epoch);

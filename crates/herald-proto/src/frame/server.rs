@@ -81,17 +81,24 @@ impl OkFrame {
             out.extend_from_slice(b",\"req\":");
             push_u64(&mut out, req);
         }
-        out.extend_from_slice(b",\"channel\":");
-        push_str(&mut out, channel);
-        if let Some(seq) = seq {
-            out.extend_from_slice(b",\"seq\":");
-            push_u64(&mut out, seq);
-        }
-        out.extend_from_slice(b",\"id\":");
-        push_str(&mut out, id);
+        out.push(b',');
+        push_placement(&mut out, channel, seq, id);
         out.extend_from_slice(if duplicate { b",\"duplicate\":true}" } else { b",\"duplicate\":false}" });
         out
     }
+}
+
+/// `"channel":C,"seq":N,"id":I` (no `seq` when `None`): where a publish
+/// went, as the socket `ok` and the HTTP `Published` reply both write it.
+pub(crate) fn push_placement(out: &mut Vec<u8>, channel: &str, seq: Option<u64>, id: &str) {
+    out.extend_from_slice(b"\"channel\":");
+    push_str(out, channel);
+    if let Some(seq) = seq {
+        out.extend_from_slice(b",\"seq\":");
+        push_u64(out, seq);
+    }
+    out.extend_from_slice(b",\"id\":");
+    push_str(out, id);
 }
 
 /// Append `s` as a JSON string, byte for byte what serde_json writes: a
@@ -111,7 +118,7 @@ pub(crate) fn push_str(out: &mut Vec<u8>, s: &str) {
     }
 }
 
-pub(crate) fn push_u64(out: &mut Vec<u8>, n: u64) {
+fn push_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
