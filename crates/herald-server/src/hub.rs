@@ -678,7 +678,7 @@ mod tests {
         Kick::new(&a).cancel();
         assert_eq!(wa.await.unwrap(), Some(Stop::SlowConsumer));
         assert!(Kick::new(&a).is_cancelled() && !Kick::new(&b).is_cancelled());
-        assert!(!wb.is_finished(), "another connection's kick wakes no one else");
+        assert!(!wb.is_finished(), "another connection's kick does not stop it");
         sessions.remove(1);
         assert_eq!(sessions.count(), 1);
         sessions.stop_all();
