@@ -70,10 +70,10 @@ impl Writer {
             Bytes::from(encode_frame(req.kind, channel, seq, &id_str, ts, &req.data, req.meta.as_ref()));
         if let Some(seq) = seq {
             let layout = self.shared.storage.key_layout();
-            ws.put(
+            ws.put_with(
                 Space::Log,
-                layout.log_key(channel.as_str(), seq),
-                codec::encode_log_value(&LogHeader { ts, id }, &frame),
+                |k| layout.push_log_key(k, channel.as_str(), seq),
+                |v| codec::push_log_value(v, &LogHeader { ts, id }, &frame),
             );
             let meta = self.channel_meta(channel)?;
             // For a channel whose log was empty, `first` is already `seq`.
@@ -185,9 +185,8 @@ fn trim_to_len(
         return 0;
     }
     let excess = (len - max_len).min(TRIM_BUDGET_PER_APPEND);
-    let log = layout.log(channel);
     for seq in meta.first..meta.first + excess {
-        ws.delete(Space::Log, log.key(seq));
+        ws.delete_with(Space::Log, |k| layout.push_log_key(k, channel, seq));
     }
     meta.first += excess;
     excess

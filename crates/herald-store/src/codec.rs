@@ -95,12 +95,19 @@ impl KeyLayout {
     }
 
     /// The key of `seq` in `channel`'s log (one key; for several of a
-    /// channel, [`KeyLayout::log`] makes their prefix once).
+    /// channel, [`KeyLayout::log`] makes their prefix once; the writer
+    /// builds its keys with [`KeyLayout::push_log_key`]).
+    #[cfg(any(test, feature = "fuzzing"))]
     pub(crate) fn log_key(self, channel: &str, seq: u64) -> Vec<u8> {
         let mut key = Vec::with_capacity(TAG_LEN + channel.len() + 9);
-        self.push_log_prefix(&mut key, channel);
-        key.extend_from_slice(&seq.to_be_bytes());
+        self.push_log_key(&mut key, channel, seq);
         key
+    }
+
+    /// The key of `seq` in `channel`'s log, appended to `out`.
+    pub(crate) fn push_log_key(self, out: &mut Vec<u8>, channel: &str, seq: u64) {
+        self.push_log_prefix(out, channel);
+        out.extend_from_slice(&seq.to_be_bytes());
     }
 
     /// The log keys of `channel`: their shared prefix (with its tag) made
@@ -162,13 +169,21 @@ pub(crate) struct LogHeader {
 }
 
 /// `format ++ ts (u64 BE) ++ id (16 bytes) ++ frame`.
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) fn encode_log_value(header: &LogHeader, frame: &[u8]) -> Vec<u8> {
     let mut v = Vec::with_capacity(LOG_HEADER_LEN + frame.len());
-    v.push(FORMAT_V1);
-    v.extend_from_slice(&header.ts.to_be_bytes());
-    v.extend_from_slice(header.id.as_bytes());
-    v.extend_from_slice(frame);
+    push_log_value(&mut v, header, frame);
     v
+}
+
+/// A log value (`format ++ ts (u64 BE) ++ id (16 bytes) ++ frame`),
+/// appended to `out`.
+pub(crate) fn push_log_value(out: &mut Vec<u8>, header: &LogHeader, frame: &[u8]) {
+    out.reserve(LOG_HEADER_LEN + frame.len());
+    out.push(FORMAT_V1);
+    out.extend_from_slice(&header.ts.to_be_bytes());
+    out.extend_from_slice(header.id.as_bytes());
+    out.extend_from_slice(frame);
 }
 
 /// The header and the frame of a log value.

@@ -18,7 +18,7 @@ use std::ops::{Bound, ControlFlow};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable, Slice};
 use herald_core::Epoch;
 
 use crate::codec::{ChannelMeta, KeyLayout};
@@ -79,12 +79,19 @@ impl From<crate::codec::CodecError> for StorageError {
 /// every item of a batch the same sequence number, which would make the
 /// outcome of a put and a delete of one key ambiguous).
 ///
+/// Keys and values are held as the storage engine's own byte slices, so the
+/// commit hands them over without another copy; [`WriteSet::put_with`]
+/// builds one in a buffer the set reuses, so an append's log key and value
+/// cost one allocation each (the stored copy), not two.
+///
 /// Hashed with foldhash (randomly seeded per process): this map is on the
 /// path of every append, and it lives for one batch, so its size is bounded
 /// by the batch.
 #[derive(Default)]
 pub(crate) struct WriteSet {
-    ops: foldhash::HashMap<(Space, Vec<u8>), Option<Vec<u8>>>,
+    ops: foldhash::HashMap<(Space, Slice), Option<Slice>>,
+    /// Where [`WriteSet::put_with`] and [`WriteSet::delete_with`] build.
+    scratch: Vec<u8>,
 }
 
 impl WriteSet {
@@ -92,15 +99,43 @@ impl WriteSet {
     /// appends write a few keys each: growing the map step by step rehashes
     /// every key staged so far each time).
     pub fn with_capacity(keys: usize) -> Self {
-        Self { ops: foldhash::HashMap::with_capacity_and_hasher(keys, Default::default()) }
+        Self {
+            ops: foldhash::HashMap::with_capacity_and_hasher(keys, Default::default()),
+            scratch: Vec::new(),
+        }
     }
 
-    pub fn put(&mut self, space: Space, key: Vec<u8>, value: Vec<u8>) {
+    pub fn put(&mut self, space: Space, key: impl Into<Slice>, value: impl Into<Slice>) {
+        self.ops.insert((space, key.into()), Some(value.into()));
+    }
+
+    pub fn delete(&mut self, space: Space, key: impl Into<Slice>) {
+        self.ops.insert((space, key.into()), None);
+    }
+
+    /// [`WriteSet::put`] of a key and a value that `key` and `value` write
+    /// (into an empty buffer each).
+    pub fn put_with(
+        &mut self,
+        space: Space,
+        key: impl FnOnce(&mut Vec<u8>),
+        value: impl FnOnce(&mut Vec<u8>),
+    ) {
+        let key = self.built(key);
+        let value = self.built(value);
         self.ops.insert((space, key), Some(value));
     }
 
-    pub fn delete(&mut self, space: Space, key: Vec<u8>) {
+    /// [`WriteSet::delete`] of a key that `key` writes.
+    pub fn delete_with(&mut self, space: Space, key: impl FnOnce(&mut Vec<u8>)) {
+        let key = self.built(key);
         self.ops.insert((space, key), None);
+    }
+
+    fn built(&mut self, write: impl FnOnce(&mut Vec<u8>)) -> Slice {
+        self.scratch.clear();
+        write(&mut self.scratch);
+        Slice::new(&self.scratch)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -111,7 +146,7 @@ impl WriteSet {
     /// the key, `Some(None)` when it deletes it. Lets the writer read its
     /// own batch (a renew after a join of the same batch sees the join).
     pub fn staged(&self, space: Space, key: &[u8]) -> Option<Option<&[u8]>> {
-        self.ops.get(&(space, key.to_vec())).map(Option::as_deref)
+        self.ops.get(&(space, Slice::new(key))).map(|v| v.as_deref())
     }
 
     /// Every key of `space` starting with `prefix` that this set touches,
@@ -124,7 +159,7 @@ impl WriteSet {
         self.ops
             .iter()
             .filter(move |((s, k), _)| *s == space && k.starts_with(prefix))
-            .map(|((_, k), v)| (k.as_slice(), v.as_deref()))
+            .map(|((_, k), v)| (&**k, v.as_deref()))
     }
 
     /// Distinct keys written so far.

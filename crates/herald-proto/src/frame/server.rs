@@ -76,15 +76,28 @@ impl OkFrame {
         duplicate: bool,
     ) -> Vec<u8> {
         let mut out = Vec::with_capacity(96 + channel.len() + id.len());
+        Self::push_published(&mut out, req, channel, seq, id, duplicate);
+        out
+    }
+
+    /// [`OkFrame::encode_published`] appended to `out` (a session writes
+    /// the `ok`s of a batch of publishes into one buffer).
+    pub fn push_published(
+        out: &mut Vec<u8>,
+        req: Option<u64>,
+        channel: &str,
+        seq: Option<u64>,
+        id: &str,
+        duplicate: bool,
+    ) {
         out.extend_from_slice(b"{\"type\":\"ok\"");
         if let Some(req) = req {
             out.extend_from_slice(b",\"req\":");
-            push_u64(&mut out, req);
+            push_u64(out, req);
         }
         out.push(b',');
-        push_placement(&mut out, channel, seq, id);
+        push_placement(out, channel, seq, id);
         out.extend_from_slice(if duplicate { b",\"duplicate\":true}" } else { b",\"duplicate\":false}" });
-        out
     }
 }
 

@@ -152,13 +152,26 @@ impl Wire {
         }
     }
 
-    /// The reply to a publish that the engine took.
-    pub(super) fn published(&self, req: Option<u64>, channel: &ChannelName, receipt: &Receipt) -> Vec<u8> {
+    /// The reply to a publish that the engine took, appended to `out`.
+    pub(super) fn push_published(
+        &self,
+        out: &mut Vec<u8>,
+        req: Option<u64>,
+        channel: &ChannelName,
+        receipt: &Receipt,
+    ) {
         match self {
-            Wire::Herald => {
-                OkFrame::encode_published(req, channel.as_str(), receipt.seq, &receipt.id, receipt.duplicate)
+            Wire::Herald => OkFrame::push_published(
+                out,
+                req,
+                channel.as_str(),
+                receipt.seq,
+                &receipt.id,
+                receipt.duplicate,
+            ),
+            Wire::Centrifugo(_) => {
+                out.extend_from_slice(&Reply::new(command_id(req), Answer::Publish(Empty {})).encode())
             }
-            Wire::Centrifugo(_) => Reply::new(command_id(req), Answer::Publish(Empty {})).encode(),
         }
     }
 

@@ -104,6 +104,9 @@ fn kick(pipeline: &mut Pipeline, cx: &mut Context<'_>) {
     }
 }
 
+/// About the size of one publish's `ok` (it grows the buffer when longer).
+const ANSWER_SIZE_HINT: usize = 112;
+
 impl Session {
     /// Whether the socket may be read: the pipeline has room for one more
     /// publish.
@@ -161,18 +164,29 @@ impl Session {
             Poll::Ready(())
         })
         .await;
+        // Every answer is written into one buffer, and each goes out as its
+        // own frame sharing it: two allocations per batch, not per publish.
+        let mut buf = Vec::with_capacity(answers.len() * ANSWER_SIZE_HINT);
+        let mut ends = Vec::with_capacity(answers.len());
         for a in answers {
-            let bytes = match a.result {
-                Ok(receipt) => self.wire.published(a.req, &a.channel, &receipt),
+            match a.result {
+                Ok(receipt) => self.wire.push_published(&mut buf, a.req, &a.channel, &receipt),
                 Err(e) => {
                     if !self.budget.take_error_reply(&self.state.config.limits, std::time::Instant::now()) {
                         self.state.metrics.error_replies_dropped.inc();
                         continue;
                     }
-                    self.wire.error(&e, a.req, Some(a.channel.as_str()))
+                    buf.extend_from_slice(&self.wire.error(&e, a.req, Some(a.channel.as_str())));
                 }
-            };
-            self.ws.feed(WsMessage::text(Bytes::from(bytes))).await.map_err(|_| SessionEnd::Gone)?;
+            }
+            ends.push(buf.len());
+        }
+        let buf = Bytes::from(buf);
+        let mut start = 0;
+        for end in ends {
+            let frame = buf.slice(start..end);
+            start = end;
+            self.ws.feed(WsMessage::text(frame)).await.map_err(|_| SessionEnd::Gone)?;
         }
         self.ws.flush().await.map_err(|_| SessionEnd::Gone)
     }
