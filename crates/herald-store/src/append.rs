@@ -165,8 +165,8 @@ pub(crate) fn stage_receipt(
     if let Some(k) = stale_exp_key {
         ws.delete(Space::IdemExp, k);
     }
-    ws.put(Space::Idem, key.as_bytes().to_vec(), rec.encode());
-    ws.put(Space::IdemExp, codec::idem_exp_key(rec.expires_at, key.as_bytes()), Vec::new());
+    ws.put_with(Space::Idem, |k| k.extend_from_slice(key.as_bytes()), |v| rec.push_encoded(v));
+    ws.put_with(Space::IdemExp, |k| codec::push_idem_exp_key(k, rec.expires_at, key.as_bytes()), |_| ());
     pending_idem.insert(key.clone(), rec);
 }
 

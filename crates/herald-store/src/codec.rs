@@ -284,19 +284,25 @@ impl IdemRecord {
 
     /// `format ++ fingerprint ++ has_seq (u8) ++ seq ++ id ++ ts ++ expires_at
     /// ++ channel_len (u16) ++ channel ++ epoch_len (u16) ++ epoch`.
+    #[cfg(any(test, feature = "fuzzing"))]
     pub fn encode(&self) -> Vec<u8> {
-        let mut v =
-            Vec::with_capacity(1 + 32 + 1 + 8 + 16 + 8 + 8 + 4 + self.channel.len() + self.epoch.len());
-        v.push(FORMAT_V1);
-        v.extend_from_slice(&self.fingerprint);
-        v.push(u8::from(self.seq.is_some()));
-        v.extend_from_slice(&self.seq.unwrap_or(0).to_be_bytes());
-        v.extend_from_slice(self.id.as_bytes());
-        v.extend_from_slice(&self.ts.to_be_bytes());
-        v.extend_from_slice(&self.expires_at.to_be_bytes());
-        put_str(&mut v, &self.channel);
-        put_str(&mut v, &self.epoch);
+        let mut v = Vec::new();
+        self.push_encoded(&mut v);
         v
+    }
+
+    /// The encoding, appended to `out`.
+    pub fn push_encoded(&self, out: &mut Vec<u8>) {
+        out.reserve(1 + 32 + 1 + 8 + 16 + 8 + 8 + 4 + self.channel.len() + self.epoch.len());
+        out.push(FORMAT_V1);
+        out.extend_from_slice(&self.fingerprint);
+        out.push(u8::from(self.seq.is_some()));
+        out.extend_from_slice(&self.seq.unwrap_or(0).to_be_bytes());
+        out.extend_from_slice(self.id.as_bytes());
+        out.extend_from_slice(&self.ts.to_be_bytes());
+        out.extend_from_slice(&self.expires_at.to_be_bytes());
+        put_str(out, &self.channel);
+        put_str(out, &self.epoch);
     }
 
     pub fn decode(v: &[u8]) -> Result<Self, CodecError> {
@@ -319,9 +325,14 @@ impl IdemRecord {
 /// finds expired receipts with one range scan instead of a full scan.
 pub(crate) fn idem_exp_key(expires_at: u64, dedup_key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(8 + dedup_key.len());
-    k.extend_from_slice(&expires_at.to_be_bytes());
-    k.extend_from_slice(dedup_key);
+    push_idem_exp_key(&mut k, expires_at, dedup_key);
     k
+}
+
+/// [`idem_exp_key`] appended to `out`.
+pub(crate) fn push_idem_exp_key(out: &mut Vec<u8>, expires_at: u64, dedup_key: &[u8]) {
+    out.extend_from_slice(&expires_at.to_be_bytes());
+    out.extend_from_slice(dedup_key);
 }
 
 /// The expiry and the dedup key of an expiry-index key.
