@@ -3,7 +3,7 @@
 # (`perf stat -e instructions` is not supported on this machine's virtual
 # CPUs; callgrind counts instructions exactly, at ~50× the run time).
 #
-#   bench/callgrind.sh [--namespaces "chat live"] [--p2p "2000 20000"]
+#   bench/callgrind.sh [--namespaces "chat live"] [--p2p "1000 10000"] [--p2p-users 1]
 #                      [--fanout "100 1000"] [--subs 200] [--reps 1] [--out DIR] [--herald PATH]
 #
 # For each namespace, four fresh servers run under
@@ -11,7 +11,8 @@
 # `herald bench` (which runs natively, with one pipelined WebSocket
 # publisher, --publish-via ws):
 #
-#   p2p A, p2p B   1 subscriber, N_A and N_B publishes to its channel
+#   p2p A, p2p B   --p2p-users subscribers (default 1), each on its own
+#                  channel, N_A and N_B publishes round-robin to them
 #   fan A, fan B   --subs subscribers on one channel, F_A and F_B messages
 #
 # Each server's total instructions (Ir) include its start, the connections
@@ -21,6 +22,12 @@
 #   per message fanned out to S    F = (Ir fan B − Ir fan A) / (F_B − F_A)
 #   per delivery                   D = (F − P) / (S − 1)
 #   per publish (without delivery)     P − D
+#
+# Keep N_B / --p2p-users within the namespace's `history_size` (10,000 on
+# the default `chat`): beyond it every append also trims the channel's
+# oldest entry, and the count measures the trim as well. Many users
+# (--p2p-users 200) make each publish wake its own session, as in the
+# hot-paths table's p2p row.
 #
 # With --reps N every workload runs N times and its median count is used.
 # Every bench run still verifies its deliveries. Results, the callgrind
@@ -35,7 +42,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 NAMESPACES="chat live"
-P2P="2000 20000"
+P2P="1000 10000"
+P2P_USERS=1
 FANOUT="100 1000"
 SUBS=200
 REPS=1
@@ -48,12 +56,13 @@ while [ $# -gt 0 ]; do
   case $1 in
     --namespaces) NAMESPACES=$2; shift 2 ;;
     --p2p) P2P=$2; shift 2 ;;
+    --p2p-users) P2P_USERS=$2; shift 2 ;;
     --fanout) FANOUT=$2; shift 2 ;;
     --subs) SUBS=$2; shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --herald) HERALD=$2; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$ROOT/bench/callgrind.sh"; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$ROOT/bench/callgrind.sh"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
@@ -158,10 +167,10 @@ status=0
   echo "|---|---|---|---|---|"
 } >"$OUT/summary.md"
 for ns in $NAMESPACES; do
-  echo "== $ns: p2p $N_A and $N_B publishes to 1 subscriber, fan-out $F_A and $F_B messages to $SUBS" | tee -a "$LOG"
-  median_run "$ns-p2p-$N_A" p2p --namespace "$ns" --connections 1 --messages "$N_A" || { status=1; continue; }
+  echo "== $ns: p2p $N_A and $N_B publishes to $P2P_USERS subscriber(s), fan-out $F_A and $F_B messages to $SUBS" | tee -a "$LOG"
+  median_run "$ns-p2p-$N_A" p2p --namespace "$ns" --connections "$P2P_USERS" --messages "$N_A" || { status=1; continue; }
   pa=$IR
-  median_run "$ns-p2p-$N_B" p2p --namespace "$ns" --connections 1 --messages "$N_B" || { status=1; continue; }
+  median_run "$ns-p2p-$N_B" p2p --namespace "$ns" --connections "$P2P_USERS" --messages "$N_B" || { status=1; continue; }
   pb=$IR
   median_run "$ns-fanout-$F_A" fanout --namespace "$ns" --connections "$SUBS" --messages "$F_A" --rate max \
     || { status=1; continue; }

@@ -12,6 +12,15 @@ use herald_server::config::EngineKind;
 use herald_server::Server;
 use herald_store::{EmbeddedEngine, StoreConfig};
 
+/// jemalloc rather than glibc's `malloc`: what the store's writer thread
+/// allocates for a publish the sessions' threads free (and the other way
+/// round), between small allocations come buffers of tens of KiB, and
+/// glibc answered both with arena locks and fastbin consolidation, a fifth
+/// of a publish's instructions. Measured, with what was tried instead, in
+/// docs/benchmarks.md (issue 12, sixth part).
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(
     name = "herald",
