@@ -47,9 +47,9 @@ impl prometheus_client::collector::Collector for EngineCollector {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Protocol {
     /// Herald's own, on `/ws`.
-    Herald,
+    Herald = 0,
     /// Centrifugo's client protocol, on `/connection/websocket`.
-    Centrifugo,
+    Centrifugo = 1,
 }
 
 impl Protocol {
@@ -116,9 +116,9 @@ pub struct Metrics {
     pub protocol_connections: Family<[(&'static str, &'static str); 1], Gauge>,
     /// Client frames (`/ws`) and commands (Centrifugo) read, by protocol.
     pub protocol_frames: Family<[(&'static str, &'static str); 1], Counter>,
-    /// The two series of `protocol_frames`, looked up once: counted on
-    /// every frame read, where the family's lookup (a lock and a hash of
-    /// the labels) cost more than the rest of the count.
+    /// The two series of `protocol_frames`, looked up once and indexed by
+    /// `Protocol as usize`: counted on every frame read, where the family's
+    /// lookup (a lock and a hash of the labels) cost more than the count.
     frames_of: [Counter; 2],
     /// `error` frames not sent because of `limits.error_replies_per_sec`.
     pub error_replies_dropped: Counter,
