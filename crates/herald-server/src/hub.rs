@@ -46,32 +46,9 @@ const SHED_INTERVAL: Duration = Duration::from_millis(100);
 pub struct ConnHandle {
     pub id: u64,
     /// Bytes queued for this connection: its outbox, plus what its session
-    /// holds in its write path; and the outbox itself (see [`ConnBytes`]).
+    /// holds in its write path; the outbox itself; and its slow-consumer
+    /// kick (see [`ConnBytes`]).
     pub bytes: Arc<ConnBytes>,
-    /// Cancelled when the connection must go as a slow consumer.
-    pub slow: Kick,
-}
-
-/// The slow-consumer kick of one connection: cancelled once, for good,
-/// seen by its session ([`ConnBytes::poll_stop`]). Kept in the connection's
-/// [`ConnBytes`] instead of a token of its own (one allocation less per
-/// connection).
-#[derive(Clone)]
-pub struct Kick(Arc<ConnBytes>);
-
-impl Kick {
-    /// The kick of the connection whose byte count is `bytes`.
-    pub fn new(bytes: &Arc<ConnBytes>) -> Self {
-        Kick(bytes.clone())
-    }
-
-    pub fn cancel(&self) {
-        self.0.stop_with(STOP_SLOW);
-    }
-
-    pub fn is_cancelled(&self) -> bool {
-        self.0.stop.load(Ordering::Acquire) & STOP_SLOW != 0
-    }
 }
 
 /// Why a session must end now (see [`ConnBytes::poll_stop`]).
@@ -79,7 +56,7 @@ impl Kick {
 pub enum Stop {
     /// The server is shutting down ([`Sessions::stop_all`]).
     Shutdown,
-    /// The connection fell too far behind ([`Kick`]).
+    /// The connection fell too far behind ([`ConnBytes::kick`]).
     SlowConsumer,
 }
 
@@ -162,7 +139,7 @@ impl Drop for Charge {
 /// the first message.
 ///
 /// It is also how the session learns it must stop (a slow-consumer
-/// [`Kick`], shutdown): one atomic the session reads each time it is
+/// [`kick`](ConnBytes::kick), shutdown): one atomic the session reads each time it is
 /// polled, and the same waker as the outbox, so a session's loop takes no
 /// lock shared with other connections (a `CancellationToken` or `Notify`
 /// polled by every session takes the one mutex behind it on each poll).
@@ -257,6 +234,16 @@ impl ConnBytes {
         } else {
             None
         }
+    }
+
+    /// Close the connection as a slow consumer (4008), once and for good;
+    /// its session sees it in [`ConnBytes::poll_stop`].
+    pub fn kick(&self) {
+        self.stop_with(STOP_SLOW);
+    }
+
+    pub fn is_kicked(&self) -> bool {
+        self.stop.load(Ordering::Acquire) & STOP_SLOW != 0
     }
 
     fn stop_with(&self, bit: u8) {
@@ -418,9 +405,7 @@ impl Hub {
     /// message, the client resumes from its last seq); volatile, drop it.
     fn refuse(&self, conn: &ConnHandle, msg: &Message) {
         if msg.seq.is_some() {
-            if !conn.slow.is_cancelled() {
-                conn.slow.cancel();
-            }
+            conn.bytes.kick();
         } else {
             self.metrics.volatile_dropped.inc();
         }
@@ -462,31 +447,31 @@ impl Hub {
         let Some(mut excess) = self.queued.total().checked_sub(low_water).filter(|&e| e > 0) else {
             return;
         };
-        let mut holders: HashMap<u64, (usize, Kick)> = HashMap::new();
+        let mut holders: HashMap<u64, (usize, Arc<ConnBytes>)> = HashMap::new();
         for shard in &self.shards {
             let map = shard.read().expect("hub lock poisoned");
             for conn in map.values().flatten() {
                 let held = conn.bytes.get();
                 if held > 0 {
-                    holders.entry(conn.id).or_insert_with(|| (held, conn.slow.clone()));
+                    holders.entry(conn.id).or_insert_with(|| (held, conn.bytes.clone()));
                 }
             }
         }
-        let mut largest: Vec<(usize, Kick)> = holders
+        let mut largest: Vec<(usize, Arc<ConnBytes>)> = holders
             .into_values()
-            .filter(|(held, slow)| {
-                if slow.is_cancelled() {
+            .filter(|(held, bytes)| {
+                if bytes.is_kicked() {
                     excess = excess.saturating_sub(*held);
                 }
-                !slow.is_cancelled()
+                !bytes.is_kicked()
             })
             .collect();
         largest.sort_unstable_by_key(|h| std::cmp::Reverse(h.0));
-        for (held, slow) in largest {
+        for (held, bytes) in largest {
             if excess == 0 {
                 break;
             }
-            slow.cancel();
+            bytes.kick();
             self.metrics.outbox_shed.inc();
             excess = excess.saturating_sub(held);
         }
@@ -675,9 +660,9 @@ mod tests {
         sessions.add(2, &b);
         let (wa, wb) = (wait(a.clone()), wait(b.clone()));
         tokio::task::yield_now().await;
-        Kick::new(&a).cancel();
+        a.kick();
         assert_eq!(wa.await.unwrap(), Some(Stop::SlowConsumer));
-        assert!(Kick::new(&a).is_cancelled() && !Kick::new(&b).is_cancelled());
+        assert!(a.is_kicked() && !b.is_kicked());
         assert!(!wb.is_finished(), "another connection's kick does not stop it");
         sessions.remove(1);
         assert_eq!(sessions.count(), 1);
@@ -689,7 +674,7 @@ mod tests {
             "removed before shutdown: kick only"
         );
         // Shutdown wins over a kick; a session added after it stops at once.
-        Kick::new(&b).cancel();
+        b.kick();
         assert_eq!(wait(b).await.unwrap(), Some(Stop::Shutdown));
         let late = Arc::new(ConnBytes::new(4));
         sessions.add(3, &late);

@@ -41,7 +41,7 @@ use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::hub::{Charge, ConnBytes, ConnHandle, Kick, Outgoing, Stop};
+use crate::hub::{Charge, ConnBytes, ConnHandle, Outgoing, Stop};
 use crate::metrics::Protocol;
 use crate::rooms::MemberLease;
 use crate::AppState;
@@ -234,7 +234,7 @@ impl Session {
     pub fn new(state: Arc<AppState>, ws: Ws, identity: Identity, conn_id: u64, wire: Wire) -> Self {
         let bytes = Arc::new(ConnBytes::new(state.config.limits.outbox_capacity));
         state.sessions.add(conn_id, &bytes);
-        let handle = ConnHandle { id: conn_id, slow: Kick::new(&bytes), bytes };
+        let handle = ConnHandle { id: conn_id, bytes };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
         let protocol = wire.protocol();
