@@ -185,8 +185,9 @@ fn trim_to_len(
         return 0;
     }
     let excess = (len - max_len).min(TRIM_BUDGET_PER_APPEND);
+    let log = layout.log(channel);
     for seq in meta.first..meta.first + excess {
-        ws.delete_with(Space::Log, |k| layout.push_log_key(k, channel, seq));
+        ws.delete_with(Space::Log, |k| log.push_key(k, seq));
     }
     meta.first += excess;
     excess

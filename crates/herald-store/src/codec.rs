@@ -137,9 +137,14 @@ impl ChannelLogKeys {
     /// The key of `seq`.
     pub(crate) fn key(&self, seq: u64) -> Vec<u8> {
         let mut key = Vec::with_capacity(self.prefix.len() + 8);
-        key.extend_from_slice(&self.prefix);
-        key.extend_from_slice(&seq.to_be_bytes());
+        self.push_key(&mut key, seq);
         key
+    }
+
+    /// The key of `seq`, appended to `out`.
+    pub(crate) fn push_key(&self, out: &mut Vec<u8>, seq: u64) {
+        out.extend_from_slice(&self.prefix);
+        out.extend_from_slice(&seq.to_be_bytes());
     }
 
     /// The seq of a key of this channel's log.

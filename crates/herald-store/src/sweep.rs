@@ -205,7 +205,7 @@ impl Writer {
             return Ok(0);
         }
         for seq in meta.first..meta.first + expired {
-            ws.delete(Space::Log, log.key(seq));
+            ws.delete_with(Space::Log, |k| log.push_key(k, seq));
         }
         let cached = self.channel_meta(channel)?;
         cached.first += expired;
