@@ -4,7 +4,8 @@
 # CPUs; callgrind counts instructions exactly, at ~50× the run time).
 #
 #   bench/callgrind.sh [--namespaces "chat live"] [--p2p "1000 10000"] [--p2p-users 1]
-#                      [--fanout "100 1000"] [--subs 200] [--reps 1] [--out DIR] [--herald PATH]
+#                      [--fanout "100 1000"] [--subs 200] [--fanout-rate max] [--reps 1]
+#                      [--out DIR] [--herald PATH]
 #
 # For each namespace, four fresh servers run under
 # `valgrind --tool=callgrind`, each taking one fixed workload from
@@ -13,7 +14,13 @@
 #
 #   p2p A, p2p B   --p2p-users subscribers (default 1), each on its own
 #                  channel, N_A and N_B publishes round-robin to them
-#   fan A, fan B   --subs subscribers on one channel, F_A and F_B messages
+#   fan A, fan B   --subs subscribers on one channel, F_A and F_B messages,
+#                  back to back (--fanout-rate max), or paced at
+#                  --fanout-rate messages/s: then every delivery wakes its
+#                  session on its own, as in the hot-paths table's paced
+#                  fan-out row (e.g. --fanout "20 60" --fanout-rate 5: each
+#                  message is out to every subscriber before the next one,
+#                  even under valgrind)
 #
 # Each server's total instructions (Ir) include its start, the connections
 # and the shutdown; the differences between the A and B runs cancel them:
@@ -45,6 +52,7 @@ NAMESPACES="chat live"
 P2P="1000 10000"
 P2P_USERS=1
 FANOUT="100 1000"
+FANOUT_RATE=max
 SUBS=200
 REPS=1
 OUT=
@@ -59,10 +67,11 @@ while [ $# -gt 0 ]; do
     --p2p-users) P2P_USERS=$2; shift 2 ;;
     --fanout) FANOUT=$2; shift 2 ;;
     --subs) SUBS=$2; shift 2 ;;
+    --fanout-rate) FANOUT_RATE=$2; shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --herald) HERALD=$2; shift 2 ;;
-    -h|--help) sed -n '2,39p' "$ROOT/bench/callgrind.sh"; exit 0 ;;
+    -h|--help) sed -n '2,45p' "$ROOT/bench/callgrind.sh"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
@@ -167,15 +176,15 @@ status=0
   echo "|---|---|---|---|---|"
 } >"$OUT/summary.md"
 for ns in $NAMESPACES; do
-  echo "== $ns: p2p $N_A and $N_B publishes to $P2P_USERS subscriber(s), fan-out $F_A and $F_B messages to $SUBS" | tee -a "$LOG"
+  echo "== $ns: p2p $N_A and $N_B publishes to $P2P_USERS subscriber(s), fan-out $F_A and $F_B messages to $SUBS (rate $FANOUT_RATE)" | tee -a "$LOG"
   median_run "$ns-p2p-$N_A" p2p --namespace "$ns" --connections "$P2P_USERS" --messages "$N_A" || { status=1; continue; }
   pa=$IR
   median_run "$ns-p2p-$N_B" p2p --namespace "$ns" --connections "$P2P_USERS" --messages "$N_B" || { status=1; continue; }
   pb=$IR
-  median_run "$ns-fanout-$F_A" fanout --namespace "$ns" --connections "$SUBS" --messages "$F_A" --rate max \
+  median_run "$ns-fanout-$F_A" fanout --namespace "$ns" --connections "$SUBS" --messages "$F_A" --rate "$FANOUT_RATE" \
     || { status=1; continue; }
   fa=$IR
-  median_run "$ns-fanout-$F_B" fanout --namespace "$ns" --connections "$SUBS" --messages "$F_B" --rate max \
+  median_run "$ns-fanout-$F_B" fanout --namespace "$ns" --connections "$SUBS" --messages "$F_B" --rate "$FANOUT_RATE" \
     || { status=1; continue; }
   fb=$IR
   echo "   Ir: p2p $pa / $pb, fan-out $fa / $fb" | tee -a "$LOG"

@@ -51,6 +51,7 @@ mod centrifugo;
 mod deliver;
 mod liveness;
 mod pipeline;
+mod read_gate;
 mod requests;
 mod subs;
 
@@ -201,6 +202,8 @@ pub struct Session {
     /// Redelivery timers of acked subscriptions.
     timers: Timers,
     ws: Ws,
+    /// `ws`'s read side is polled only once it signalled (`session/read_gate.rs`).
+    read_gate: read_gate::ReadGate,
     handle: ConnHandle,
     regs: Registrations,
     /// Subscriptions with catch-up work pending, served round-robin.
@@ -253,6 +256,7 @@ impl Session {
             timers: None,
             identity,
             ws,
+            read_gate: read_gate::ReadGate::new(),
             handle,
             catchup: VecDeque::new(),
             last_rx: Instant::now(),
@@ -306,7 +310,9 @@ impl Session {
                     answers = std::future::poll_fn(|cx| pipeline::poll_in_engine(&mut self.pipeline, cx)) => {
                         Box::pin(self.on_answers(answers)).await
                     }
-                    frame = self.ws.next(), if may_read => Box::pin(self.on_frames(frame)).await,
+                    frame = std::future::poll_fn(|cx| self.read_gate.poll_next(&mut self.ws, cx)), if may_read => {
+                        Box::pin(self.on_frames(frame)).await
+                    }
                     () = std::future::poll_fn(|cx| poll_pause(&mut self.catchup_pause, cx)), if has_catchup => {
                         Box::pin(self.catchup_step()).await
                     }
@@ -413,7 +419,11 @@ impl Session {
             }
             match futures_util::FutureExt::now_or_never(self.ws.next()) {
                 Some(next) => frame = next,
-                None => break,
+                None => {
+                    // Polled with a no-op waker: the next poll goes through.
+                    self.read_gate.open();
+                    break;
+                }
             }
         }
         self.start_batch();
