@@ -134,11 +134,34 @@ impl FrameQueue {
         self.coalesced = buf;
     }
 
+    /// Herald patch: at most this many slices, for a queue of at most one
+    /// frame (the coalesced buffer, its header and its payload).
+    const FEW_SLICES: usize = 3;
+
     /// Queue a frame to be sent.
     fn push(&mut self, item: EncodedFrame) {
         self.pending_bytes += item.len();
         self.queue.push_back(item);
     }
+}
+
+/// Herald patch: tokio-util's `poll_write_buf`, with room for three slices
+/// when the queue holds at most one frame (the common case: one delivery
+/// per flush) instead of the 64 it sets up for every write (~200
+/// instructions a write); a longer queue goes through `poll_write_buf`.
+fn poll_write_queue<T: AsyncWrite + Unpin>(
+    io: Pin<&mut T>,
+    cx: &mut Context<'_>,
+    queue: &mut FrameQueue,
+) -> Poll<io::Result<usize>> {
+    if queue.queue.len() > 1 || !queue.has_remaining() || !io.is_write_vectored() {
+        return poll_write_buf(io, cx, queue);
+    }
+    let mut slices = [IoSlice::new(&[]); FrameQueue::FEW_SLICES];
+    let cnt = queue.chunks_vectored(&mut slices);
+    let n = ready!(io.poll_write_vectored(cx, &slices[..cnt]))?;
+    queue.advance(n);
+    Poll::Ready(Ok(n))
 }
 
 impl Buf for FrameQueue {
@@ -605,7 +628,7 @@ where
 
         while frame_queue.has_remaining() {
             frame_queue.coalesce();
-            let n = match poll_write_buf(Pin::new(io), cx, frame_queue) {
+            let n = match poll_write_queue(Pin::new(&mut *io), cx, frame_queue) {
                 Poll::Ready(Ok(n)) => n,
                 Poll::Ready(Err(e)) => {
                     *flushing_waker = None;
