@@ -24,11 +24,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::task::AtomicWaker;
+use futures_util::task::{ArcWake, AtomicWaker};
 use herald_core::{FanoutSink, Message};
 use herald_proto::ChannelName;
 use prometheus_client::metrics::gauge::Gauge;
@@ -143,10 +143,18 @@ impl Drop for Charge {
 /// polled, and the same waker as the outbox, so a session's loop takes no
 /// lock shared with other connections (a `CancellationToken` or `Notify`
 /// polled by every session takes the one mutex behind it on each poll).
+///
+/// And it is the waker the session hands its socket's read side
+/// ([`ArcWake`]): a wake from the socket is recorded, so the session polls
+/// the socket only after it signalled (`session/read_gate.rs`), at no
+/// allocation of its own.
 pub struct ConnBytes {
     queued: AtomicUsize,
     /// `STOP_*` bits: why the session must end, once set never cleared.
     stop: AtomicU8,
+    /// The socket's read side woke the session since the session last
+    /// polled it, or its last poll yielded a frame (`session/read_gate.rs`).
+    read_signalled: AtomicBool,
     /// Messages not yet taken by the session, at most `capacity`; `None`
     /// once the session ended (nothing is queued any more).
     outbox: Mutex<Option<VecDeque<Arc<Outgoing>>>>,
@@ -164,12 +172,22 @@ pub enum PushError {
     Closed,
 }
 
+/// The waker of the socket's read side (`session/read_gate.rs`).
+impl ArcWake for ConnBytes {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.signal_read();
+        arc_self.waiting.wake();
+    }
+}
+
 impl ConnBytes {
     /// A connection whose outbox holds at most `capacity` messages.
     pub fn new(capacity: usize) -> Self {
         Self {
             queued: AtomicUsize::new(0),
             stop: AtomicU8::new(0),
+            // The first poll of the read side goes through.
+            read_signalled: AtomicBool::new(true),
             outbox: Mutex::new(Some(VecDeque::new())),
             capacity,
             waiting: AtomicWaker::new(),
@@ -188,6 +206,23 @@ impl ConnBytes {
         }
         self.waiting.wake();
         Ok(())
+    }
+
+    /// The read side may have something: the next poll goes to the socket.
+    pub fn signal_read(&self) {
+        self.read_signalled.store(true, Ordering::Release);
+    }
+
+    /// Whether the read side signalled since the last call; clears the
+    /// signal, so a wake from here on sets it again.
+    pub fn take_read_signal(&self) -> bool {
+        self.read_signalled.swap(false, Ordering::AcqRel)
+    }
+
+    /// Make `waker` the one woken by a push, a stop or the read side (the
+    /// session's task; cheap when it already is).
+    pub fn register(&self, waker: &Waker) {
+        self.waiting.register(waker);
     }
 
     /// The next queued message, if any.

@@ -201,9 +201,8 @@ pub struct Session {
     identity: Identity,
     /// Redelivery timers of acked subscriptions.
     timers: Timers,
+    /// Its read side is polled only once it signalled (`session/read_gate.rs`).
     ws: Ws,
-    /// `ws`'s read side is polled only once it signalled (`session/read_gate.rs`).
-    read_gate: read_gate::ReadGate,
     handle: ConnHandle,
     regs: Registrations,
     /// Subscriptions with catch-up work pending, served round-robin.
@@ -256,7 +255,6 @@ impl Session {
             timers: None,
             identity,
             ws,
-            read_gate: read_gate::ReadGate::new(),
             handle,
             catchup: VecDeque::new(),
             last_rx: Instant::now(),
@@ -310,7 +308,7 @@ impl Session {
                     answers = std::future::poll_fn(|cx| pipeline::poll_in_engine(&mut self.pipeline, cx)) => {
                         Box::pin(self.on_answers(answers)).await
                     }
-                    frame = std::future::poll_fn(|cx| self.read_gate.poll_next(&mut self.ws, cx)), if may_read => {
+                    frame = std::future::poll_fn(|cx| read_gate::poll_next(&self.handle.bytes, &mut self.ws, cx)), if may_read => {
                         Box::pin(self.on_frames(frame)).await
                     }
                     () = std::future::poll_fn(|cx| poll_pause(&mut self.catchup_pause, cx)), if has_catchup => {
@@ -421,7 +419,7 @@ impl Session {
                 Some(next) => frame = next,
                 None => {
                     // Polled with a no-op waker: the next poll goes through.
-                    self.read_gate.open();
+                    self.handle.bytes.signal_read();
                     break;
                 }
             }
