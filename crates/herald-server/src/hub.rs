@@ -24,7 +24,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -217,12 +217,6 @@ impl ConnBytes {
     /// signal, so a wake from here on sets it again.
     pub fn take_read_signal(&self) -> bool {
         self.read_signalled.swap(false, Ordering::AcqRel)
-    }
-
-    /// Make `waker` the one woken by a push, a stop or the read side (the
-    /// session's task; cheap when it already is).
-    pub fn register(&self, waker: &Waker) {
-        self.waiting.register(waker);
     }
 
     /// The next queued message, if any.

@@ -308,7 +308,7 @@ impl Session {
                     answers = std::future::poll_fn(|cx| pipeline::poll_in_engine(&mut self.pipeline, cx)) => {
                         Box::pin(self.on_answers(answers)).await
                     }
-                    frame = std::future::poll_fn(|cx| read_gate::poll_next(&self.handle.bytes, &mut self.ws, cx)), if may_read => {
+                    frame = std::future::poll_fn(|_| read_gate::poll_next(&self.handle.bytes, &mut self.ws)), if may_read => {
                         Box::pin(self.on_frames(frame)).await
                     }
                     () = std::future::poll_fn(|cx| poll_pause(&mut self.catchup_pause, cx)), if has_catchup => {

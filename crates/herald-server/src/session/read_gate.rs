@@ -13,8 +13,10 @@
 //! wakes it (and costs no allocation: the hub's per-connection state is
 //! already shared). Until that happens (or after a poll that yielded a
 //! frame, when more may be buffered) the read branch is `Pending` without
-//! touching the stream. The task's own waker is registered on every poll,
-//! so the socket's signal reaches the task that polls now.
+//! touching the stream. The signal wakes the task whose waker the
+//! connection holds: the session registers it each time it is polled
+//! ([`ConnBytes::poll_stop`], polled first, before its other branches), so
+//! the socket's signal reaches the task that polls now.
 //!
 //! Invariant: the stream holds the connection's waker whenever the signal
 //! is clear, because the signal is cleared only by a poll through here that
@@ -31,13 +33,9 @@ use futures_util::{Stream, StreamExt};
 use crate::hub::ConnBytes;
 
 /// The stream's next item, polling the stream only once it signalled
-/// (see the module docs).
-pub(super) fn poll_next<S: Stream + Unpin>(
-    conn: &Arc<ConnBytes>,
-    stream: &mut S,
-    cx: &mut Context<'_>,
-) -> Poll<Option<S::Item>> {
-    conn.register(cx.waker());
+/// (see the module docs). The caller has registered its task's waker
+/// with `conn` in this poll ([`ConnBytes::poll_stop`]).
+pub(super) fn poll_next<S: Stream + Unpin>(conn: &Arc<ConnBytes>, stream: &mut S) -> Poll<Option<S::Item>> {
     // Cleared before the poll: a wake during it sets the signal again.
     if !conn.take_read_signal() {
         return Poll::Pending;
@@ -83,6 +81,13 @@ mod tests {
         }
     }
 
+    /// A poll as the session makes it: `poll_stop` first (registering the
+    /// task's waker), then the read side.
+    fn next(conn: &Arc<ConnBytes>, probe: &mut Probe, cx: &mut Context<'_>) -> Poll<Option<u32>> {
+        assert!(conn.poll_stop(cx).is_pending());
+        poll_next(conn, probe)
+    }
+
     struct CountingWaker(AtomicUsize);
     impl Wake for CountingWaker {
         fn wake(self: Arc<Self>) {
@@ -98,16 +103,12 @@ mod tests {
         let task_waker = Waker::from(task.clone());
         let mut cx = Context::from_waker(&task_waker);
 
-        assert_eq!(poll_next(&conn, &mut probe, &mut cx), Poll::Ready(Some(1)));
-        assert_eq!(
-            poll_next(&conn, &mut probe, &mut cx),
-            Poll::Ready(Some(2)),
-            "after an item, polled again"
-        );
-        assert!(poll_next(&conn, &mut probe, &mut cx).is_pending());
+        assert_eq!(next(&conn, &mut probe, &mut cx), Poll::Ready(Some(1)));
+        assert_eq!(next(&conn, &mut probe, &mut cx), Poll::Ready(Some(2)), "after an item, polled again");
+        assert!(next(&conn, &mut probe, &mut cx).is_pending());
         assert_eq!(probe.polls, 3);
         for _ in 0..5 {
-            assert!(poll_next(&conn, &mut probe, &mut cx).is_pending(), "woken by something else");
+            assert!(next(&conn, &mut probe, &mut cx).is_pending(), "woken by something else");
         }
         assert_eq!(probe.polls, 3, "the stream was not polled while it had said nothing");
 
@@ -115,20 +116,20 @@ mod tests {
         probe.items.push(3);
         probe.waker.take().expect("the connection's waker").wake();
         assert_eq!(task.0.load(Ordering::SeqCst), 1, "the task was woken through the connection");
-        assert_eq!(poll_next(&conn, &mut probe, &mut cx), Poll::Ready(Some(3)));
+        assert_eq!(next(&conn, &mut probe, &mut cx), Poll::Ready(Some(3)));
         assert_eq!(probe.polls, 4);
 
         // Polled around the gate (with a no-op waker): `signal_read` sends
         // the next poll to the stream, which then holds the connection's
         // waker again.
-        assert!(poll_next(&conn, &mut probe, &mut cx).is_pending());
+        assert!(next(&conn, &mut probe, &mut cx).is_pending());
         assert!(probe.poll_next_unpin(&mut Context::from_waker(noop_waker_ref())).is_pending());
         conn.signal_read();
-        assert!(poll_next(&conn, &mut probe, &mut cx).is_pending());
+        assert!(next(&conn, &mut probe, &mut cx).is_pending());
         assert_eq!(probe.polls, 7);
         probe.items.push(4);
         probe.waker.take().expect("the connection's waker again").wake();
         assert_eq!(task.0.load(Ordering::SeqCst), 2);
-        assert_eq!(poll_next(&conn, &mut probe, &mut cx), Poll::Ready(Some(4)));
+        assert_eq!(next(&conn, &mut probe, &mut cx), Poll::Ready(Some(4)));
     }
 }
