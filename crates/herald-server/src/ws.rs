@@ -226,11 +226,13 @@ mod io_batching_tests {
 
     use super::WRITE_BATCH_BYTES;
 
-    /// A pipe end that counts the reads and writes that moved bytes.
+    /// A pipe end that counts the reads and writes that moved bytes, and
+    /// keeps the room offered to the last read.
     struct Counted {
         inner: DuplexStream,
         reads: Arc<AtomicUsize>,
         writes: Arc<AtomicUsize>,
+        offered: Arc<AtomicUsize>,
     }
 
     impl AsyncRead for Counted {
@@ -240,6 +242,7 @@ mod io_batching_tests {
             buf: &mut ReadBuf<'_>,
         ) -> Poll<io::Result<()>> {
             let before = buf.filled().len();
+            self.offered.store(buf.remaining(), Ordering::Relaxed);
             let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
             if buf.filled().len() > before {
                 self.reads.fetch_add(1, Ordering::Relaxed);
@@ -282,7 +285,8 @@ mod io_batching_tests {
 
     fn counted(inner: DuplexStream) -> (Counted, Arc<AtomicUsize>, Arc<AtomicUsize>) {
         let (reads, writes) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        (Counted { inner, reads: reads.clone(), writes: writes.clone() }, reads, writes)
+        let offered = Arc::new(AtomicUsize::new(0));
+        (Counted { inner, reads: reads.clone(), writes: writes.clone(), offered }, reads, writes)
     }
 
     fn frame(i: usize) -> String {
@@ -343,5 +347,27 @@ mod io_batching_tests {
         assert_eq!(client.next().await.unwrap().unwrap().as_text(), Some(frame(0).as_str()));
         assert_eq!(client.next().await.unwrap().unwrap().as_text(), Some(big.as_str()));
         assert_eq!(client.next().await.unwrap().unwrap().as_text(), Some(frame(1).as_str()));
+    }
+
+    /// An idle connection's frame (a pong, an ack) is read into one small
+    /// buffer: the poll that finds the socket empty after it reads into
+    /// what is left of that buffer instead of making a larger one, and the
+    /// buffer is let go.
+    #[tokio::test]
+    async fn a_lone_small_frame_is_read_without_a_second_buffer() {
+        let (server_io, client_io) = tokio::io::duplex(1 << 16);
+        let (server_io, _, _) = counted(server_io);
+        let offered = server_io.offered.clone();
+        let mut server = ServerBuilder::new().serve(server_io);
+        let mut client = ClientBuilder::new().take_over(client_io);
+        for round in 0..3 {
+            client.send(Message::text(format!("ack {round}"))).await.unwrap();
+            let m = server.next().await.unwrap().unwrap();
+            assert_eq!(m.as_text(), Some(format!("ack {round}").as_str()));
+            // The socket is empty now: this poll is pending.
+            assert!(futures_util::FutureExt::now_or_never(server.next()).is_none());
+            let room = offered.load(Ordering::Relaxed);
+            assert!(room < 256, "round {round}: the empty poll was offered {room} bytes (a new buffer)");
+        }
     }
 }
