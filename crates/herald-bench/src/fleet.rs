@@ -125,6 +125,7 @@ impl Fleet {
         for w in &self.workers {
             let s = proc_stats::sample(w.child.id()?).ok()?;
             total.cpu_ticks += s.cpu_ticks;
+            total.sys_ticks += s.sys_ticks;
             total.rss_kb += s.rss_kb;
         }
         Some(total)

@@ -13,6 +13,9 @@ pub struct ProcSample {
     pub rss_kb: u64,
     /// `utime + stime` from `/proc/PID/stat`, in clock ticks.
     pub cpu_ticks: u64,
+    /// `stime` alone: the kernel's share (system calls, the network stack
+    /// a loopback send runs through, page faults).
+    pub sys_ticks: u64,
     pub at: Instant,
 }
 
@@ -22,8 +25,8 @@ pub fn sample(pid: u32) -> anyhow::Result<ProcSample> {
     let rss_kb = status_field_kb(&status, "VmRSS:").context("no VmRSS in /proc/PID/status")?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("cannot read /proc/{pid}/stat"))?;
-    let cpu_ticks = stat_cpu_ticks(&stat)?;
-    Ok(ProcSample { rss_kb, cpu_ticks, at: Instant::now() })
+    let (utime, stime) = stat_cpu_ticks(&stat)?;
+    Ok(ProcSample { rss_kb, cpu_ticks: utime + stime, sys_ticks: stime, at: Instant::now() })
 }
 
 /// Optional sampling: `None` when no server pid was given.
@@ -34,12 +37,20 @@ pub fn maybe_sample(pid: Option<u32>) -> anyhow::Result<Option<ProcSample>> {
 /// CPU use between two samples, in percent of one core (200 % = two cores
 /// busy).
 pub fn cpu_pct(a: &ProcSample, b: &ProcSample) -> f64 {
+    ticks_pct(b.cpu_ticks.saturating_sub(a.cpu_ticks), a, b)
+}
+
+/// The kernel's share of [`cpu_pct`] (`stime` alone).
+pub fn sys_pct(a: &ProcSample, b: &ProcSample) -> f64 {
+    ticks_pct(b.sys_ticks.saturating_sub(a.sys_ticks), a, b)
+}
+
+fn ticks_pct(ticks: u64, a: &ProcSample, b: &ProcSample) -> f64 {
     let secs = b.at.duration_since(a.at).as_secs_f64();
     if secs <= 0.0 {
         return 0.0;
     }
-    let ticks = b.cpu_ticks.saturating_sub(a.cpu_ticks) as f64;
-    ticks / clock_ticks_per_sec() / secs * 100.0
+    ticks as f64 / clock_ticks_per_sec() / secs * 100.0
 }
 
 fn clock_ticks_per_sec() -> f64 {
@@ -60,13 +71,13 @@ fn status_field_kb(status: &str, name: &str) -> Option<u64> {
 /// `utime` and `stime` are fields 14 and 15 of `/proc/PID/stat`; the command
 /// name (field 2) may contain spaces and parentheses, so count from the last
 /// `)`.
-fn stat_cpu_ticks(stat: &str) -> anyhow::Result<u64> {
+fn stat_cpu_ticks(stat: &str) -> anyhow::Result<(u64, u64)> {
     let Some(end) = stat.rfind(')') else { bail!("malformed /proc/PID/stat") };
     let fields: Vec<&str> = stat[end + 1..].split_whitespace().collect();
     // fields[0] is field 3 (state), so field N is fields[N - 3].
     let utime: u64 = fields.get(11).and_then(|f| f.parse().ok()).context("no utime in /proc/PID/stat")?;
     let stime: u64 = fields.get(12).and_then(|f| f.parse().ok()).context("no stime in /proc/PID/stat")?;
-    Ok(utime + stime)
+    Ok((utime, stime))
 }
 
 /// Busy time of the whole machine (all CPUs) from `/proc/stat`, in clock
@@ -94,6 +105,8 @@ pub struct CpuSnapshot {
 #[derive(Debug, Clone, Copy)]
 pub struct CpuWindow {
     pub server_pct: Option<f64>,
+    /// The kernel's part of `server_pct`.
+    pub server_sys_pct: Option<f64>,
     pub client_pct: Option<f64>,
     /// Everything else on the machine: other processes competing for the
     /// cores. A large value means the run was disturbed.
@@ -116,13 +129,17 @@ impl CpuSnapshot {
             _ => None,
         };
         let server_pct = pct(&self.server, &later.server);
+        let server_sys_pct = match (&self.server, &later.server) {
+            (Some(a), Some(b)) => Some(sys_pct(a, b)),
+            _ => None,
+        };
         let client_pct = pct(&self.client, &later.client);
         let secs = later.at.duration_since(self.at).as_secs_f64().max(1e-9);
         let machine =
             later.machine_ticks.saturating_sub(self.machine_ticks) as f64 / clock_ticks_per_sec() / secs
                 * 100.0;
         let other_pct = (machine - server_pct.unwrap_or(0.0) - client_pct.unwrap_or(0.0)).max(0.0);
-        CpuWindow { server_pct, client_pct, other_pct }
+        CpuWindow { server_pct, server_sys_pct, client_pct, other_pct }
     }
 }
 
@@ -165,7 +182,7 @@ mod tests {
     fn parses_stat_with_odd_command_names() {
         let stat =
             "1234 (my (odd) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 4 0 100 1000 50";
-        assert_eq!(stat_cpu_ticks(stat).unwrap(), 325);
+        assert_eq!(stat_cpu_ticks(stat).unwrap(), (250, 75));
         assert!(stat_cpu_ticks("garbage").is_err());
     }
 
@@ -175,6 +192,7 @@ mod tests {
         let b = CpuSnapshot::take(Some(std::process::id()), None).unwrap();
         let w = a.window(&b);
         assert!(w.other_pct >= 0.0 && w.server_pct.is_some() && w.client_pct.is_none());
+        assert!(w.server_sys_pct.unwrap() <= w.server_pct.unwrap());
     }
 
     #[test]

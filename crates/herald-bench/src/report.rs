@@ -104,6 +104,10 @@ pub struct Report {
     pub rss_per_conn_kb: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_cpu_pct: Option<f64>,
+    /// The kernel's part of `server_cpu_pct` (its `stime`): system calls
+    /// and, on loopback, the network stack of both ends of a send.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_sys_cpu_pct: Option<f64>,
     /// The bench's own CPU (publishers and workers) over the same window:
     /// it shares the machine with the server.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -199,6 +203,7 @@ impl Report {
             server_rss_kb: None,
             rss_per_conn_kb: None,
             server_cpu_pct: None,
+            server_sys_cpu_pct: None,
             client_cpu_pct: None,
             other_cpu_pct: None,
             all_resumed_s: None,
@@ -250,6 +255,7 @@ impl Report {
     pub fn apply_window(&mut self, a: &CpuSnapshot, b: &CpuSnapshot) {
         let w = a.window(b);
         self.server_cpu_pct = w.server_pct.map(round2);
+        self.server_sys_cpu_pct = w.server_sys_pct.map(round2);
         self.client_cpu_pct = w.client_pct.map(round2);
         self.other_cpu_pct = Some(round2(w.other_pct));
         if let Some(s) = b.server {
@@ -358,6 +364,7 @@ impl Report {
         add("server RSS", self.server_rss_kb.map(|v| v as f64), " KB");
         add("RSS/conn", self.rss_per_conn_kb, " KB");
         add("server CPU", self.server_cpu_pct, " %");
+        add("of it kernel", self.server_sys_cpu_pct, " %");
         add("client CPU", self.client_cpu_pct, " %");
         add("other CPU", self.other_cpu_pct, " %");
         if !figures.is_empty() {
