@@ -98,3 +98,54 @@ stop_server() {
   [ -n "$SERVER_DIR" ] && rm -rf "$SERVER_DIR"
   SERVER_DIR=
 }
+
+# For the callgrind scripts: start_callgrind_herald OUTFILE CONFIG PORT LOG
+# runs Herald under valgrind --tool=callgrind (a fresh data dir) and waits
+# until it answers (valgrind is slow: up to 2 minutes); stop_callgrind_herald
+# ends it so that the profile is written. callgrind_total FILE prints the
+# instruction total of a profile.
+CALLGRIND_PID=
+CALLGRIND_DIR=
+start_callgrind_herald() {
+  local out=$1 config=$2 port=$3 log=$4 i
+  CALLGRIND_DIR=$(mktemp -d /tmp/herald-callgrind.XXXXXX)
+  HERALD_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$HERALD" serve --dev \
+    --config "$config" --data-dir "$CALLGRIND_DIR/data" --listen "127.0.0.1:$port" >"$log" 2>&1 &
+  CALLGRIND_PID=$!
+  for i in $(seq 1 600); do
+    curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
+    sleep 0.2
+  done
+  echo "herald under callgrind did not come up (see $log)" >&2
+  return 1
+}
+
+stop_callgrind_herald() {
+  [ -n "$CALLGRIND_PID" ] || return 0
+  kill -TERM "$CALLGRIND_PID" 2>/dev/null || true
+  wait "$CALLGRIND_PID" 2>/dev/null || true
+  CALLGRIND_PID=
+  [ -n "$CALLGRIND_DIR" ] && rm -rf "$CALLGRIND_DIR"
+  CALLGRIND_DIR=
+}
+
+callgrind_total() {
+  awk '/^(totals|summary):/ { print $2; exit }' "$1"
+}
+
+# The options of bench/callgrind-publish.sh and bench/callgrind-idle.sh:
+# callgrind_args SCRIPT "$@" sets HERALD, OUT and PORT (--herald, --out,
+# --port), prints SCRIPT's header for --help.
+callgrind_args() {
+  local script=$1
+  shift
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --herald) HERALD=$2; shift 2 ;;
+      --out) OUT=$2; shift 2 ;;
+      --port) PORT=$2; shift 2 ;;
+      -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$script"; exit 0 ;;
+      *) echo "unknown option: $1" >&2; exit 2 ;;
+    esac
+  done
+}
