@@ -415,13 +415,9 @@ impl Session {
             if !self.may_read() {
                 break;
             }
-            match futures_util::FutureExt::now_or_never(self.ws.next()) {
+            match read_gate::try_next(&self.handle.bytes, &mut self.ws) {
                 Some(next) => frame = next,
-                None => {
-                    // Polled with a no-op waker: the next poll goes through.
-                    self.handle.bytes.signal_read();
-                    break;
-                }
+                None => break,
             }
         }
         self.start_batch();

@@ -20,9 +20,10 @@
 //!
 //! Invariant: the stream holds the connection's waker whenever the signal
 //! is clear, because the signal is cleared only by a poll through here that
-//! returned `Pending` (which left that waker registered). A read side
-//! polled with any other waker (`now_or_never`) must be followed by
-//! [`ConnBytes::signal_read`].
+//! returned `Pending` (which left that waker registered). So every poll of
+//! the read side goes through here: [`poll_next`] for the session's wait,
+//! [`try_next`] for the frames already there after one (a poll with any
+//! other waker would leave the stream holding that one).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -40,6 +41,23 @@ pub(super) fn poll_next<S: Stream + Unpin>(conn: &Arc<ConnBytes>, stream: &mut S
     if !conn.take_read_signal() {
         return Poll::Pending;
     }
+    poll_stream(conn, stream)
+}
+
+/// The stream's next item if it has one now, whether or not it signalled
+/// (the frames that came with the one just read); `None` leaves the stream
+/// waiting with the connection's waker, as a `Pending` of [`poll_next`]
+/// does.
+pub(super) fn try_next<S: Stream + Unpin>(conn: &Arc<ConnBytes>, stream: &mut S) -> Option<Option<S::Item>> {
+    conn.take_read_signal();
+    match poll_stream(conn, stream) {
+        Poll::Ready(item) => Some(item),
+        Poll::Pending => None,
+    }
+}
+
+/// One poll of the stream with the connection's waker; the signal is clear.
+fn poll_stream<S: Stream + Unpin>(conn: &Arc<ConnBytes>, stream: &mut S) -> Poll<Option<S::Item>> {
     let waker = waker_ref(conn);
     let polled = stream.poll_next_unpin(&mut Context::from_waker(&waker));
     if polled.is_ready() {
@@ -53,8 +71,6 @@ pub(super) fn poll_next<S: Stream + Unpin>(conn: &Arc<ConnBytes>, stream: &mut S
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::task::{Wake, Waker};
-
-    use futures_util::task::noop_waker_ref;
 
     use super::*;
 
@@ -119,17 +135,18 @@ mod tests {
         assert_eq!(next(&conn, &mut probe, &mut cx), Poll::Ready(Some(3)));
         assert_eq!(probe.polls, 4);
 
-        // Polled around the gate (with a no-op waker): `signal_read` sends
-        // the next poll to the stream, which then holds the connection's
-        // waker again.
-        assert!(next(&conn, &mut probe, &mut cx).is_pending());
-        assert!(probe.poll_next_unpin(&mut Context::from_waker(noop_waker_ref())).is_pending());
-        conn.signal_read();
-        assert!(next(&conn, &mut probe, &mut cx).is_pending());
-        assert_eq!(probe.polls, 7);
+        // After a frame, `try_next` takes what is already there and, once
+        // the stream is empty, leaves it waiting with the connection's
+        // waker: the gate then stays shut until the stream signals.
         probe.items.push(4);
+        assert_eq!(try_next(&conn, &mut probe), Some(Some(4)));
+        assert_eq!(try_next(&conn, &mut probe), None);
+        assert_eq!(probe.polls, 6);
+        assert!(next(&conn, &mut probe, &mut cx).is_pending());
+        assert_eq!(probe.polls, 6, "no second poll to learn that nothing came");
+        probe.items.push(5);
         probe.waker.take().expect("the connection's waker again").wake();
         assert_eq!(task.0.load(Ordering::SeqCst), 2);
-        assert_eq!(next(&conn, &mut probe, &mut cx), Poll::Ready(Some(4)));
+        assert_eq!(next(&conn, &mut probe, &mut cx), Poll::Ready(Some(5)));
     }
 }
