@@ -364,6 +364,10 @@ mod io_batching_tests {
             client.send(Message::text(format!("ack {round}"))).await.unwrap();
             let m = server.next().await.unwrap().unwrap();
             assert_eq!(m.as_text(), Some(format!("ack {round}").as_str()));
+            // Read into a buffer of the first size: the last round's was
+            // let go, not kept (it would have less room) nor grown.
+            let room = offered.load(Ordering::Relaxed);
+            assert_eq!(room, 256, "round {round}: the frame was read into {room} bytes of room");
             // The socket is empty now: this poll is pending.
             assert!(futures_util::FutureExt::now_or_never(server.next()).is_none());
             let room = offered.load(Ordering::Relaxed);

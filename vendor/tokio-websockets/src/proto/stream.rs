@@ -425,19 +425,18 @@ where
         // of about one per READ_BUFFER_INITIAL bytes.
         let this = &mut *self;
         let buf = this.inner.read_buffer_mut();
+        // An empty buffer with at least half its first size left (the rest
+        // of one whose frames were all taken) reads into what it has: the
+        // next poll usually finds the socket empty and lets it go, so a
+        // larger one made here would be let go unused.
+        let spare = buf.capacity() - buf.len();
+        let rest_will_do = buf.is_empty() && spare >= READ_BUFFER_INITIAL / 2;
         if buf.capacity() == 0 {
-            // A fresh allocation, not `reserve` on the empty buffer: that
-            // goes through the growth path (a `realloc` of nothing), about
-            // 800 instructions more on every read after an idle spell.
+            // A new buffer rather than `reserve` on the empty one, which
+            // takes the growth path (a `realloc` of nothing).
             *buf = BytesMut::with_capacity(READ_BUFFER_INITIAL);
             this.read_hint = READ_BUFFER_INITIAL;
-        } else if buf.capacity() - buf.len() < READ_BUFFER_INITIAL
-            && !(buf.is_empty() && buf.capacity() >= READ_BUFFER_INITIAL / 2)
-        {
-            // (An empty buffer with half its first size left, the rest of
-            // one whose frames were all taken, reads into what it has: the
-            // next poll usually finds the socket empty and lets it go, and
-            // a new buffer here would be made for nothing.)
+        } else if spare < READ_BUFFER_INITIAL && !rest_will_do {
             this.read_hint = (this.read_hint * 2).min(READ_BUFFER_MAX);
             buf.reserve(this.read_hint);
         }
