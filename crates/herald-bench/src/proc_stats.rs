@@ -124,16 +124,12 @@ impl CpuSnapshot {
     }
 
     pub fn window(&self, later: &CpuSnapshot) -> CpuWindow {
-        let pct = |a: &Option<ProcSample>, b: &Option<ProcSample>| match (a, b) {
-            (Some(a), Some(b)) => Some(cpu_pct(a, b)),
-            _ => None,
+        let pct = |f: fn(&ProcSample, &ProcSample) -> f64, a: &Option<ProcSample>, b: &Option<ProcSample>| {
+            Some(f(a.as_ref()?, b.as_ref()?))
         };
-        let server_pct = pct(&self.server, &later.server);
-        let server_sys_pct = match (&self.server, &later.server) {
-            (Some(a), Some(b)) => Some(sys_pct(a, b)),
-            _ => None,
-        };
-        let client_pct = pct(&self.client, &later.client);
+        let server_pct = pct(cpu_pct, &self.server, &later.server);
+        let server_sys_pct = pct(sys_pct, &self.server, &later.server);
+        let client_pct = pct(cpu_pct, &self.client, &later.client);
         let secs = later.at.duration_since(self.at).as_secs_f64().max(1e-9);
         let machine =
             later.machine_ticks.saturating_sub(self.machine_ticks) as f64 / clock_ticks_per_sec() / secs
