@@ -11,13 +11,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-HERALD=$ROOT/target/release/herald
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
-OUT=
-PORT=18798
+trap stop_callgrind_herald EXIT
+callgrind_args "$ROOT/bench/callgrind-idle.sh" 18798 "$@"
 CONNS=1000
-callgrind_args "$ROOT/bench/callgrind-idle.sh" "$@"
 OUT=${OUT:-$ROOT/bench/results/callgrind-idle-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 # bench/herald.toml with a 1 s ping (and the idle timeout above it).

@@ -11,12 +11,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-HERALD=$ROOT/target/release/herald
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
-OUT=
-PORT=18797
-callgrind_args "$ROOT/bench/callgrind-publish.sh" "$@"
+trap stop_callgrind_herald EXIT
+callgrind_args "$ROOT/bench/callgrind-publish.sh" 18797 "$@"
 OUT=${OUT:-$ROOT/bench/results/callgrind-publish-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 for n in 2000 10000; do

@@ -47,6 +47,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 NAMESPACES="chat live"
 P2P="1000 10000"
@@ -56,7 +58,6 @@ FANOUT_RATE=max
 SUBS=200
 REPS=1
 OUT=
-HERALD=${HERALD:-$ROOT/target/release/herald}
 # A free port unless one is given: two runs at once (two worktrees) must
 # not bench each other's server.
 PORT=${CALLGRIND_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
@@ -90,28 +91,8 @@ cp "$HERALD" "$OUT/bin/herald"
 HERALD=$OUT/bin/herald
 LOG=$OUT/run.log
 
-SERVER_PID=
-SERVER_DIR=
-stop_server() {
-  [ -n "$SERVER_PID" ] || return 0
-  # SIGTERM: a clean shutdown, after which callgrind writes its file.
-  kill -TERM "$SERVER_PID" 2>/dev/null || true
-  local i
-  for i in $(seq 1 1200); do
-    kill -0 "$SERVER_PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  if kill -0 "$SERVER_PID" 2>/dev/null; then
-    echo "   !! server did not stop in 120 s; killed (no count)" | tee -a "$LOG" >&2
-    kill -9 "$SERVER_PID" 2>/dev/null || true
-  fi
-  wait "$SERVER_PID" 2>/dev/null || true
-  SERVER_PID=
-  [ -n "$SERVER_DIR" ] && rm -rf "$SERVER_DIR"
-  SERVER_DIR=
-}
-trap 'stop_server' EXIT
-trap 'stop_server; exit 130' INT TERM
+trap 'stop_callgrind_herald' EXIT
+trap 'stop_callgrind_herald; exit 130' INT TERM
 
 # run NAME SCENARIO BENCH-ARGS...: one server under callgrind, one bench
 # run against it; sets IR to the server's total instructions.
@@ -132,26 +113,18 @@ fi
 
 IR=
 run() {
-  local name=$1 i
+  local name=$1
   shift
-  SERVER_DIR=$(mktemp -d /tmp/herald-callgrind.XXXXXX)
-  HERALD_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$OUT/$name.callgrind" \
-    "$HERALD" serve --dev --config "$CONFIG" --data-dir "$SERVER_DIR/data" \
-    --listen "127.0.0.1:$PORT" >>"$OUT/$name.server.log" 2>&1 &
-  SERVER_PID=$!
-  for i in $(seq 1 1200); do
-    curl -sf "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
-    sleep 0.1
-  done
+  start_callgrind_herald "$OUT/$name.callgrind" "$CONFIG" "$PORT" "$OUT/$name.server.log" || return 1
   if ! "$HERALD" bench "$@" --target "http://127.0.0.1:$PORT" --dev --publish-via ws --timeout 900s \
       --label "$name" --json "$OUT/results.jsonl" >>"$LOG" 2>&1; then
     echo "   !! $name: the bench failed (see $LOG)" >&2
-    stop_server
+    stop_callgrind_herald
     return 1
   fi
-  stop_server
+  stop_callgrind_herald
   # `totals:` (or `summary:`) is the Ir over every thread.
-  IR=$(awk '/^(totals|summary):/ { print $2; exit }' "$OUT/$name.callgrind")
+  IR=$(callgrind_total "$OUT/$name.callgrind")
   [ -n "$IR" ] || { echo "   !! $name: no instruction count in $OUT/$name.callgrind" >&2; return 1; }
 }
 

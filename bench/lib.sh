@@ -102,8 +102,10 @@ stop_server() {
 # For the callgrind scripts: start_callgrind_herald OUTFILE CONFIG PORT LOG
 # runs Herald under valgrind --tool=callgrind (a fresh data dir) and waits
 # until it answers (valgrind is slow: up to 2 minutes); stop_callgrind_herald
-# ends it so that the profile is written. callgrind_total FILE prints the
-# instruction total of a profile.
+# stops it with SIGTERM, a clean shutdown after which callgrind writes its
+# file (killed after 120 s, and then there is no count). callgrind_total
+# FILE prints the instruction total of a profile. A script using them
+# traps EXIT with stop_callgrind_herald.
 CALLGRIND_PID=
 CALLGRIND_DIR=
 start_callgrind_herald() {
@@ -112,17 +114,27 @@ start_callgrind_herald() {
   HERALD_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$HERALD" serve --dev \
     --config "$config" --data-dir "$CALLGRIND_DIR/data" --listen "127.0.0.1:$port" >"$log" 2>&1 &
   CALLGRIND_PID=$!
-  for i in $(seq 1 600); do
+  for i in $(seq 1 1200); do
     curl -sf "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && return 0
-    sleep 0.2
+    sleep 0.1
   done
   echo "herald under callgrind did not come up (see $log)" >&2
+  stop_callgrind_herald
   return 1
 }
 
 stop_callgrind_herald() {
   [ -n "$CALLGRIND_PID" ] || return 0
   kill -TERM "$CALLGRIND_PID" 2>/dev/null || true
+  local i
+  for i in $(seq 1 1200); do
+    kill -0 "$CALLGRIND_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$CALLGRIND_PID" 2>/dev/null; then
+    echo "   !! herald under callgrind did not stop in 120 s; killed (no count)" >&2
+    kill -9 "$CALLGRIND_PID" 2>/dev/null || true
+  fi
   wait "$CALLGRIND_PID" 2>/dev/null || true
   CALLGRIND_PID=
   [ -n "$CALLGRIND_DIR" ] && rm -rf "$CALLGRIND_DIR"
@@ -134,11 +146,14 @@ callgrind_total() {
 }
 
 # The options of bench/callgrind-publish.sh and bench/callgrind-idle.sh:
-# callgrind_args SCRIPT "$@" sets HERALD, OUT and PORT (--herald, --out,
-# --port), prints SCRIPT's header for --help.
+# callgrind_args SCRIPT DEFAULT_PORT "$@" sets HERALD (--herald), OUT
+# (--out, else empty) and PORT (--port, else DEFAULT_PORT); --help prints
+# SCRIPT's header.
 callgrind_args() {
   local script=$1
-  shift
+  PORT=$2
+  OUT=
+  shift 2
   while [ $# -gt 0 ]; do
     case $1 in
       --herald) HERALD=$2; shift 2 ;;
