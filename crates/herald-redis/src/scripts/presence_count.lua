@@ -1,0 +1,1 @@
+return redis.call('ZCOUNT', KEYS[1], '(' .. fmt(ms_now()), '+inf')
