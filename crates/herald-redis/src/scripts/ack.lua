@@ -1,3 +1,5 @@
+-- KEYS: meta, cursors
+-- ARGV: subscriber, seq, indexed
 local seq = tonumber(ARGV[2])
 if not seq or seq < 0 or ARGV[1] == '' then
   return redis.error_reply('ERR herald ack: bad arguments')

@@ -1,4 +1,8 @@
-local F = 11
+-- KEYS: meta, log, receipt...
+-- ARGV: epoch, channel, fan, publish,
+--   (durable, max_len, max_age_ms, fingerprint, receipt_ttl_ms, head, middle, tail, id, closes,
+--   receipt_at)...
+local F = 11 -- the arguments of one message (see the header)
 local n = (#ARGV - 4) / F
 if n < 1 or n ~= math.floor(n) or (ARGV[4] ~= 'PUBLISH' and ARGV[4] ~= 'SPUBLISH') or ARGV[2] == '' then
   return redis.error_reply('ERR herald append: bad arguments')

@@ -1,3 +1,5 @@
+-- KEYS: meta, log
+-- ARGV: seq
 local m = redis.call('HMGET', KEYS[1], 'epoch', 'seq')
 local id = ''
 local s = tonumber(ARGV[1])

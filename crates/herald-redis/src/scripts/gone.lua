@@ -1,3 +1,5 @@
+-- Helpers of the presence scripts that remember removed leases (presence:gone);
+-- the placeholders are filled in by scripts/mod.rs (GONE_MEMORY, GONE_CAP).
 local function gone_prune(gone, gone_exp, now)
   local due = redis.call('ZRANGEBYSCORE', gone_exp, '-inf', fmt(now), 'LIMIT', 0, 64)
   if #due > 0 then

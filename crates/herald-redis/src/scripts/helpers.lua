@@ -1,3 +1,4 @@
+-- Helpers shared by the scripts, pasted after the shebang of each one.
 local function fmt(n) return string.format('%d', n) end
 local function ms_now()
   local t = redis.call('TIME')

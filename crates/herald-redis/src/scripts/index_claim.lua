@@ -1,3 +1,5 @@
+-- KEYS: due
+-- ARGV: n, claim_ms
 local n, claim_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 if not (n and claim_ms) or n < 1 or claim_ms < 1 then
   return redis.error_reply('ERR herald claim: bad arguments')

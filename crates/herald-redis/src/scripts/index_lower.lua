@@ -1,3 +1,5 @@
+-- KEYS: due
+-- ARGV: channel, score, ttl_ms
 local s = tonumber(ARGV[2])
 if not s then
   local ttl = tonumber(ARGV[3])

@@ -1,11 +1,16 @@
-//! The Lua scripts, one `.lua` file each beside this module, and the
-//! shared helpers they start with (`helpers.lua`; `gone.lua` for the
-//! presence scripts that remember removed leases). Each one touches the keys of one channel only (one hash
-//! slot), declares them all in `KEYS`, and validates its arguments before
-//! its first write (Lua does not roll back: a script that fails half way
-//! keeps what it wrote). They start with `#!lua` (no flags), so Redis
-//! refuses them up front when it is out of memory instead of failing
-//! between two writes.
+//! The Lua scripts: one `.lua` file each beside this module, assembled
+//! here with the helpers they share (`helpers.lua`; `gone.lua` for the
+//! presence scripts that remember removed leases), and their argument
+//! structs (`args.rs`). Each `.lua` file starts with a header naming its
+//! `KEYS` and `ARGV` in order, which a unit test (`tests.rs`) checks
+//! against its struct.
+//!
+//! Each script touches the keys of one channel only (one hash slot),
+//! declares them all in `KEYS`, and validates its arguments before its
+//! first write (Lua does not roll back: a script that fails half way keeps
+//! what it wrote). They start with `#!lua` (no flags), so Redis refuses
+//! them up front when it is out of memory instead of failing between two
+//! writes.
 //!
 //! Numbers: Lua numbers are doubles, exact up to 2^53; seqs and ms
 //! timestamps stay far below. They are formatted with `%d`, never `..`
@@ -14,6 +19,12 @@
 use std::sync::LazyLock;
 
 use redis::Script;
+
+mod args;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use args::*;
 
 /// Shared helpers, pasted after the shebang of each script.
 const HELPERS: &str = include_str!("helpers.lua");
@@ -31,15 +42,19 @@ fn script(body: &str) -> Script {
 }
 
 /// A script that also keeps the channel's removed leases
-/// (`presence:gone`, `presence:gone:exp`) for rejoins (`scripts/gone.lua`):
+/// (`presence:gone`, `presence:gone:exp`) for rejoins (`gone.lua`):
 /// each member's last removal, its token and whether its holder left (`l`)
 /// or was swept (`s`), forgotten after `GONE_MEMORY`, at most `GONE_CAP`
 /// per channel.
 fn gone_script(body: &str) -> Script {
-    let gone = include_str!("gone.lua")
+    script(&format!("{}\n{body}", gone_text()))
+}
+
+/// `gone.lua` with its placeholders filled in.
+fn gone_text() -> String {
+    include_str!("gone.lua")
         .replace("${GONE_MEMORY_MS}", &herald_core::GONE_MEMORY.as_millis().to_string())
-        .replace("${GONE_CAP}", &herald_core::GONE_CAP.to_string());
-    script(&format!("{gone}\n{body}"))
+        .replace("${GONE_CAP}", &herald_core::GONE_CAP.to_string())
 }
 
 /// A script with the shared helpers that writes nothing.
@@ -59,8 +74,8 @@ fn bare(shebang: &str, body: &str) -> Script {
 ///
 /// KEYS: meta, log, then the receipt keys of the messages that have one.
 /// ARGV: a fresh epoch (used if the channel has none), channel, fan-out
-/// pub/sub channel, `PUBLISH` or `SPUBLISH`, then 11 per
-/// message: durable (`1`/`0`), max_len, max_age_ms, fingerprint (hex),
+/// pub/sub channel, `PUBLISH` or `SPUBLISH`, then per message (see
+/// [`AppendMessage`]): durable (`1`/`0`), max_len, max_age_ms, fingerprint (hex),
 /// receipt ttl ms, frame head, frame middle, frame tail, message id, closes
 /// (`1`/`0`: durable only, the channel's last message), the index in KEYS
 /// of its receipt key (`0`: no dedup).
@@ -138,6 +153,13 @@ pub(crate) static OWN_CLAIM: LazyLock<Script> = LazyLock::new(|| bare(WRITES, in
 /// KEYS: owner. ARGV: holder. Returns 1 when removed.
 pub(crate) static OWN_RELEASE: LazyLock<Script> =
     LazyLock::new(|| bare(WRITES, include_str!("own_release.lua")));
+
+/// Remove the node's lease if it is still ours (a clean shutdown). No
+/// shebang: a `DEL` is allowed even when Redis is out of memory.
+///
+/// Returns 1 when removed.
+pub(crate) static LEASE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lease_release.lua")));
 
 // ---- Presence ----
 //

@@ -1,3 +1,5 @@
+-- KEYS: owner, counter
+-- ARGV: holder, ttl_ms
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local sp = string.find(cur, ' ', 1, true)

@@ -1,3 +1,5 @@
+-- KEYS: owner
+-- ARGV: holder
 local cur = redis.call('GET', KEYS[1])
 if not cur then return 0 end
 local sp = string.find(cur, ' ', 1, true)

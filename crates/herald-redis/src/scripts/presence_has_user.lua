@@ -1,3 +1,5 @@
+-- KEYS: presence_exp, presence_keys
+-- ARGV: user_prefix
 local now = ms_now()
 local from, to = '[' .. ARGV[1], '(' .. ARGV[1] .. '\255'
 while true do

@@ -1,3 +1,5 @@
+-- KEYS: meta, presence, presence_exp, presence_keys, presence_token
+-- ARGV: member_key, member, ttl_ms
 local ttl = tonumber(ARGV[3])
 if not ttl or ttl <= 0 or ARGV[1] == '' or ARGV[2] == '' then
   return redis.error_reply('ERR herald join: bad arguments')

@@ -1,3 +1,5 @@
+-- KEYS: presence, presence_exp, presence_keys, presence_gone, presence_gone_exp, meta
+-- ARGV: member_key, token
 if ARGV[1] == '' or not string.match(ARGV[2], '^%d+$') then
   return redis.error_reply('ERR herald leave: bad arguments')
 end

@@ -1,3 +1,5 @@
+-- KEYS: presence, presence_exp, presence_keys
+-- ARGV: limit
 local limit = tonumber(ARGV[1])
 if not limit or limit < 0 then return redis.error_reply('ERR herald presence: bad arguments') end
 local now = ms_now()

@@ -1,3 +1,5 @@
+-- KEYS: meta, presence, presence_exp, presence_keys, presence_gone, presence_gone_exp
+-- ARGV: member_key, member, token, ttl_ms
 local ttl = tonumber(ARGV[4])
 if not ttl or ttl <= 0 or ARGV[1] == '' or ARGV[2] == '' or not string.match(ARGV[3], '^%d+$') then
   return redis.error_reply('ERR herald rejoin: bad arguments')

@@ -1,3 +1,5 @@
+-- KEYS: presence, presence_exp
+-- ARGV: member_key, token, ttl_ms
 local ttl = tonumber(ARGV[3])
 if not ttl or ttl <= 0 or ARGV[1] == '' then
   return redis.error_reply('ERR herald renew: bad arguments')

@@ -1,3 +1,5 @@
+-- KEYS: presence, presence_exp, presence_keys, presence_gone, presence_gone_exp
+-- ARGV: limit
 local limit = tonumber(ARGV[1])
 if not limit or limit < 1 then return redis.error_reply('ERR herald sweep: bad arguments') end
 local now = ms_now()

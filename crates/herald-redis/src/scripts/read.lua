@@ -1,3 +1,5 @@
+-- KEYS: meta, log
+-- ARGV: epoch, after, limit
 local after, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 if not (after and limit) or after < 0 or limit < 0 then
   return redis.error_reply('ERR herald read: bad arguments')

@@ -1,3 +1,7 @@
+-- KEYS: meta, log, room, presence, presence_exp, presence_keys, presence_gone,
+--   presence_gone_exp
+-- ARGV: expected_version, version, record, closing,
+--   epoch, max_len, max_age_ms, head, middle, tail, id, channel, fan, publish
 local max_len, max_age = tonumber(ARGV[6]), tonumber(ARGV[7])
 if not (max_len and max_age and tonumber(ARGV[2])) or max_len < 0 or max_age < 0 or ARGV[3] == ''
    or (ARGV[14] ~= 'PUBLISH' and ARGV[14] ~= 'SPUBLISH') or ARGV[11] == ''

@@ -1,3 +1,5 @@
+-- KEYS: sched, sched_idx, [receipt]
+-- ARGV: id, deliver_at, record, fingerprint, receipt_ttl_ms
 local at, ttl = tonumber(ARGV[2]), tonumber(ARGV[5])
 if not (at and ttl) or ARGV[1] == '' or ttl <= 0 then
   return redis.error_reply('ERR herald schedule: bad arguments')

@@ -1,3 +1,5 @@
+-- KEYS: sched, sched_idx, claims
+-- ARGV: id
 local record = redis.call('HGET', KEYS[1], ARGV[1])
 if not record then return false end
 redis.call('HDEL', KEYS[1], ARGV[1])

@@ -1,3 +1,5 @@
+-- KEYS: sched, claims
+-- ARGV: id, lease_ms
 local lease = tonumber(ARGV[2])
 if not lease or lease <= 0 then return redis.error_reply('ERR herald claim: bad arguments') end
 local record = redis.call('HGET', KEYS[1], ARGV[1])

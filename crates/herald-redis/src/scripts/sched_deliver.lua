@@ -1,3 +1,6 @@
+-- KEYS: meta, log, sched, sched_idx, claims
+-- ARGV: id, token, durable,
+--   epoch, max_len, max_age_ms, head, middle, tail, id, channel, fan, publish
 local max_len, max_age = tonumber(ARGV[5]), tonumber(ARGV[6])
 if not (max_len and max_age) or (ARGV[13] ~= 'PUBLISH' and ARGV[13] ~= 'SPUBLISH') or ARGV[10] == '' then
   return redis.error_reply('ERR herald deliver: bad arguments')
