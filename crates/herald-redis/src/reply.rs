@@ -243,3 +243,49 @@ impl Fields {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn an_appended_reply_reads_dashes_as_none() {
+        let v = Value::Array(vec![bulk("ok"), bulk("-"), bulk("17"), bulk("-"), Value::Int(0)]);
+        let mut r = Reply::new("append", v).unwrap().fields("reply").unwrap();
+        assert_eq!(r.status().unwrap(), "ok");
+        let a = r.appended().unwrap();
+        assert_eq!((a.seq, a.ts, a.epoch.as_str(), a.lost), (None, 17, "", false));
+        let v = Value::Array(vec![bulk("5"), Value::Int(17), bulk("E"), Value::Int(1)]);
+        let a = Reply::new("append", v).unwrap().fields("reply").unwrap().appended().unwrap();
+        assert_eq!((a.seq, a.ts, a.epoch.as_str(), a.lost), (Some(5), 17, "E", true));
+    }
+
+    #[test]
+    fn a_reply_of_another_shape_is_unavailable_naming_the_field() {
+        let mut r =
+            Reply::new("room write", Value::Array(vec![bulk("ok")])).unwrap().fields("reply").unwrap();
+        r.status().unwrap();
+        assert_eq!(r.seq("seq"), Err(EngineError::Unavailable("redis room write: malformed seq".into())));
+        let e = Reply::new("presence count", bulk("x")).unwrap().int("count").unwrap_err();
+        assert_eq!(e, EngineError::Unavailable("redis presence count: malformed count".into()));
+        assert!(Reply::new("read", Value::Int(1)).unwrap().fields("reply").is_err());
+    }
+
+    #[test]
+    fn an_error_reply_is_unavailable() {
+        let v = Value::ServerError(
+            redis::ServerError::try_from(redis::make_extension_error(
+                "ERR".to_owned(),
+                Some("herald append: bad arguments".to_owned()),
+            ))
+            .unwrap(),
+        );
+        assert!(
+            matches!(Reply::new("append", v), Err(EngineError::Unavailable(m)) if m.starts_with("redis append: "))
+        );
+    }
+}
