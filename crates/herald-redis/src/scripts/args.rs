@@ -263,7 +263,8 @@ impl AppendRun {
 }
 
 script_args! {
-    /// `READ`: the position and a page of the log.
+    /// `READ`: the position and a page of the log. `epoch`: a fresh one,
+    /// used if the channel has none.
     Read => READ, "read.lua" {
         keys { meta: String, log: String }
         argv { epoch: String, after: u64, limit: usize }
@@ -282,6 +283,7 @@ script_args! {
     }
 
     /// `ACK`: compare-and-raise of a cursor.
+    /// `indexed`: the subscriber's user-index entry is known to be written.
     Ack<'a> => ACK, "ack.lua" {
         keys { meta: String, cursors: String }
         argv { subscriber: &'a str, seq: u64, indexed: bool }
@@ -311,7 +313,7 @@ script_args! {
         argv { holder: &'a str }
     }
 
-    /// `PRESENCE_JOIN`.
+    /// `PRESENCE_JOIN`. `member`: the member as JSON.
     PresenceJoin<'a> => PRESENCE_JOIN, "presence_join.lua" {
         keys { meta: String, presence: String, presence_exp: String, presence_keys: String, presence_token: String }
         argv { member_key: &'a str, member: &'a str, ttl_ms: u64 }
@@ -361,7 +363,8 @@ script_args! {
         argv {}
     }
 
-    /// `PRESENCE_HAS_USER`.
+    /// `PRESENCE_HAS_USER`. `user_prefix`: the start of every member key of
+    /// the user (`{len}:{user}`).
     PresenceHasUser<'a> => PRESENCE_HAS_USER, "presence_has_user.lua" {
         keys { presence_exp: String, presence_keys: String }
         argv { user_prefix: &'a str }
@@ -379,7 +382,8 @@ script_args! {
         argv { limit: usize }
     }
 
-    /// `INDEX_LOWER`: lower a channel's sweep-index score.
+    /// `INDEX_LOWER`: lower a channel's sweep-index score to `score`, or
+    /// (none) to now + `ttl_ms`.
     IndexLower<'a> => INDEX_LOWER, "index_lower.lua" {
         keys { due: String }
         argv { channel: &'a str, score: OrEmpty<u64>, ttl_ms: u64 }
@@ -391,13 +395,14 @@ script_args! {
         argv { n: usize, claim_ms: u64 }
     }
 
-    /// `INDEX_SETTLE`: settle a claim.
+    /// `INDEX_SETTLE`: settle a claim (the claim's score) with the next
+    /// score, or `''` to remove the channel.
     IndexSettle<'a> => INDEX_SETTLE, "index_settle.lua" {
         keys { due: String }
         argv { channel: &'a str, claim: &'a str, next: &'a str }
     }
 
-    /// `ROOM_WRITE`.
+    /// `ROOM_WRITE`. `expected_version`: none to create the room.
     RoomWrite<'a> => ROOM_WRITE, "room_write.lua" {
         keys {
             meta: String,
@@ -413,7 +418,8 @@ script_args! {
         then event: Event<'a>
     }
 
-    /// `SCHED_ADD`.
+    /// `SCHED_ADD`. `receipt` (dedup) and `fingerprint` (hex; empty
+    /// without dedup) go together.
     SchedAdd<'a> => SCHED_ADD, "sched_add.lua" {
         keys { sched: String, sched_idx: String, receipt: Option<String> }
         argv { id: &'a str, deliver_at: u64, record: &'a [u8], fingerprint: String, receipt_ttl_ms: u64 }

@@ -72,13 +72,7 @@ fn bare(shebang: &str, body: &str) -> Script {
 /// batch for this channel (`Log::append_batch`), one script run whatever
 /// the batch's size.
 ///
-/// KEYS: meta, log, then the receipt keys of the messages that have one.
-/// ARGV: a fresh epoch (used if the channel has none), channel, fan-out
-/// pub/sub channel, `PUBLISH` or `SPUBLISH`, then per message (see
-/// [`AppendMessage`]): durable (`1`/`0`), max_len, max_age_ms, fingerprint (hex),
-/// receipt ttl ms, frame head, frame middle, frame tail, message id, closes
-/// (`1`/`0`: durable only, the channel's last message), the index in KEYS
-/// of its receipt key (`0`: no dedup).
+/// Arguments: [`Append`], then an [`AppendMessage`] per message.
 ///
 /// Returns one reply per message, in order: `{'ok', seq|'-', ts, epoch|'-',
 /// lost}`, `{'dup', seq|'-', id, ts, epoch|'-'}`, `{'mismatch'}`,
@@ -103,8 +97,7 @@ pub(crate) static APPEND: LazyLock<Script> = LazyLock::new(|| script(include_str
 
 /// Position and (with `limit > 0`) a page of the log, in one snapshot.
 ///
-/// KEYS: meta, log. ARGV: a fresh epoch (used if the channel has none),
-/// after, limit. Returns `{epoch, head, first, lost, entries, closed}`,
+/// Arguments: [`Read`]. Returns `{epoch, head, first, lost, entries, closed}`,
 /// entries as XRANGE gives them, seqs `after+1 ..= head`; closed is 1 when
 /// the channel is closed (its head is its last message).
 pub(crate) static READ: LazyLock<Script> = LazyLock::new(|| script(include_str!("read.lua")));
@@ -113,21 +106,19 @@ pub(crate) static READ: LazyLock<Script> = LazyLock::new(|| script(include_str!(
 /// the id of the message at `seq` (to notice a log rewritten under the same
 /// epoch). Writes nothing.
 ///
-/// KEYS: meta, log. ARGV: seq. Returns `{epoch|'', head, id|''}`.
+/// Arguments: [`Check`]. Returns `{epoch|'', head, id|''}`.
 pub(crate) static CHECK: LazyLock<Script> = LazyLock::new(|| bare(NO_WRITES, include_str!("check.lua")));
 
 /// Start a new epoch if the channel is still in `expected` (compare and
 /// set: of several nodes noticing the same loss, one starts the epoch).
 ///
-/// KEYS: meta. ARGV: expected epoch, new epoch. Returns `{1, new}` or `{0,
-/// current|''}`.
+/// Arguments: [`BumpEpoch`]. Returns `{1, new}` or `{0, current|''}`.
 pub(crate) static BUMP_EPOCH: LazyLock<Script> =
     LazyLock::new(|| bare(WRITES, include_str!("bump_epoch.lua")));
 
 /// Compare-and-raise of a cursor; refuses a seq beyond the head.
 ///
-/// KEYS: meta, cursors. ARGV: subscriber key, seq, `1` if the user index
-/// entry is known to be written. Returns `{'ok', seq, acked_at_ms}`,
+/// Arguments: [`Ack`]. Returns `{'ok', seq, acked_at_ms}`,
 /// `{'beyond', head}`, or `{'index'}` when the cursor does not exist yet and
 /// the index entry must be written first (it lives in another slot).
 pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| script(include_str!("ack.lua")));
@@ -135,7 +126,7 @@ pub(crate) static ACK: LazyLock<Script> = LazyLock::new(|| script(include_str!("
 /// Keep the node's lease: refresh it if it is ours, take it (back) if it is
 /// gone or someone else's.
 ///
-/// KEYS: lease. ARGV: our token, ttl ms. Returns 0 (refreshed), 1 (was
+/// Arguments: [`NodeLeaseKeep`]. Returns 0 (refreshed), 1 (was
 /// gone, re-registered) or 2 (held by another token, taken over).
 pub(crate) static LEASE: LazyLock<Script> = LazyLock::new(|| bare(WRITES, include_str!("lease.lua")));
 
@@ -144,20 +135,20 @@ pub(crate) static LEASE: LazyLock<Script> = LazyLock::new(|| bare(WRITES, includ
 /// gets the next value of the key's token counter, which never expires, so
 /// tokens only grow. Timed by Redis's clock (`PX`).
 ///
-/// KEYS: owner, token counter. ARGV: holder, ttl ms. Returns the token, or
+/// Arguments: [`OwnClaim`]. Returns the token, or
 /// -1 when another holder's lease has not expired.
 pub(crate) static OWN_CLAIM: LazyLock<Script> = LazyLock::new(|| bare(WRITES, include_str!("own_claim.lua")));
 
 /// Give a work lease up if `holder` holds it.
 ///
-/// KEYS: owner. ARGV: holder. Returns 1 when removed.
+/// Arguments: [`OwnRelease`]. Returns 1 when removed.
 pub(crate) static OWN_RELEASE: LazyLock<Script> =
     LazyLock::new(|| bare(WRITES, include_str!("own_release.lua")));
 
 /// Remove the node's lease if it is still ours (a clean shutdown). No
 /// shebang: a `DEL` is allowed even when Redis is out of memory.
 ///
-/// Returns 1 when removed.
+/// Arguments: [`NodeLeaseRelease`]. Returns 1 when removed.
 pub(crate) static LEASE_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lease_release.lua")));
 
@@ -173,15 +164,14 @@ pub(crate) static LEASE_RELEASE: LazyLock<Script> =
 /// Join: a new lease, or take over the stored one (expired or not) with a
 /// new token.
 ///
-/// KEYS: meta, presence, presence:exp, presence:keys, presence:token. ARGV:
-/// member key, member JSON, ttl ms. Returns `{'new'|'reclaimed', token,
+/// Arguments: [`PresenceJoin`]. Returns `{'new'|'reclaimed', token,
 /// expires_at}` or `{'closed'}`.
 pub(crate) static PRESENCE_JOIN: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("presence_join.lua")));
 
 /// Renew: extend the lease if it holds `token`; never creates one.
 ///
-/// KEYS: presence, presence:exp. ARGV: member key, token, ttl ms. Returns
+/// Arguments: [`PresenceRenew`]. Returns
 /// `{'until', expires_at}`, `{'superseded'}` or `{'gone'}`.
 pub(crate) static PRESENCE_RENEW: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("presence_renew.lua")));
@@ -190,38 +180,32 @@ pub(crate) static PRESENCE_RENEW: LazyLock<Script> =
 /// holder left (also when the lease was swept already), so no rejoin with
 /// `token` brings it back.
 ///
-/// KEYS: presence, presence:exp, presence:keys, presence:gone,
-/// presence:gone:exp, meta. ARGV: member key, token. Returns `{'left',
-/// lease}` or `{'none'}`.
+/// Arguments: [`PresenceLeave`]. Returns `{'left', lease}` or `{'none'}`.
 pub(crate) static PRESENCE_LEAVE: LazyLock<Script> =
     LazyLock::new(|| gone_script(include_str!("presence_leave.lua")));
 
 /// Rejoin: bring back a removed lease for the holder of its token, unless
 /// anything newer happened to the member (see `Presence::presence_rejoin`).
 ///
-/// KEYS: meta, presence, presence:exp, presence:keys, presence:gone,
-/// presence:gone:exp. ARGV: member key, member JSON, token, ttl ms.
-/// Returns `{'back', expires_at}`, `{'held', expires_at}`, `{'fenced'}` or
+/// Arguments: [`PresenceRejoin`]. Returns `{'back', expires_at}`, `{'held', expires_at}`, `{'fenced'}` or
 /// `{'closed'}`.
 pub(crate) static PRESENCE_REJOIN: LazyLock<Script> =
     LazyLock::new(|| gone_script(include_str!("presence_rejoin.lua")));
 
 /// Up to `limit` unexpired leases, in key order. Writes nothing.
 ///
-/// KEYS: presence, presence:exp, presence:keys. ARGV: limit. Returns the
-/// lease records.
+/// Arguments: [`PresenceList`]. Returns the lease records.
 pub(crate) static PRESENCE_LIST: LazyLock<Script> =
     LazyLock::new(|| read_only(include_str!("presence_list.lua")));
 
-/// How many unexpired leases. KEYS: presence:exp.
+/// How many unexpired leases. Arguments: [`PresenceCount`].
 pub(crate) static PRESENCE_COUNT: LazyLock<Script> =
     LazyLock::new(|| read_only(include_str!("presence_count.lua")));
 
 /// Whether a user holds an unexpired lease: its leases are the member keys
 /// starting with `{len}:{user}` (no other user's key does), a lex range.
 ///
-/// KEYS: presence:exp, presence:keys. ARGV: the user's key prefix. Returns
-/// 1 or 0.
+/// Arguments: [`PresenceHasUser`]. Returns 1 or 0.
 pub(crate) static PRESENCE_HAS_USER: LazyLock<Script> =
     LazyLock::new(|| read_only(include_str!("presence_has_user.lua")));
 
@@ -229,8 +213,7 @@ pub(crate) static PRESENCE_HAS_USER: LazyLock<Script> =
 /// (each to exactly one caller: the removal is in the same step), with the
 /// earliest expiry left.
 ///
-/// KEYS: presence, presence:exp, presence:keys, presence:gone,
-/// presence:gone:exp. ARGV: limit. Returns `{next expires_at | '', {lease
+/// Arguments: [`PresenceSweep`]. Returns `{next expires_at | '', {lease
 /// records}}`.
 pub(crate) static PRESENCE_SWEEP: LazyLock<Script> =
     LazyLock::new(|| gone_script(include_str!("presence_sweep.lua")));
@@ -244,14 +227,13 @@ pub(crate) static PRESENCE_SWEEP: LazyLock<Script> =
 /// Lower the channel's score to `score` (or now + `ttl`), adding it if
 /// absent; a claim is replaced (its sweeper's settle then does nothing).
 ///
-/// KEYS: presence:due. ARGV: channel, score or '', ttl ms. Returns 1 if
-/// written.
+/// Arguments: [`IndexLower`]. Returns 1 if written.
 pub(crate) static INDEX_LOWER: LazyLock<Script> = LazyLock::new(|| script(include_str!("index_lower.lua")));
 
 /// Claim up to `n` channels that are due: their score becomes now + claim
 /// ms + 0.5, so no other sweeper takes them until the claim runs out.
 ///
-/// KEYS: presence:due. ARGV: n, claim ms. Returns `{claim score | '',
+/// Arguments: [`IndexClaim`]. Returns `{claim score | '',
 /// {channels}}`.
 pub(crate) static INDEX_CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("index_claim.lua")));
 
@@ -259,7 +241,7 @@ pub(crate) static INDEX_CLAIM: LazyLock<Script> = LazyLock::new(|| script(includ
 /// sweep time, or remove it (no lease left). Anything else means a join
 /// wrote it meanwhile, and its score stands.
 ///
-/// KEYS: presence:due. ARGV: channel, claim score, next score or ''.
+/// Arguments: [`IndexSettle`]. Returns 1 if settled.
 pub(crate) static INDEX_SETTLE: LazyLock<Script> = LazyLock::new(|| script(include_str!("index_settle.lua")));
 
 // ---- Rooms ----
@@ -267,28 +249,18 @@ pub(crate) static INDEX_SETTLE: LazyLock<Script> = LazyLock::new(|| script(inclu
 /// Compare-and-set of a room's record plus the append of its event, as
 /// one step; closing also closes the channel and removes every lease.
 ///
-/// KEYS: meta, log, room, presence, presence:exp, presence:keys,
-/// presence:gone, presence:gone:exp. ARGV:
-/// expected version ('' = create), new version, record JSON, closing
-/// (`1`/`0`), then as APPEND for the event: a fresh epoch, max_len,
-/// max_age_ms, frame head, middle, tail, message id, channel, fan-out
-/// channel, `PUBLISH` or `SPUBLISH`.
-///
-/// Returns `{'ok', seq, ts, epoch, lost}`, `{'conflict', record | ''}` or
+/// Arguments: [`RoomWrite`] (the event's last, an [`Event`]). Returns `{'ok', seq, ts, epoch, lost}`, `{'conflict', record | ''}` or
 /// `{'closed'}` (the version matched but the channel is closed).
 pub(crate) static ROOM_WRITE: LazyLock<Script> = LazyLock::new(|| script(include_str!("room_write.lua")));
 
 /// Store a schedule (scheduled delivery), with its dedup receipt.
 ///
-/// KEYS: sched (hash id → record), sched idx (sorted set by deliver_at),
-/// [receipt]. ARGV: id, deliver_at, record, fingerprint (hex), receipt ttl
-/// ms. Returns `{'ok'}`, `{'dup', id, deliver_at}` or `{'mismatch'}`.
+/// Arguments: [`SchedAdd`]. Returns `{'ok'}`, `{'dup', id, deliver_at}` or `{'mismatch'}`.
 pub(crate) static SCHED_ADD: LazyLock<Script> = LazyLock::new(|| script(include_str!("sched_add.lua")));
 
 /// Claim a schedule: a lease with a fencing token that only grows.
 ///
-/// KEYS: sched, claims (hash id → `<token> <until_ms>`). ARGV: id, lease
-/// ms. Returns `{'ok', token, record}`, `{'held'}` (under an unexpired
+/// Arguments: [`SchedClaim`]. Returns `{'ok', token, record}`, `{'held'}` (under an unexpired
 /// claim) or `{'missing'}` (delivered or cancelled).
 pub(crate) static SCHED_CLAIM: LazyLock<Script> = LazyLock::new(|| script(include_str!("sched_claim.lua")));
 
@@ -296,13 +268,11 @@ pub(crate) static SCHED_CLAIM: LazyLock<Script> = LazyLock::new(|| script(includ
 /// dedup) and the removal of the schedule, in one step, only while the
 /// schedule is stored and the claim's token is its latest.
 ///
-/// KEYS: meta, log, sched, sched idx, claims. ARGV: id, token, durable,
-/// fresh epoch, max_len, max_age_ms, frame head, middle, tail, message id,
-/// channel, fan, publish command. Returns `{'ok', seq|'-', ts, epoch|'-',
+/// Arguments: [`SchedDeliver`] (the message's last, an [`Event`]). Returns `{'ok', seq|'-', ts, epoch|'-',
 /// lost}`, `{'stale'}` or `{'closed'}`.
 pub(crate) static SCHED_DELIVER: LazyLock<Script> =
     LazyLock::new(|| script(include_str!("sched_deliver.lua")));
 
-/// Cancel a schedule. KEYS: sched, sched idx, claims. ARGV: id. Returns
-/// the record, or nil when there is none.
+/// Cancel a schedule. Arguments: [`SchedCancel`]. Returns the record, or
+/// nil when there is none.
 pub(crate) static SCHED_CANCEL: LazyLock<Script> = LazyLock::new(|| script(include_str!("sched_cancel.lua")));
