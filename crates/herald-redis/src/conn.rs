@@ -30,6 +30,8 @@ use redis::{Cmd, ErrorKind, Pipeline, ProtocolVersion, RedisFuture, Value};
 use tokio::time::Instant;
 
 use crate::dial::{open_conn, redial};
+use crate::reply::{failure, Reply};
+use crate::scripts::ScriptArgs;
 use crate::{RedisConfig, RedisError};
 
 /// A connection is replaced at most this often.
@@ -223,6 +225,25 @@ impl Redis {
         self.call_unchecked(what, f).await
     }
 
+    /// Run a script with `args` through [`call`](Self::call).
+    pub async fn run(&self, what: &'static str, args: &impl ScriptArgs) -> Result<Reply, EngineError> {
+        let inv = args.invocation();
+        let v = self.call(what, |mut c| async move { inv.invoke_async::<Value>(&mut c).await }).await?;
+        Reply::new(what, v)
+    }
+
+    /// Run a script with `args` through [`call_unchecked`](Self::call_unchecked).
+    pub async fn run_unchecked(
+        &self,
+        what: &'static str,
+        args: &impl ScriptArgs,
+    ) -> Result<Reply, EngineError> {
+        let inv = args.invocation();
+        let v =
+            self.call_unchecked(what, |mut c| async move { inv.invoke_async::<Value>(&mut c).await }).await?;
+        Reply::new(what, v)
+    }
+
     /// Up to `count` members of the sorted set `key` in lex order, from the
     /// `ZRANGEBYLEX` bound `start` (`-`, `[member` or `(member`): one page of
     /// a paged listing.
@@ -276,14 +297,13 @@ impl Redis {
                 Ok(v)
             }
             Ok(Err(e)) => {
-                let reason = format!("redis {what}: {e}");
                 if is_outage(&e) {
                     self.failed(i, generation);
-                    self.health.failed_since(since, reason.clone());
+                    self.health.failed_since(since, format!("redis {what}: {e}"));
                 } else {
                     tracing::warn!(error = %e, what, "redis refused a command");
                 }
-                Err(EngineError::Unavailable(reason))
+                Err(failure(what, &e))
             }
             Err(_) => {
                 let reason = format!("redis {what}: no answer within {:?}", self.timeout);

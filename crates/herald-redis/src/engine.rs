@@ -20,7 +20,8 @@ use crate::dial::open_conn;
 use crate::fanout::{self, Fanout};
 use crate::keys::Keys;
 use crate::lease::{self, NodeLease};
-use crate::ops::Shared;
+use crate::scripts::{OwnClaim, OwnRelease};
+use crate::state::{self, EngineState};
 use crate::{RedisConfig, RedisError, RedisStats};
 
 /// How long `close` waits for the background tasks.
@@ -28,7 +29,7 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// The Redis engine. See the crate docs.
 pub struct RedisEngine {
-    inner: Arc<Shared>,
+    inner: Arc<EngineState>,
     lease: Arc<NodeLease>,
     node_id: String,
 }
@@ -48,8 +49,8 @@ impl RedisEngine {
         let keys = Keys::new(&config.key_prefix);
         let fanout = Fanout::new(pubsub, push, keys.clone(), &config, overflow);
         // A sweeper's claim outlives its two round trips per channel.
-        let sweep_claim_ms = crate::ops::ms(config.command_timeout * 3);
-        let inner = Arc::new(Shared::new(redis, fanout, keys.clone(), sweep_claim_ms));
+        let sweep_claim_ms = state::ms(config.command_timeout * 3);
+        let inner = Arc::new(EngineState::new(redis, fanout, keys.clone(), sweep_claim_ms));
         let node_id =
             config.node_id.clone().unwrap_or_else(|| format!("herald-{}", uuid::Uuid::new_v4().simple()));
         let lease = Arc::new(NodeLease::new(&keys, &node_id, config.lease_ttl));
@@ -108,7 +109,7 @@ impl Log for RedisEngine {
     }
 
     /// The dedup claims in one round trip, then one `APPEND` script run per
-    /// channel, all in one pipeline (see `ops.rs`).
+    /// channel, all in one pipeline (see `append.rs`).
     async fn append_batch(&self, reqs: Vec<AppendRequest>) -> Vec<Result<Receipt, EngineError>> {
         self.inner.append_batch(reqs).await
     }
@@ -298,16 +299,8 @@ impl herald_core::Ownership for RedisEngine {
     async fn claim(&self, key: &str, holder: &str, ttl: Duration) -> Result<herald_core::Owned, EngineError> {
         let (owner, counter) = self.inner.keys.owner(key);
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-        let holder = holder.to_owned();
-        let token: i64 = self
-            .inner
-            .redis
-            .call("own_claim", |mut c| async move {
-                let mut inv = crate::scripts::OWN_CLAIM.prepare_invoke();
-                inv.key(owner).key(counter).arg(holder).arg(ttl_ms);
-                inv.invoke_async(&mut c).await
-            })
-            .await?;
+        let args = OwnClaim { owner, counter, holder, ttl_ms };
+        let token = self.inner.redis.run("own_claim", &args).await?.signed("token")?;
         Ok(match u64::try_from(token) {
             Ok(t) => herald_core::Owned::Held(t),
             Err(_) => herald_core::Owned::Busy,
@@ -316,16 +309,8 @@ impl herald_core::Ownership for RedisEngine {
 
     async fn release(&self, key: &str, holder: &str) -> Result<(), EngineError> {
         let (owner, _) = self.inner.keys.owner(key);
-        let holder = holder.to_owned();
-        let _: i64 = self
-            .inner
-            .redis
-            .call("own_release", |mut c| async move {
-                let mut inv = crate::scripts::OWN_RELEASE.prepare_invoke();
-                inv.key(owner).arg(holder);
-                inv.invoke_async(&mut c).await
-            })
-            .await?;
+        let args = OwnRelease { owner, holder };
+        self.inner.redis.run("own_release", &args).await?.signed("released")?;
         Ok(())
     }
 }

@@ -59,9 +59,10 @@ use crate::config::FILL_PAGE;
 use crate::conn::{is_outage, Conn, REDIAL_MIN};
 use crate::dial::redial;
 use crate::keys::Keys;
-use crate::ops::Shared;
+use crate::reply;
+use crate::scripts::{BumpEpoch, Check};
+use crate::state::EngineState;
 use crate::stats::{add, bump};
-use crate::{decode, scripts};
 
 /// Locks serializing (un)subscribe calls per channel (striped).
 const STRIPES: usize = 64;
@@ -148,11 +149,11 @@ fn parse_payload(p: Vec<u8>) -> Option<Payload> {
         "0" => false,
         _ => return None,
     };
-    let seq = match decode::opt(seq) {
+    let seq = match reply::opt(seq) {
         Some(s) => Some(s.parse().ok()?),
         None => None,
     };
-    let (ts, id, epoch) = (ts.parse().ok()?, Arc::from(id), decode::opt(epoch).unwrap_or("").to_owned());
+    let (ts, id, epoch) = (ts.parse().ok()?, Arc::from(id), reply::opt(epoch).unwrap_or("").to_owned());
     let frame = Bytes::from(p).slice(nl + 1..);
     Some(Payload { seq, ts, id, epoch, closes, frame })
 }
@@ -276,7 +277,7 @@ impl Fanout {
 }
 
 /// `Log::watch`.
-pub(crate) async fn watch(inner: &Arc<Shared>, ch: &ChannelName) -> Result<(), EngineError> {
+pub(crate) async fn watch(inner: &Arc<EngineState>, ch: &ChannelName) -> Result<(), EngineError> {
     let fan = &inner.fanout;
     let feed = fan.watches().watch(ch, || Arc::new(ChannelFeed::new(ch))).clone();
     // Subscribed before the position read: whatever commits after the read
@@ -292,7 +293,7 @@ pub(crate) async fn watch(inner: &Arc<Shared>, ch: &ChannelName) -> Result<(), E
 }
 
 /// `Log::unwatch`.
-pub(crate) async fn unwatch(inner: &Arc<Shared>, ch: &ChannelName) {
+pub(crate) async fn unwatch(inner: &Arc<EngineState>, ch: &ChannelName) {
     let fan = &inner.fanout;
     if fan.watches().unwatch(ch).is_none() {
         // Still watched (or never was): nothing to unsubscribe.
@@ -319,7 +320,7 @@ pub(crate) fn push_sender(
 }
 
 /// The fan-out task: takes pushes in order and routes them.
-pub(crate) async fn run_dispatcher(inner: Arc<Shared>, mut rx: mpsc::Receiver<PushInfo>) {
+pub(crate) async fn run_dispatcher(inner: Arc<EngineState>, mut rx: mpsc::Receiver<PushInfo>) {
     let fan = &inner.fanout;
     loop {
         let push = tokio::select! {
@@ -370,13 +371,13 @@ pub(crate) async fn run_dispatcher(inner: Arc<Shared>, mut rx: mpsc::Receiver<Pu
     }
 }
 
-fn mark_all_suspect(inner: &Arc<Shared>) {
+fn mark_all_suspect(inner: &Arc<EngineState>) {
     for feed in inner.fanout.all_feeds() {
         feed.lock().suspect = true;
     }
 }
 
-fn deliver(inner: &Shared, msg: Arc<Message>) {
+fn deliver(inner: &EngineState, msg: Arc<Message>) {
     if let Some(sink) = inner.sink.get() {
         sink.deliver(msg);
     }
@@ -385,11 +386,11 @@ fn deliver(inner: &Shared, msg: Arc<Message>) {
 /// Hand the sink an epoch marker for `ch` (under the feed's lock, like
 /// every delivery): sessions still on another epoch resync at once, even
 /// if the channel stays quiet.
-fn announce_epoch(inner: &Shared, ch: &ChannelName, epoch: &Epoch) {
+fn announce_epoch(inner: &EngineState, ch: &ChannelName, epoch: &Epoch) {
     deliver(inner, Arc::new(Message::epoch_marker(ch.clone(), epoch.clone())));
 }
 
-fn on_message(inner: &Arc<Shared>, ch: &ChannelName, p: Payload) {
+fn on_message(inner: &Arc<EngineState>, ch: &ChannelName, p: Payload) {
     let Some(feed) = inner.fanout.feed(ch) else { return };
     let Some(seq) = p.seq else {
         // Volatile: live only, no order to keep.
@@ -434,7 +435,7 @@ fn on_message(inner: &Arc<Shared>, ch: &ChannelName, p: Payload) {
 }
 
 /// Run the feed's repair, which the feed just asked for (so none runs).
-fn spawn_repair(inner: &Arc<Shared>, feed: &Arc<ChannelFeed>) {
+fn spawn_repair(inner: &Arc<EngineState>, feed: &Arc<ChannelFeed>) {
     let (inner2, feed) = (inner.clone(), feed.clone());
     inner.fanout.tasks.spawn(async move {
         let cancel = inner2.fanout.cancel.clone();
@@ -448,7 +449,7 @@ fn spawn_repair(inner: &Arc<Shared>, feed: &Arc<ChannelFeed>) {
 /// Bring the feed up to the log: start it, fill gaps, follow an epoch
 /// change, start a new epoch when Redis lost data. The feed's repair ends
 /// on every path (also when the task is cancelled).
-async fn run_repair(inner: &Arc<Shared>, feed: &Arc<ChannelFeed>) {
+async fn run_repair(inner: &Arc<EngineState>, feed: &Arc<ChannelFeed>) {
     struct Ended<'a>(&'a ChannelFeed);
     impl Drop for Ended<'_> {
         fn drop(&mut self) {
@@ -504,12 +505,11 @@ async fn run_repair(inner: &Arc<Shared>, feed: &Arc<ChannelFeed>) {
         // new one so nobody trusts the old seqs.
         bump(&inner.counters.data_loss_detected);
         let new = Uuid::now_v7().hyphenated().to_string();
-        let mut inv = scripts::BUMP_EPOCH.prepare_invoke();
-        inv.key(inner.keys.meta(ch)).arg(epoch.as_str()).arg(&new);
-        let r: Result<(i64, String), _> = inner
-            .redis
-            .call_unchecked("bump epoch", |mut c| async move { inv.invoke_async(&mut c).await })
-            .await;
+        let args = BumpEpoch { meta: inner.keys.meta(ch), expected: epoch.as_str(), new: &new };
+        let r = inner.redis.run_unchecked("bump epoch", &args).await.and_then(|r| {
+            let mut r = r.fields("reply")?;
+            Ok((r.int("won")?, r.string("epoch")?))
+        });
         let current = match r {
             Ok((won, current)) => {
                 if won == 1 {
@@ -538,7 +538,7 @@ async fn run_repair(inner: &Arc<Shared>, feed: &Arc<ChannelFeed>) {
 
 /// The periodic loop: keep the pub/sub connection alive, retry what
 /// failed, and check every channel quiet for an interval.
-pub(crate) async fn run_checker(inner: Arc<Shared>) {
+pub(crate) async fn run_checker(inner: Arc<EngineState>) {
     let fan = &inner.fanout;
     let mut tick = tokio::time::interval(fan.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -609,12 +609,13 @@ pub(crate) async fn run_checker(inner: Arc<Shared>) {
 
 /// Compare the channel in Redis with the feed (which was at `last`); start
 /// the repair if they differ.
-async fn check(inner: &Arc<Shared>, feed: &Arc<ChannelFeed>, last: Seq) {
+async fn check(inner: &Arc<EngineState>, feed: &Arc<ChannelFeed>, last: Seq) {
     let ch = &feed.channel;
-    let mut inv = scripts::CHECK.prepare_invoke();
-    inv.key(inner.keys.meta(ch)).key(inner.keys.log(ch)).arg(last);
-    let r: Result<(String, u64, String), _> =
-        inner.redis.call_unchecked("check", |mut c| async move { inv.invoke_async(&mut c).await }).await;
+    let args = Check { meta: inner.keys.meta(ch), log: inner.keys.log(ch), seq: last };
+    let r = inner.redis.run_unchecked("check", &args).await.and_then(|r| {
+        let mut r = r.fields("reply")?;
+        Ok((r.string("epoch")?, r.int("head")?, r.string("id")?))
+    });
     let Ok((epoch, head, id)) = r else { return };
     let mut st = feed.lock();
     match st.feed.on_head(last, &epoch, head, &id) {

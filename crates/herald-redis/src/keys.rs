@@ -67,7 +67,7 @@ impl Keys {
     }
 
     /// Which channel a dedup key belongs to. Its own slot: written before the
-    /// channel's append script, see `ops.rs`.
+    /// channel's append script, see `append.rs`.
     pub fn claim(&self, key: &str) -> String {
         format!("{}:idem:{{{key}}}", self.prefix)
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::keys::Keys;
-use crate::ops::Shared;
-use crate::scripts;
+use crate::scripts::{NodeLeaseKeep, NodeLeaseRelease};
+use crate::state::EngineState;
 use crate::stats::bump;
 
 pub(crate) struct NodeLease {
@@ -38,18 +38,15 @@ impl NodeLease {
 
 /// Refresh the lease every third of its TTL until cancelled.
 pub(crate) async fn keep_alive(
-    inner: Arc<Shared>,
+    inner: Arc<EngineState>,
     lease: Arc<NodeLease>,
     cancel: tokio_util::sync::CancellationToken,
 ) {
     let ttl_ms = u64::try_from(lease.ttl.as_millis()).unwrap_or(u64::MAX);
     let mut registered = false;
     loop {
-        let (key, token) = (lease.key.clone(), lease.token.clone());
-        let mut inv = scripts::LEASE.prepare_invoke();
-        inv.key(key).arg(token).arg(ttl_ms);
-        let r: Result<i64, _> =
-            inner.redis.call_unchecked("lease", |mut c| async move { inv.invoke_async(&mut c).await }).await;
+        let args = NodeLeaseKeep { lease: &lease.key, token: &lease.token, ttl_ms };
+        let r = inner.redis.run_unchecked("lease", &args).await.and_then(|r| r.signed("lease"));
         let ok = r.is_ok();
         match r {
             Ok(0) => {}
@@ -84,20 +81,9 @@ pub(crate) async fn keep_alive(
 }
 
 /// Remove the lease if it is still ours (clean shutdown).
-pub(crate) async fn release(inner: &Shared, lease: &NodeLease) {
-    let (key, token) = (lease.key.clone(), lease.token.clone());
-    let r: Result<i64, _> = inner
-        .redis
-        .call_unchecked("lease release", |mut c| async move {
-            redis::Script::new(
-                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-            )
-            .key(key)
-            .arg(token)
-            .invoke_async(&mut c)
-            .await
-        })
-        .await;
+pub(crate) async fn release(inner: &EngineState, lease: &NodeLease) {
+    let args = NodeLeaseRelease { lease: &lease.key, token: &lease.token };
+    let r = inner.redis.run_unchecked("lease release", &args).await.and_then(|r| r.signed("released"));
     if let Err(e) = r {
         tracing::debug!(error = %e, "lease release failed (it expires by itself)");
     }

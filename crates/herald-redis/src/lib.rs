@@ -15,7 +15,7 @@
 //! and the timestamp (`frame.rs`), and a UUIDv7 id. With a dedup key it
 //! first claims the key for the channel (`SET herald:idem:{key} channel NX
 //! GET`): a key first used on another channel is a mismatch, as in the
-//! embedded engine. Then one Lua script (`scripts.rs`, `APPEND`) on the
+//! embedded engine. Then one Lua script (`scripts/append.lua`, `APPEND`) on the
 //! channel's slot, atomically: the dedup check (a hit returns the stored
 //! receipt; another fingerprint is a mismatch), the channel's epoch (a
 //! channel never seen gets a new one), `seq = head + 1`, `XADD` with id
@@ -25,7 +25,17 @@
 //! appends (`durable: false`) get no seq and no log entry: only the
 //! receipt, with a key, and the fan-out. A batch (`Log::append_batch`)
 //! claims its keys in one pipeline and runs `APPEND` once per channel with
-//! that channel's messages in order, the runs in one pipeline (`ops.rs`).
+//! that channel's messages in order, the runs in one pipeline (`append.rs`).
+//!
+//! # Scripts: arguments and replies
+//!
+//! Every script is a `.lua` file under `scripts/` whose header names its
+//! `KEYS` and `ARGV` in order. It is run through one argument struct
+//! (`scripts/args.rs`) whose fields are those keys and arguments, pushed in
+//! the script's order (a unit test checks each header against its struct),
+//! and its reply is read by one reader (`reply.rs`), which also turns a
+//! malformed reply or an error reply into `EngineError::Unavailable`. The
+//! engine's shared state is `EngineState` (`state.rs`).
 //!
 //! # Fan-out
 //!
@@ -88,9 +98,10 @@
 //! See `keys.rs` (and `docs/redis.md`): every key of channel `c` has the
 //! hash tag `{c}`, and every key starts with the configured prefix.
 
+mod append;
 mod config;
 mod conn;
-mod decode;
+mod cursors;
 mod dial;
 mod engine;
 mod error;
@@ -98,11 +109,13 @@ mod fanout;
 mod frame;
 mod keys;
 mod lease;
-mod ops;
 mod presence;
+mod read;
+mod reply;
 mod rooms;
 mod schedules;
 mod scripts;
+mod state;
 mod stats;
 
 pub use config::{

@@ -3,7 +3,7 @@
 //!
 //! Per channel (one slot, see `keys.rs`): the lease hash, the expiry set,
 //! the key set and the token counter, always changed together by one
-//! script (`scripts.rs`), plus what a rejoin is checked against: each
+//! script (`scripts/`), plus what a rejoin is checked against: each
 //! member's last removal (`presence:gone`, its token and whether its holder
 //! left or it was swept), written by the leave and sweep scripts and
 //! forgotten after `GONE_MEMORY`. Times are Redis's (`TIME` inside the scripts), so
@@ -50,13 +50,15 @@ use std::time::Duration;
 
 use herald_core::{member_key, EngineError, FenceToken, Joined, Lease, Member, Rejoined, Renewed};
 use herald_proto::ChannelName;
-use redis::Value;
 
 use crate::config::SWEEP_CHANNELS;
-use crate::decode::{self, array, string, u64_of};
-use crate::ops::{ms, Shared};
-use crate::scripts;
-use crate::stats::{add, bump};
+use crate::reply::{Fields, Reply};
+use crate::scripts::{
+    IndexClaim, IndexLower, IndexSettle, OrEmpty, PresenceCount, PresenceHasUser, PresenceJoin,
+    PresenceLeave, PresenceList, PresenceRejoin, PresenceRenew, PresenceSweep,
+};
+use crate::state::{ms, EngineState};
+use crate::stats::add;
 
 /// A lease record: `<token> <expires_at_ms> <member JSON>`.
 fn parse_lease(rec: &str) -> Result<Lease, EngineError> {
@@ -73,44 +75,15 @@ fn parse_lease(rec: &str) -> Result<Lease, EngineError> {
     })
 }
 
-fn parse_leases(v: Value) -> Result<Vec<Lease>, EngineError> {
-    let recs = array(v, "leases").map_err(malformed)?;
-    recs.into_iter().map(|r| parse_lease(&string(r, "lease").map_err(malformed)?)).collect()
+fn parse_leases(recs: Fields) -> Result<Vec<Lease>, EngineError> {
+    recs.map(|r| parse_lease(&r.string("lease")?)).collect()
 }
 
-fn malformed(e: redis::RedisError) -> EngineError {
-    EngineError::Unavailable(format!("redis presence: {e}"))
-}
-
-/// The first element of a script reply (its kind) and the rest.
-fn kind_of(v: Value) -> Result<(String, std::vec::IntoIter<Value>), EngineError> {
-    let mut r = array(v, "reply").map_err(malformed)?.into_iter();
-    let kind = string(r.next().ok_or_else(|| malformed(decode::bad("reply kind")))?, "reply kind");
-    Ok((kind.map_err(malformed)?, r))
-}
-
-fn next_u64(r: &mut std::vec::IntoIter<Value>, what: &str) -> Result<u64, EngineError> {
-    u64_of(r.next().ok_or_else(|| malformed(decode::bad(what)))?, what).map_err(malformed)
-}
-
-impl Shared {
-    /// Run a script on `keys` with `args`, through the fail-fast path.
-    async fn run(
-        &self,
-        what: &'static str,
-        script: &redis::Script,
-        keys: &[String],
-        args: &[String],
-    ) -> Result<Value, EngineError> {
-        let mut inv = script.prepare_invoke();
-        for k in keys {
-            inv.key(k);
-        }
-        for a in args {
-            inv.arg(a);
-        }
-        let r = self.redis.call(what, |mut c| async move { inv.invoke_async::<Value>(&mut c).await }).await;
-        self.failed(r)
+impl EngineState {
+    /// Settle a sweeper's claim on `channel` (see the module docs).
+    async fn index_settle(&self, channel: &str, claim: &str, next: &str) -> Result<Reply, EngineError> {
+        let args = IndexSettle { due: self.keys.presence_due(), channel, claim, next };
+        self.run("presence settle", &args).await
     }
 
     /// Lower the channel's sweep-index score (see the module docs).
@@ -120,8 +93,13 @@ impl Shared {
         score: Option<u64>,
         ttl: Duration,
     ) -> Result<(), EngineError> {
-        let args = [ch.to_string(), score.map(|s| s.to_string()).unwrap_or_default(), ms(ttl).to_string()];
-        self.run("presence index", &scripts::INDEX_LOWER, &[self.keys.presence_due()], &args).await.map(drop)
+        let args = IndexLower {
+            due: self.keys.presence_due(),
+            channel: ch.as_str(),
+            score: OrEmpty(score),
+            ttl_ms: ms(ttl),
+        };
+        self.run("presence index", &args).await.map(drop)
     }
 
     pub async fn presence_join(
@@ -134,18 +112,24 @@ impl Shared {
         // still leaves the channel where a sweep finds it.
         self.index_lower(ch, None, ttl).await?;
         let k = &self.keys;
-        let keys =
-            [k.meta(ch), k.presence(ch), k.presence_exp(ch), k.presence_keys(ch), k.presence_token(ch)];
         let json = serde_json::to_string(member).expect("members serialise");
-        let args = [member_key(member), json, ms(ttl).to_string()];
-        let reply = self.run("presence join", &scripts::PRESENCE_JOIN, &keys, &args).await?;
-        let (kind, mut r) = kind_of(reply)?;
+        let args = PresenceJoin {
+            meta: k.meta(ch),
+            presence: k.presence(ch),
+            presence_exp: k.presence_exp(ch),
+            presence_keys: k.presence_keys(ch),
+            presence_token: k.presence_token(ch),
+            member_key: &member_key(member),
+            member: &json,
+            ttl_ms: ms(ttl),
+        };
+        let mut r = self.run("presence join", &args).await?.fields("reply")?;
+        let kind = r.status()?;
         if kind == "closed" {
-            bump(&self.counters.closed_refused);
-            return Err(EngineError::Closed);
+            return Err(self.refuse_closed());
         }
-        let token = next_u64(&mut r, "token")?;
-        let expires_at_ms = next_u64(&mut r, "expires_at")?;
+        let token = r.int("token")?;
+        let expires_at_ms = r.int("expires_at")?;
         // Exact, and after the script: a sweep that settled the channel
         // between the first index write and the script cannot have left
         // this lease unindexed.
@@ -156,7 +140,7 @@ impl Shared {
         match kind.as_str() {
             "new" => Ok(Joined::New(lease)),
             "reclaimed" => Ok(Joined::Reclaimed(lease)),
-            _ => Err(malformed(decode::bad("join kind"))),
+            _ => Err(r.unexpected()),
         }
     }
 
@@ -167,15 +151,19 @@ impl Shared {
         token: FenceToken,
         ttl: Duration,
     ) -> Result<Renewed, EngineError> {
-        let keys = [self.keys.presence(ch), self.keys.presence_exp(ch)];
-        let args = [key.to_owned(), token.to_string(), ms(ttl).to_string()];
-        let reply = self.run("presence renew", &scripts::PRESENCE_RENEW, &keys, &args).await?;
-        let (kind, mut r) = kind_of(reply)?;
-        match kind.as_str() {
-            "until" => Ok(Renewed::Until(next_u64(&mut r, "until")?)),
+        let args = PresenceRenew {
+            presence: self.keys.presence(ch),
+            presence_exp: self.keys.presence_exp(ch),
+            member_key: key,
+            token,
+            ttl_ms: ms(ttl),
+        };
+        let mut r = self.run("presence renew", &args).await?.fields("reply")?;
+        match r.status()?.as_str() {
+            "until" => Ok(Renewed::Until(r.int("until")?)),
             "superseded" => Ok(Renewed::Superseded),
             "gone" => Ok(Renewed::Gone),
-            _ => Err(malformed(decode::bad("renew kind"))),
+            _ => Err(r.unexpected()),
         }
     }
 
@@ -186,24 +174,21 @@ impl Shared {
         token: FenceToken,
     ) -> Result<Option<Lease>, EngineError> {
         let k = &self.keys;
-        let keys = [
-            k.presence(ch),
-            k.presence_exp(ch),
-            k.presence_keys(ch),
-            k.presence_gone(ch),
-            k.presence_gone_exp(ch),
-            k.meta(ch),
-        ];
-        let args = [key.to_owned(), token.to_string()];
-        let reply = self.run("presence leave", &scripts::PRESENCE_LEAVE, &keys, &args).await?;
-        let (kind, mut r) = kind_of(reply)?;
-        match kind.as_str() {
+        let args = PresenceLeave {
+            presence: k.presence(ch),
+            presence_exp: k.presence_exp(ch),
+            presence_keys: k.presence_keys(ch),
+            presence_gone: k.presence_gone(ch),
+            presence_gone_exp: k.presence_gone_exp(ch),
+            meta: k.meta(ch),
+            member_key: key,
+            token,
+        };
+        let mut r = self.run("presence leave", &args).await?.fields("reply")?;
+        match r.status()?.as_str() {
             "none" => Ok(None),
-            "left" => {
-                let rec = string(r.next().ok_or_else(|| malformed(decode::bad("lease")))?, "lease");
-                parse_lease(&rec.map_err(malformed)?).map(Some)
-            }
-            _ => Err(malformed(decode::bad("leave kind"))),
+            "left" => parse_lease(&r.string("lease")?).map(Some),
+            _ => Err(r.unexpected()),
         }
     }
 
@@ -218,33 +203,32 @@ impl Shared {
     ) -> Result<Rejoined, EngineError> {
         self.index_lower(ch, None, ttl).await?;
         let k = &self.keys;
-        let keys = [
-            k.meta(ch),
-            k.presence(ch),
-            k.presence_exp(ch),
-            k.presence_keys(ch),
-            k.presence_gone(ch),
-            k.presence_gone_exp(ch),
-        ];
         let json = serde_json::to_string(member).expect("members serialise");
-        let args = [member_key(member), json, token.to_string(), ms(ttl).to_string()];
-        let reply = self.run("presence rejoin", &scripts::PRESENCE_REJOIN, &keys, &args).await?;
-        let (kind, mut r) = kind_of(reply)?;
-        let (rejoined, exp) = match kind.as_str() {
-            "closed" => {
-                bump(&self.counters.closed_refused);
-                return Err(EngineError::Closed);
-            }
+        let args = PresenceRejoin {
+            meta: k.meta(ch),
+            presence: k.presence(ch),
+            presence_exp: k.presence_exp(ch),
+            presence_keys: k.presence_keys(ch),
+            presence_gone: k.presence_gone(ch),
+            presence_gone_exp: k.presence_gone_exp(ch),
+            member_key: &member_key(member),
+            member: &json,
+            token,
+            ttl_ms: ms(ttl),
+        };
+        let mut r = self.run("presence rejoin", &args).await?.fields("reply")?;
+        let (rejoined, exp) = match r.status()?.as_str() {
+            "closed" => return Err(self.refuse_closed()),
             "fenced" => return Ok(Rejoined::Fenced),
             "held" => {
-                let until = next_u64(&mut r, "expires_at")?;
+                let until = r.int("expires_at")?;
                 (Rejoined::Held(until), until)
             }
             "back" => {
-                let expires_at_ms = next_u64(&mut r, "expires_at")?;
+                let expires_at_ms = r.int("expires_at")?;
                 (Rejoined::Back(Lease { member: member.clone(), token, expires_at_ms }), expires_at_ms)
             }
-            _ => return Err(malformed(decode::bad("rejoin kind"))),
+            _ => return Err(r.unexpected()),
         };
         if let Err(e) = self.index_lower(ch, Some(exp), ttl).await {
             tracing::warn!(channel = %ch, error = %e, "presence index not lowered after a rejoin; the earlier write covers it");
@@ -256,15 +240,18 @@ impl Shared {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let keys = [self.keys.presence(ch), self.keys.presence_exp(ch), self.keys.presence_keys(ch)];
-        let reply = self.run("presence", &scripts::PRESENCE_LIST, &keys, &[limit.to_string()]).await?;
-        parse_leases(reply)
+        let args = PresenceList {
+            presence: self.keys.presence(ch),
+            presence_exp: self.keys.presence_exp(ch),
+            presence_keys: self.keys.presence_keys(ch),
+            limit,
+        };
+        parse_leases(self.run("presence", &args).await?.fields("leases")?)
     }
 
     pub async fn presence_count(&self, ch: &ChannelName) -> Result<u64, EngineError> {
-        let reply =
-            self.run("presence count", &scripts::PRESENCE_COUNT, &[self.keys.presence_exp(ch)], &[]).await?;
-        u64_of(reply, "count").map_err(malformed)
+        let args = PresenceCount { presence_exp: self.keys.presence_exp(ch) };
+        self.run("presence count", &args).await?.int("count")
     }
 
     pub async fn presence_has_user(&self, ch: &ChannelName, user: &str) -> Result<bool, EngineError> {
@@ -273,9 +260,12 @@ impl Shared {
         }
         // The start of every member key of `user` (see `member_key`).
         let prefix = format!("{}:{user}", user.len());
-        let keys = [self.keys.presence_exp(ch), self.keys.presence_keys(ch)];
-        let reply = self.run("presence has user", &scripts::PRESENCE_HAS_USER, &keys, &[prefix]).await?;
-        Ok(u64_of(reply, "has user").map_err(malformed)? == 1)
+        let args = PresenceHasUser {
+            presence_exp: self.keys.presence_exp(ch),
+            presence_keys: self.keys.presence_keys(ch),
+            user_prefix: &prefix,
+        };
+        Ok(self.run("presence has user", &args).await?.int("has user")? == 1)
     }
 
     /// Claim due channels, sweep each (concurrently, sharing `limit`),
@@ -284,31 +274,23 @@ impl Shared {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let due_key = self.keys.presence_due();
         let n = limit.min(SWEEP_CHANNELS);
-        let args = [n.to_string(), self.sweep_claim_ms.to_string()];
-        let reply =
-            self.run("presence claim", &scripts::INDEX_CLAIM, std::slice::from_ref(&due_key), &args).await?;
-        let mut r = array(reply, "claim").map_err(malformed)?.into_iter();
-        let claim =
-            string(r.next().ok_or_else(|| malformed(decode::bad("claim")))?, "claim").map_err(malformed)?;
-        let names = array(r.next().ok_or_else(|| malformed(decode::bad("claimed")))?, "claimed")
-            .map_err(malformed)?;
+        let args = IndexClaim { due: self.keys.presence_due(), n, claim_ms: self.sweep_claim_ms };
+        let mut r = self.run("presence claim", &args).await?.fields("reply")?;
+        let claim = r.string("claim")?;
+        let names = r.fields("claimed")?;
         if claim.is_empty() || names.is_empty() {
             return Ok(Vec::new());
         }
         let mut channels = Vec::with_capacity(names.len());
         for name in names {
-            let name = string(name, "channel").map_err(malformed)?;
+            let name = name.string("channel")?;
             match ChannelName::new(&name) {
                 Ok(ch) => channels.push(ch),
                 Err(_) => {
                     // Not ours (or corrupt): drop it from the index.
                     tracing::warn!(entry = %name, "presence index entry is not a channel name; removed");
-                    let args = [name, claim.clone(), String::new()];
-                    let _ = self
-                        .run("presence settle", &scripts::INDEX_SETTLE, std::slice::from_ref(&due_key), &args)
-                        .await;
+                    let _ = self.index_settle(&name, &claim, "").await;
                 }
             }
         }
@@ -345,26 +327,25 @@ impl Shared {
         claim: &str,
     ) -> Result<Vec<Lease>, EngineError> {
         let k = &self.keys;
-        let keys = [
-            k.presence(ch),
-            k.presence_exp(ch),
-            k.presence_keys(ch),
-            k.presence_gone(ch),
-            k.presence_gone_exp(ch),
-        ];
-        let swept = self.run("presence sweep", &scripts::PRESENCE_SWEEP, &keys, &[limit.to_string()]).await;
-        let due_key = [self.keys.presence_due()];
+        let args = PresenceSweep {
+            presence: k.presence(ch),
+            presence_exp: k.presence_exp(ch),
+            presence_keys: k.presence_keys(ch),
+            presence_gone: k.presence_gone(ch),
+            presence_gone_exp: k.presence_gone_exp(ch),
+            limit,
+        };
+        let swept = self.run("presence sweep", &args).await;
         let (next, leases) = match swept {
             Ok(reply) => {
-                let mut r = array(reply, "sweep").map_err(malformed)?.into_iter();
-                let next = string(r.next().ok_or_else(|| malformed(decode::bad("next")))?, "next")
-                    .map_err(malformed)?;
-                let recs = array(r.next().ok_or_else(|| malformed(decode::bad("swept")))?, "swept");
+                let mut r = reply.fields("reply")?;
+                let next = r.string("next")?;
+                let recs = r.fields("swept")?;
                 // Removed already: a record that does not parse is logged
                 // and skipped, the others still reach the caller.
                 let mut leases = Vec::new();
-                for rec in recs.map_err(malformed)? {
-                    match string(rec, "lease").map_err(malformed).and_then(|s| parse_lease(&s)) {
+                for rec in recs {
+                    match rec.string("lease").and_then(|s| parse_lease(&s)) {
                         Ok(l) => leases.push(l),
                         Err(e) => {
                             tracing::warn!(channel = %ch, error = %e, "swept a malformed lease; no leave announced")
@@ -376,8 +357,7 @@ impl Shared {
             // Give the channel back at once (score 0: due), for the next call.
             Err(e) => ("0".to_owned(), Err(e)),
         };
-        let args = [ch.to_string(), claim.to_owned(), next];
-        if let Err(e) = self.run("presence settle", &scripts::INDEX_SETTLE, &due_key, &args).await {
+        if let Err(e) = self.index_settle(ch.as_str(), claim, &next).await {
             // The claim runs out by itself; the channel is swept then.
             tracing::debug!(channel = %ch, error = %e, "presence claim not settled");
         }

@@ -14,17 +14,14 @@
 //! timer: the host's join writes it (`live`).
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
-use herald_core::{EngineError, Epoch, Receipt, Room, RoomStatus, RoomWrite, RoomWritten};
+use herald_core::{EngineError, Room, RoomStatus, RoomWrite, RoomWritten};
 use herald_proto::ChannelName;
-use redis::Value;
 use uuid::Uuid;
 
-use crate::decode::{array, opt, string};
 use crate::frame::FrameTemplate;
-use crate::ops::{ms, new_epoch, Shared};
-use crate::scripts;
+use crate::scripts::{self, OrEmpty};
+use crate::state::EngineState;
 use crate::stats::bump;
 
 fn malformed(what: impl std::fmt::Display) -> EngineError {
@@ -35,7 +32,7 @@ fn parse_room(record: &str) -> Result<Room, EngineError> {
     serde_json::from_str(record).map_err(|e| malformed(format_args!("record ({e})")))
 }
 
-impl Shared {
+impl EngineState {
     pub async fn room(&self, ch: &ChannelName) -> Result<Option<Room>, EngineError> {
         let key = self.keys.room(ch);
         let r = self
@@ -61,65 +58,38 @@ impl Shared {
         let tpl = FrameTemplate::new(event.kind, &ch, true, &id, &event.data, event.meta.as_ref());
         let record = serde_json::to_string(&room).expect("rooms serialise");
         let k = &self.keys;
-        let mut inv = scripts::ROOM_WRITE.prepare_invoke();
-        inv.key(k.meta(&ch))
-            .key(k.log(&ch))
-            .key(k.room(&ch))
-            .key(k.presence(&ch))
-            .key(k.presence_exp(&ch))
-            .key(k.presence_keys(&ch))
-            .key(k.presence_gone(&ch))
-            .key(k.presence_gone_exp(&ch));
-        inv.arg(expected_version.map(|v| v.to_string()).unwrap_or_default())
-            .arg(room.version)
-            .arg(record)
-            .arg(if closing { "1" } else { "0" })
-            .arg(new_epoch())
-            .arg(event.retention.max_len)
-            .arg(event.retention.max_age.map_or(0, ms))
-            .arg(tpl.head)
-            .arg(tpl.middle)
-            .arg(tpl.tail)
-            .arg(&id)
-            .arg(ch.as_str())
-            .arg(k.fan(&ch))
-            .arg(self.publish_cmd());
-        let reply = self
-            .redis
-            .call("room write", |mut c| async move { inv.invoke_async::<Value>(&mut c).await })
-            .await;
-        let reply = self.failed(reply)?;
-        let mut r = array(reply, "room write reply").map_err(|_| malformed("reply"))?.into_iter();
-        let mut next = |what: &'static str| {
-            r.next().ok_or_else(|| malformed(what)).and_then(|v| string(v, what).map_err(|_| malformed(what)))
+        let args = scripts::RoomWrite {
+            meta: k.meta(&ch),
+            log: k.log(&ch),
+            room: k.room(&ch),
+            presence: k.presence(&ch),
+            presence_exp: k.presence_exp(&ch),
+            presence_keys: k.presence_keys(&ch),
+            presence_gone: k.presence_gone(&ch),
+            presence_gone_exp: k.presence_gone_exp(&ch),
+            expected_version: OrEmpty(expected_version),
+            version: room.version,
+            record: &record,
+            closing,
+            event: self.event(&ch, &tpl, &id, &event.retention),
         };
-        match next("kind")?.as_str() {
+        let mut r = self.run("room write", &args).await?.fields("reply")?;
+        match r.status()?.as_str() {
             "conflict" => {
                 bump(&self.counters.room_conflicts);
-                let current = next("current")?;
+                let current = r.string("current")?;
                 let current = if current.is_empty() { None } else { Some(parse_room(&current)?) };
                 Ok(RoomWritten::Conflict { current })
             }
-            "closed" => {
-                bump(&self.counters.closed_refused);
-                Err(EngineError::Closed)
-            }
+            "closed" => Err(self.refuse_closed()),
             "ok" => {
-                let (seq, ts, epoch, lost) =
-                    (next("seq")?, next("ts")?, next("epoch")?, next("lost")? == "1");
-                let seq = opt(&seq).map(|s| s.parse().map_err(|_| malformed("seq"))).transpose()?;
-                let ts = ts.parse().map_err(|_| malformed("ts"))?;
-                let epoch = Epoch::new(opt(&epoch).unwrap_or(""));
-                if lost {
-                    self.note_lost_meta(&ch, epoch.as_str());
-                }
+                let receipt = self.receipt(&ch, &id, r.appended()?);
                 bump(&self.counters.room_writes);
                 bump(&self.counters.appends);
                 self.index_room(&ch, closing).await;
-                let receipt = Receipt { channel: ch, seq, id: Arc::from(id), epoch, ts, duplicate: false };
                 Ok(RoomWritten::Written { room, receipt })
             }
-            _ => Err(malformed("reply kind")),
+            _ => Err(r.unexpected()),
         }
     }
 

@@ -24,17 +24,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald_core::{
-    AppendRequest, Claim, Delivered, EngineError, Epoch, Receipt, Schedule, ScheduleReceipt, ScheduleRequest,
-};
+use herald_core::{AppendRequest, Claim, Delivered, EngineError, Schedule, ScheduleReceipt, ScheduleRequest};
 use herald_proto::ChannelName;
-use redis::Value;
 use uuid::Uuid;
 
-use crate::decode::{array, opt, string};
 use crate::frame::FrameTemplate;
-use crate::ops::{hex, ms, new_epoch, Shared};
-use crate::scripts;
+use crate::scripts::{SchedAdd, SchedCancel, SchedClaim, SchedDeliver};
+use crate::state::{hex, ms, EngineState};
 use crate::stats::bump;
 
 /// How overdue (ms) a global entry without a stored schedule must be
@@ -60,7 +56,7 @@ fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-impl Shared {
+impl EngineState {
     fn refuse_when_closing(&self) -> Result<(), EngineError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(EngineError::ShuttingDown);
@@ -126,7 +122,7 @@ impl Shared {
         let ch = req.channel.clone();
         if let Some(d) = &req.dedup {
             // A dedup key belongs to the channel that used it first (as for
-            // appends, see `ops.rs`).
+            // appends, see `append.rs`).
             let (claim, owner, ttl) = (self.keys.claim(&d.key), ch.as_str().to_owned(), ms(d.ttl));
             let prev: Option<String> = self
                 .redis
@@ -158,24 +154,22 @@ impl Shared {
         }
         .encode_record();
         self.index_schedule(&id, &ch, req.deliver_at).await?;
-        let mut inv = scripts::SCHED_ADD.prepare_invoke();
-        inv.key(self.keys.sched(&ch)).key(self.keys.sched_idx(&ch));
-        let (fp, ttl) = match &req.dedup {
-            Some(d) => {
-                inv.key(self.keys.sched_receipt(&ch, &d.key));
-                (hex(&d.fingerprint), ms(d.ttl))
-            }
-            None => (String::new(), 1),
+        let (fingerprint, receipt_ttl_ms, receipt) = match &req.dedup {
+            Some(d) => (hex(&d.fingerprint), ms(d.ttl), Some(self.keys.sched_receipt(&ch, &d.key))),
+            None => (String::new(), 1, None),
         };
-        inv.arg(&id).arg(req.deliver_at).arg(record).arg(fp).arg(ttl);
-        let reply =
-            self.redis.call("schedule", |mut c| async move { inv.invoke_async::<Value>(&mut c).await }).await;
-        let reply = self.failed(reply)?;
-        let mut r = array(reply, "schedule reply").map_err(|_| malformed("reply"))?.into_iter();
-        let mut next = |what: &'static str| {
-            r.next().ok_or_else(|| malformed(what)).and_then(|v| string(v, what).map_err(|_| malformed(what)))
+        let args = SchedAdd {
+            sched: self.keys.sched(&ch),
+            sched_idx: self.keys.sched_idx(&ch),
+            receipt,
+            id: &id,
+            deliver_at: req.deliver_at,
+            record: &record,
+            fingerprint,
+            receipt_ttl_ms,
         };
-        match next("kind")?.as_str() {
+        let mut r = self.run("schedule", &args).await?.fields("reply")?;
+        match r.status()?.as_str() {
             "ok" => Ok(ScheduleReceipt {
                 id: Arc::from(id),
                 channel: ch,
@@ -183,8 +177,7 @@ impl Shared {
                 duplicate: false,
             }),
             "dup" => {
-                let (orig, at) = (next("id")?, next("deliver_at")?);
-                let at: u64 = at.parse().map_err(|_| malformed("deliver_at"))?;
+                let (orig, at) = (r.string("id")?, r.int("deliver_at")?);
                 bump(&self.counters.dedup_hits);
                 self.unindex_schedule(&id, &ch).await;
                 Ok(ScheduleReceipt { id: Arc::from(orig), channel: ch, deliver_at: at, duplicate: true })
@@ -194,7 +187,7 @@ impl Shared {
                 self.unindex_schedule(&id, &ch).await;
                 Err(EngineError::IdempotencyMismatch)
             }
-            _ => Err(malformed("reply kind")),
+            _ => Err(r.unexpected()),
         }
     }
 
@@ -231,13 +224,13 @@ impl Shared {
             .await;
         let Some(ch) = self.failed(r)? else { return Ok(None) };
         let ch = ChannelName::new(&ch).map_err(|_| malformed("channel"))?;
-        let mut inv = scripts::SCHED_CANCEL.prepare_invoke();
-        inv.key(self.keys.sched(&ch)).key(self.keys.sched_idx(&ch)).key(self.keys.sched_claims(&ch)).arg(id);
-        let r = self
-            .redis
-            .call("schedule cancel", |mut c| async move { inv.invoke_async::<Option<String>>(&mut c).await })
-            .await;
-        let rec = self.failed(r)?;
+        let args = SchedCancel {
+            sched: self.keys.sched(&ch),
+            sched_idx: self.keys.sched_idx(&ch),
+            claims: self.keys.sched_claims(&ch),
+            id,
+        };
+        let rec = self.run("schedule cancel", &args).await?.bulk("record")?;
         self.unindex_schedule(id, &ch).await;
         rec.map(|rec| parse(id, &rec)).transpose()
     }
@@ -292,21 +285,13 @@ impl Shared {
         now: u64,
         lease_ms: u64,
     ) -> Result<Option<Claim>, EngineError> {
-        let mut inv = scripts::SCHED_CLAIM.prepare_invoke();
-        inv.key(self.keys.sched(&ch)).key(self.keys.sched_claims(&ch)).arg(id).arg(lease_ms);
-        let r = self
-            .redis
-            .call("schedule claim", |mut c| async move { inv.invoke_async::<Value>(&mut c).await })
-            .await;
-        let reply = self.failed(r)?;
-        let mut r = array(reply, "claim reply").map_err(|_| malformed("claim reply"))?.into_iter();
-        let mut next = |what: &'static str| {
-            r.next().ok_or_else(|| malformed(what)).and_then(|v| string(v, what).map_err(|_| malformed(what)))
-        };
-        match next("kind")?.as_str() {
+        let args =
+            SchedClaim { sched: self.keys.sched(&ch), claims: self.keys.sched_claims(&ch), id, lease_ms };
+        let mut r = self.run("schedule claim", &args).await?.fields("reply")?;
+        match r.status()?.as_str() {
             "ok" => {
-                let token: u64 = next("token")?.parse().map_err(|_| malformed("token"))?;
-                let schedule = parse(id, &next("record")?)?;
+                let token = r.int("token")?;
+                let schedule = parse(id, &r.string("record")?)?;
                 Ok(Some(Claim { schedule, token }))
             }
             "held" => Ok(None),
@@ -316,7 +301,7 @@ impl Shared {
                 }
                 Ok(None)
             }
-            _ => Err(malformed("claim kind")),
+            _ => Err(r.unexpected()),
         }
     }
 
@@ -331,56 +316,32 @@ impl Shared {
         let id = Uuid::now_v7().hyphenated().to_string();
         let tpl = FrameTemplate::new(req.kind, ch, req.durable, &id, &req.data, req.meta.as_ref());
         let k = &self.keys;
-        let mut inv = scripts::SCHED_DELIVER.prepare_invoke();
-        inv.key(k.meta(ch)).key(k.log(ch)).key(k.sched(ch)).key(k.sched_idx(ch)).key(k.sched_claims(ch));
-        inv.arg(&*s.id)
-            .arg(claim.token)
-            .arg(if req.durable { "1" } else { "0" })
-            .arg(new_epoch())
-            .arg(req.retention.max_len)
-            .arg(req.retention.max_age.map_or(0, ms))
-            .arg(tpl.head)
-            .arg(tpl.middle)
-            .arg(tpl.tail)
-            .arg(&id)
-            .arg(ch.as_str())
-            .arg(k.fan(ch))
-            .arg(self.publish_cmd());
-        let r = self
-            .redis
-            .call("schedule deliver", |mut c| async move { inv.invoke_async::<Value>(&mut c).await })
-            .await;
-        let reply = self.failed(r)?;
-        let mut r = array(reply, "deliver reply").map_err(|_| malformed("deliver reply"))?.into_iter();
-        let mut next = |what: &'static str| {
-            r.next().ok_or_else(|| malformed(what)).and_then(|v| string(v, what).map_err(|_| malformed(what)))
+        let args = SchedDeliver {
+            meta: k.meta(ch),
+            log: k.log(ch),
+            sched: k.sched(ch),
+            sched_idx: k.sched_idx(ch),
+            claims: k.sched_claims(ch),
+            id: &s.id,
+            token: claim.token,
+            durable: req.durable,
+            event: self.event(ch, &tpl, &id, &req.retention),
         };
-        match next("kind")?.as_str() {
+        let mut r = self.run("schedule deliver", &args).await?.fields("reply")?;
+        match r.status()?.as_str() {
             "ok" => {
-                let (seq, ts, epoch, lost) =
-                    (next("seq")?, next("ts")?, next("epoch")?, next("lost")? == "1");
-                let seq = opt(&seq).map(|s| s.parse().map_err(|_| malformed("seq"))).transpose()?;
-                let ts = ts.parse().map_err(|_| malformed("ts"))?;
-                let epoch = Epoch::new(opt(&epoch).unwrap_or(""));
-                if lost {
-                    self.note_lost_meta(ch, epoch.as_str());
-                }
+                let receipt = self.receipt(ch, &id, r.appended()?);
                 if req.durable {
                     bump(&self.counters.appends);
                 } else {
                     bump(&self.counters.volatile);
                 }
                 self.unindex_schedule(&s.id, &s.channel).await;
-                let receipt =
-                    Receipt { channel: ch.clone(), seq, id: Arc::from(id), epoch, ts, duplicate: false };
                 Ok(Delivered::Appended(receipt))
             }
             "stale" => Ok(Delivered::Stale),
-            "closed" => {
-                bump(&self.counters.closed_refused);
-                Err(EngineError::Closed)
-            }
-            _ => Err(malformed("deliver kind")),
+            "closed" => Err(self.refuse_closed()),
+            _ => Err(r.unexpected()),
         }
     }
 

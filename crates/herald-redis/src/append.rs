@@ -1,0 +1,285 @@
+//! The append path (`Log::append`, `Log::append_batch`): the dedup keys
+//! claimed for their channels, then one `APPEND` script run per channel
+//! (`scripts/append.lua`), the runs in one pipeline. The hot path: each
+//! message's arguments are pushed into the invocation as they are built,
+//! borrowing its frame template and id.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use herald_core::{AppendRequest, EngineError, Receipt};
+use herald_proto::ChannelName;
+use redis::{ScriptInvocation, Value};
+use uuid::Uuid;
+
+use crate::frame::FrameTemplate;
+use crate::reply::{Fields, Reply};
+use crate::scripts::{Append, AppendMessage};
+use crate::state::{hex, ms, new_epoch, EngineState};
+use crate::stats::bump;
+
+impl EngineState {
+    pub async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
+        let mut out = self.append_batch(vec![req]).await;
+        out.pop().unwrap_or_else(|| Err(EngineError::Unavailable("redis append: no reply".into())))
+    }
+
+    /// Several appends as one submission, each answered as if appended
+    /// alone, in the order given (see `Log::append_batch`): the dedup keys'
+    /// claims in one round trip, then one `APPEND` script run per channel
+    /// holding that channel's messages in batch order, all of them in one
+    /// pipeline on one connection (a cluster: each channel's run on its own
+    /// slot, concurrently). A channel's messages are in one script run, so
+    /// a retry after `NOSCRIPT` cannot reorder them.
+    pub async fn append_batch(&self, reqs: Vec<AppendRequest>) -> Vec<Result<Receipt, EngineError>> {
+        if self.closing.load(Ordering::Acquire) {
+            return reqs.iter().map(|_| Err(EngineError::ShuttingDown)).collect();
+        }
+        let mut out: Vec<Option<Result<Receipt, EngineError>>> = reqs.iter().map(|_| None).collect();
+        if let Err(e) = self.claim_keys(&reqs, &mut out).await {
+            bump(&self.counters.unavailable);
+            return reqs.iter().map(|_| Err(e.clone())).collect();
+        }
+        // The channels in order of first appearance, each with its
+        // messages in batch order (the ones not refused by their claim).
+        let mut groups: Vec<(ChannelName, Vec<usize>)> = Vec::new();
+        let mut group_of: HashMap<&ChannelName, usize> = HashMap::new();
+        for (i, req) in reqs.iter().enumerate() {
+            if out[i].is_some() {
+                continue;
+            }
+            let g = *group_of.entry(&req.channel).or_insert_with(|| {
+                groups.push((req.channel.clone(), Vec::new()));
+                groups.len() - 1
+            });
+            groups[g].1.push(i);
+        }
+        drop(group_of);
+        let ids: Vec<String> = reqs.iter().map(|_| Uuid::now_v7().hyphenated().to_string()).collect();
+        let invocations: Vec<ScriptInvocation<'static>> =
+            groups.iter().map(|(ch, members)| self.append_invocation(ch, members, &reqs, &ids)).collect();
+        let replies = self.run_appends(&invocations).await;
+        for ((_, members), reply) in groups.iter().zip(replies) {
+            let parsed = reply.and_then(|v| {
+                let entries = Reply::new("append", v)?.fields("reply")?;
+                if entries.len() != members.len() {
+                    return Err(EngineError::Unavailable("redis append: malformed reply".into()));
+                }
+                Ok(entries)
+            });
+            match parsed {
+                Ok(entries) => {
+                    for (&i, entry) in members.iter().zip(entries) {
+                        let receipt =
+                            entry.fields("entry").and_then(|e| self.receipt_of(&reqs[i], &ids[i], e));
+                        out[i] = Some(receipt);
+                    }
+                }
+                Err(e) => {
+                    for &i in members {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|r| {
+                let r = r.unwrap_or_else(|| Err(EngineError::Unavailable("redis append: no reply".into())));
+                if matches!(r, Err(EngineError::Unavailable(_))) {
+                    bump(&self.counters.unavailable);
+                }
+                r
+            })
+            .collect()
+    }
+
+    /// Claim the batch's dedup keys for their channels (`SET claim channel
+    /// NX PX ttl GET`): a key first used on another channel is a mismatch,
+    /// as in the embedded engine, and its request gets that answer in
+    /// `out`. A key used twice in the batch is claimed once, by its first
+    /// use; the later ones are judged against that claim, as they would be
+    /// one after the other.
+    async fn claim_keys(
+        &self,
+        reqs: &[AppendRequest],
+        out: &mut [Option<Result<Receipt, EngineError>>],
+    ) -> Result<(), EngineError> {
+        let mut first_use: HashMap<&str, usize> = HashMap::new();
+        let mut claims: Vec<usize> = Vec::new();
+        for (i, req) in reqs.iter().enumerate() {
+            if let Some(d) = &req.dedup {
+                first_use.entry(&d.key).or_insert_with(|| {
+                    claims.push(i);
+                    i
+                });
+            }
+        }
+        if claims.is_empty() {
+            return Ok(());
+        }
+        let cmds: Vec<redis::Cmd> = claims
+            .iter()
+            .map(|&i| {
+                let (req, d) = (&reqs[i], reqs[i].dedup.as_ref().expect("claims have a key"));
+                let mut c = redis::cmd("SET");
+                c.arg(self.keys.claim(&d.key))
+                    .arg(req.channel.as_str())
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ms(d.ttl))
+                    .arg("GET");
+                c
+            })
+            .collect();
+        let prev: Vec<Option<String>> = if self.redis.cluster {
+            // Each key in its own slot: one call each, concurrently (the
+            // keys are distinct, so their order does not matter).
+            let calls = cmds.into_iter().map(|c| {
+                self.redis
+                    .call("claim", |mut conn| async move { c.query_async::<Option<String>>(&mut conn).await })
+            });
+            futures_util::future::join_all(calls).await.into_iter().collect::<Result<_, _>>()?
+        } else {
+            let mut pipe = redis::pipe();
+            for c in cmds {
+                pipe.add_command(c);
+            }
+            self.redis.call("claim", |mut conn| async move { pipe.query_async(&mut conn).await }).await?
+        };
+        let owner: HashMap<&str, &str> = claims
+            .iter()
+            .zip(&prev)
+            .map(|(&i, p)| {
+                let d = reqs[i].dedup.as_ref().expect("claims have a key");
+                (&*d.key, p.as_deref().unwrap_or(reqs[i].channel.as_str()))
+            })
+            .collect();
+        for (i, req) in reqs.iter().enumerate() {
+            let Some(d) = &req.dedup else { continue };
+            if owner.get(&*d.key).is_some_and(|o| *o != req.channel.as_str()) {
+                bump(&self.counters.dedup_mismatches);
+                out[i] = Some(Err(EngineError::IdempotencyMismatch));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `APPEND` run of one channel's messages (`members`, indexes into
+    /// `reqs`, in batch order).
+    fn append_invocation(
+        &self,
+        ch: &ChannelName,
+        members: &[usize],
+        reqs: &[AppendRequest],
+        ids: &[String],
+    ) -> ScriptInvocation<'static> {
+        let channel = Append {
+            meta: self.keys.meta(ch),
+            log: self.keys.log(ch),
+            epoch: new_epoch(),
+            channel: ch.as_str(),
+            fan: self.keys.fan(ch),
+            publish: self.publish_cmd(),
+        };
+        let mut run = channel.begin();
+        for &i in members {
+            let (req, id) = (&reqs[i], &ids[i]);
+            let tpl = FrameTemplate::new(req.kind, ch, req.durable, id, &req.data, req.meta.as_ref());
+            let (fingerprint, receipt_ttl_ms, receipt) = match &req.dedup {
+                Some(d) => (hex(&d.fingerprint), ms(d.ttl), Some(self.keys.receipt(ch, &d.key))),
+                None => (String::new(), 1, None),
+            };
+            run.message(AppendMessage {
+                durable: req.durable,
+                max_len: req.retention.max_len,
+                max_age_ms: req.retention.max_age.map_or(0, ms),
+                fingerprint,
+                receipt_ttl_ms,
+                head: &tpl.head,
+                middle: &tpl.middle,
+                tail: &tpl.tail,
+                id,
+                closes: req.durable && req.closes,
+                receipt,
+            });
+        }
+        run.invocation()
+    }
+
+    /// Run the `APPEND` invocations, one reply (or error) each, in order.
+    /// A single instance: one pipeline on one connection; a script Redis
+    /// does not have cached (`NOSCRIPT`, after a restart or a failover) is
+    /// loaded and that invocation run again (each is the whole of its
+    /// channel's part of the batch, so nothing runs out of order).
+    async fn run_appends(&self, invs: &[ScriptInvocation<'static>]) -> Vec<Result<Value, EngineError>> {
+        if invs.is_empty() {
+            return Vec::new();
+        }
+        if self.redis.cluster || invs.len() == 1 {
+            let calls = invs.iter().map(|inv| {
+                self.redis.call("append", move |mut c| async move { inv.invoke_async::<Value>(&mut c).await })
+            });
+            return futures_util::future::join_all(calls).await;
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for inv in invs {
+            pipe.invoke_script(inv);
+        }
+        let replies: Result<Vec<Value>, EngineError> =
+            self.redis.call("append", |mut c| async move { pipe.query_async(&mut c).await }).await;
+        let replies = match replies {
+            Ok(r) if r.len() == invs.len() => r,
+            Ok(_) => {
+                return invs
+                    .iter()
+                    .map(|_| Err(EngineError::Unavailable("redis append: malformed reply".into())))
+                    .collect()
+            }
+            Err(e) => return invs.iter().map(|_| Err(e.clone())).collect(),
+        };
+        let mut out = Vec::with_capacity(invs.len());
+        for (inv, reply) in invs.iter().zip(replies) {
+            out.push(match reply {
+                // Another error reply is read as one by `Reply::new`.
+                Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript) => {
+                    self.redis
+                        .call("append", |mut c| async move { inv.invoke_async::<Value>(&mut c).await })
+                        .await
+                }
+                v => Ok(v),
+            });
+        }
+        out
+    }
+
+    /// One message's receipt from its entry in the `APPEND` reply.
+    fn receipt_of(&self, req: &AppendRequest, id: &str, mut entry: Fields) -> Result<Receipt, EngineError> {
+        let ch = &req.channel;
+        match entry.status()?.as_str() {
+            "ok" => {
+                let receipt = self.receipt(ch, id, entry.appended()?);
+                if req.durable {
+                    bump(&self.counters.appends);
+                } else {
+                    bump(&self.counters.volatile);
+                }
+                Ok(receipt)
+            }
+            "dup" => {
+                let (seq, id) = (entry.seq("seq")?, entry.string("id")?);
+                let (ts, epoch) = (entry.int("ts")?, entry.epoch("epoch")?);
+                bump(&self.counters.dedup_hits);
+                Ok(Receipt { channel: ch.clone(), seq, id: Arc::from(id), epoch, ts, duplicate: true })
+            }
+            "mismatch" => {
+                bump(&self.counters.dedup_mismatches);
+                Err(EngineError::IdempotencyMismatch)
+            }
+            "closed" => Err(self.refuse_closed()),
+            "err" => Err(entry.error()),
+            _ => Err(entry.unexpected()),
+        }
+    }
+}

@@ -1,0 +1,446 @@
+//! The arguments of every script, one struct each: its fields are the
+//! script's `KEYS` then its `ARGV`, named, and [`ScriptArgs::invocation`]
+//! pushes them in the script's order (the order of the fields). Each `.lua`
+//! file starts with a header naming its `KEYS` and `ARGV` in order; a unit
+//! test checks every header against these structs.
+//!
+//! Arguments borrow what the caller already holds (frames, ids, channel
+//! names): an invocation copies each argument once, as it would anyway.
+
+use redis::{RedisWrite, ScriptInvocation, ToRedisArgs};
+
+/// A script's arguments.
+pub(crate) trait ScriptArgs {
+    /// The script run with these arguments, pushed in its order.
+    fn invocation(&self) -> ScriptInvocation<'static>;
+
+    /// The script's `.lua` file, for the header check.
+    #[cfg(test)]
+    const SOURCE: &'static str;
+    /// The names of the `KEYS`, in order (an optional key in brackets).
+    #[cfg(test)]
+    fn keys() -> Vec<String>;
+    /// The names of the `ARGV`, in order.
+    #[cfg(test)]
+    fn argv() -> Vec<String>;
+}
+
+/// A key argument: a key, or (last) an optional one.
+pub(crate) trait Key: ToRedisArgs {
+    #[cfg(test)]
+    const OPTIONAL: bool = false;
+}
+
+impl Key for String {}
+
+impl Key for &str {}
+
+/// Pushes nothing when `None`: only the last key may be optional.
+impl Key for Option<String> {
+    #[cfg(test)]
+    const OPTIONAL: bool = true;
+}
+
+/// Push a key (only a [`Key`] may be one).
+fn key<K: Key>(inv: &mut ScriptInvocation<'static>, k: &K) {
+    inv.key(k);
+}
+
+#[cfg(test)]
+fn key_name<K: Key>(name: &str) -> String {
+    if K::OPTIONAL {
+        format!("[{name}]")
+    } else {
+        name.to_owned()
+    }
+}
+
+/// An argument that may be absent, sent as `''` (it keeps its position,
+/// unlike an `Option`, which sends nothing).
+pub(crate) struct OrEmpty<T>(pub Option<T>);
+
+impl<T: ToRedisArgs> ToRedisArgs for OrEmpty<T> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        match &self.0 {
+            Some(v) => v.write_redis_args(out),
+            None => out.write_arg(b""),
+        }
+    }
+}
+
+/// Declares one script's argument struct: its keys (`String`, or
+/// `Option<String>` for an optional last key), its arguments (anything
+/// `ToRedisArgs` that sends exactly one argument), and optionally a
+/// trailing group of arguments ([`Event`]).
+macro_rules! script_args {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident $(<$lt:lifetime>)? => $script:ident, $file:literal {
+            keys { $($key:ident: $kty:ty),* $(,)? }
+            argv { $($arg:ident: $aty:ty),* $(,)? }
+            $(then $group:ident: $gty:ty)?
+        }
+    )*) => { $(
+        $(#[$doc])*
+        pub(crate) struct $name $(<$lt>)? {
+            $(pub $key: $kty,)*
+            $(pub $arg: $aty,)*
+            $(pub $group: $gty,)?
+        }
+
+        impl $(<$lt>)? ScriptArgs for $name $(<$lt>)? {
+            fn invocation(&self) -> ScriptInvocation<'static> {
+                #[allow(unused_mut)]
+                let mut inv = super::$script.prepare_invoke();
+                $(key(&mut inv, &self.$key);)*
+                $(inv.arg(&self.$arg);)*
+                $(self.$group.push(&mut inv);)?
+                inv
+            }
+
+            #[cfg(test)]
+            const SOURCE: &'static str = include_str!($file);
+
+            #[cfg(test)]
+            fn keys() -> Vec<String> {
+                vec![$(key_name::<$kty>(stringify!($key))),*]
+            }
+
+            #[cfg(test)]
+            fn argv() -> Vec<String> {
+                #[allow(unused_mut)]
+                let mut v: Vec<String> = vec![$(stringify!($arg).to_owned()),*];
+                $(v.extend(<$gty>::names().iter().map(|n| n.to_string()));)?
+                v
+            }
+        }
+    )* };
+}
+
+/// The arguments of a message appended by `ROOM_WRITE` or `SCHED_DELIVER`
+/// (last, in this order); built by `EngineState::event`.
+pub(crate) struct Event<'a> {
+    /// A fresh epoch, used if the channel has none.
+    pub epoch: String,
+    pub max_len: u64,
+    pub max_age_ms: u64,
+    /// The frame around its seq and ts (`frame.rs`).
+    pub head: &'a [u8],
+    pub middle: &'a [u8],
+    pub tail: &'a [u8],
+    /// The message id.
+    pub id: &'a str,
+    pub channel: &'a str,
+    /// The fan-out pub/sub channel.
+    pub fan: String,
+    /// `PUBLISH`, or `SPUBLISH` on a cluster.
+    pub publish: &'static str,
+}
+
+impl Event<'_> {
+    fn push(&self, inv: &mut ScriptInvocation<'static>) {
+        inv.arg(&self.epoch)
+            .arg(self.max_len)
+            .arg(self.max_age_ms)
+            .arg(self.head)
+            .arg(self.middle)
+            .arg(self.tail)
+            .arg(self.id)
+            .arg(self.channel)
+            .arg(&self.fan)
+            .arg(self.publish);
+    }
+
+    #[cfg(test)]
+    fn names() -> [&'static str; 10] {
+        ["epoch", "max_len", "max_age_ms", "head", "middle", "tail", "id", "channel", "fan", "publish"]
+    }
+}
+
+/// `APPEND`'s arguments of the channel; [`Append::begin`] starts the
+/// invocation and [`AppendRun::message`] adds each message, in order, so a
+/// batch's messages are pushed as they are built.
+pub(crate) struct Append<'a> {
+    pub meta: String,
+    pub log: String,
+    /// A fresh epoch, used if the channel has none.
+    pub epoch: String,
+    pub channel: &'a str,
+    pub fan: String,
+    pub publish: &'static str,
+}
+
+/// One message of an `APPEND` run.
+pub(crate) struct AppendMessage<'a> {
+    pub durable: bool,
+    pub max_len: u64,
+    pub max_age_ms: u64,
+    /// Hex; empty without dedup.
+    pub fingerprint: String,
+    pub receipt_ttl_ms: u64,
+    pub head: &'a [u8],
+    pub middle: &'a [u8],
+    pub tail: &'a [u8],
+    pub id: &'a str,
+    /// Durable only: the channel's last message.
+    pub closes: bool,
+    /// The receipt key (dedup); sent as a key, and its index in `KEYS`
+    /// as the message's `receipt_at` (`0`: none).
+    pub receipt: Option<String>,
+}
+
+/// An `APPEND` invocation being built.
+pub(crate) struct AppendRun {
+    inv: ScriptInvocation<'static>,
+    /// Keys pushed so far.
+    keys: usize,
+}
+
+impl Append<'_> {
+    pub fn begin(&self) -> AppendRun {
+        let mut inv = super::APPEND.prepare_invoke();
+        inv.key(&self.meta).key(&self.log);
+        inv.arg(&self.epoch).arg(self.channel).arg(&self.fan).arg(self.publish);
+        AppendRun { inv, keys: 2 }
+    }
+
+    #[cfg(test)]
+    pub(crate) const SOURCE: &'static str = include_str!("append.lua");
+
+    #[cfg(test)]
+    pub(crate) fn keys() -> Vec<String> {
+        ["meta", "log", "receipt..."].map(String::from).to_vec()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn argv() -> Vec<String> {
+        let message = [
+            "durable",
+            "max_len",
+            "max_age_ms",
+            "fingerprint",
+            "receipt_ttl_ms",
+            "head",
+            "middle",
+            "tail",
+            "id",
+            "closes",
+            "receipt_at",
+        ];
+        let mut v: Vec<String> = ["epoch", "channel", "fan", "publish"].map(String::from).to_vec();
+        v.push(format!("({})...", message.join(",")));
+        v
+    }
+}
+
+impl AppendRun {
+    pub fn message(&mut self, m: AppendMessage<'_>) {
+        let receipt_at = match m.receipt {
+            Some(k) => {
+                self.inv.key(k);
+                self.keys += 1;
+                self.keys
+            }
+            None => 0,
+        };
+        self.inv
+            .arg(m.durable)
+            .arg(m.max_len)
+            .arg(m.max_age_ms)
+            .arg(m.fingerprint)
+            .arg(m.receipt_ttl_ms)
+            .arg(m.head)
+            .arg(m.middle)
+            .arg(m.tail)
+            .arg(m.id)
+            .arg(m.closes)
+            .arg(receipt_at);
+    }
+
+    pub fn invocation(self) -> ScriptInvocation<'static> {
+        self.inv
+    }
+}
+
+script_args! {
+    /// `READ`: the position and a page of the log. `epoch`: a fresh one,
+    /// used if the channel has none.
+    Read => READ, "read.lua" {
+        keys { meta: String, log: String }
+        argv { epoch: String, after: u64, limit: usize }
+    }
+
+    /// `CHECK`: epoch, head and the id at `seq`.
+    Check => CHECK, "check.lua" {
+        keys { meta: String, log: String }
+        argv { seq: u64 }
+    }
+
+    /// `BUMP_EPOCH`: a new epoch if the channel is still in `expected`.
+    BumpEpoch<'a> => BUMP_EPOCH, "bump_epoch.lua" {
+        keys { meta: String }
+        argv { expected: &'a str, new: &'a str }
+    }
+
+    /// `ACK`: compare-and-raise of a cursor.
+    /// `indexed`: the subscriber's user-index entry is known to be written.
+    Ack<'a> => ACK, "ack.lua" {
+        keys { meta: String, cursors: String }
+        argv { subscriber: &'a str, seq: u64, indexed: bool }
+    }
+
+    /// `LEASE`: keep the node's lease.
+    NodeLeaseKeep<'a> => LEASE, "lease.lua" {
+        keys { lease: &'a str }
+        argv { token: &'a str, ttl_ms: u64 }
+    }
+
+    /// `LEASE_RELEASE`: remove the node's lease if it is ours.
+    NodeLeaseRelease<'a> => LEASE_RELEASE, "lease_release.lua" {
+        keys { lease: &'a str }
+        argv { token: &'a str }
+    }
+
+    /// `OWN_CLAIM`: claim an exclusive work lease.
+    OwnClaim<'a> => OWN_CLAIM, "own_claim.lua" {
+        keys { owner: String, counter: String }
+        argv { holder: &'a str, ttl_ms: u64 }
+    }
+
+    /// `OWN_RELEASE`: give a work lease up.
+    OwnRelease<'a> => OWN_RELEASE, "own_release.lua" {
+        keys { owner: String }
+        argv { holder: &'a str }
+    }
+
+    /// `PRESENCE_JOIN`. `member`: the member as JSON.
+    PresenceJoin<'a> => PRESENCE_JOIN, "presence_join.lua" {
+        keys { meta: String, presence: String, presence_exp: String, presence_keys: String, presence_token: String }
+        argv { member_key: &'a str, member: &'a str, ttl_ms: u64 }
+    }
+
+    /// `PRESENCE_RENEW`.
+    PresenceRenew<'a> => PRESENCE_RENEW, "presence_renew.lua" {
+        keys { presence: String, presence_exp: String }
+        argv { member_key: &'a str, token: u64, ttl_ms: u64 }
+    }
+
+    /// `PRESENCE_LEAVE`.
+    PresenceLeave<'a> => PRESENCE_LEAVE, "presence_leave.lua" {
+        keys {
+            presence: String,
+            presence_exp: String,
+            presence_keys: String,
+            presence_gone: String,
+            presence_gone_exp: String,
+            meta: String,
+        }
+        argv { member_key: &'a str, token: u64 }
+    }
+
+    /// `PRESENCE_REJOIN`.
+    PresenceRejoin<'a> => PRESENCE_REJOIN, "presence_rejoin.lua" {
+        keys {
+            meta: String,
+            presence: String,
+            presence_exp: String,
+            presence_keys: String,
+            presence_gone: String,
+            presence_gone_exp: String,
+        }
+        argv { member_key: &'a str, member: &'a str, token: u64, ttl_ms: u64 }
+    }
+
+    /// `PRESENCE_LIST`.
+    PresenceList => PRESENCE_LIST, "presence_list.lua" {
+        keys { presence: String, presence_exp: String, presence_keys: String }
+        argv { limit: usize }
+    }
+
+    /// `PRESENCE_COUNT`.
+    PresenceCount => PRESENCE_COUNT, "presence_count.lua" {
+        keys { presence_exp: String }
+        argv {}
+    }
+
+    /// `PRESENCE_HAS_USER`. `user_prefix`: the start of every member key of
+    /// the user (`{len}:{user}`).
+    PresenceHasUser<'a> => PRESENCE_HAS_USER, "presence_has_user.lua" {
+        keys { presence_exp: String, presence_keys: String }
+        argv { user_prefix: &'a str }
+    }
+
+    /// `PRESENCE_SWEEP`.
+    PresenceSweep => PRESENCE_SWEEP, "presence_sweep.lua" {
+        keys {
+            presence: String,
+            presence_exp: String,
+            presence_keys: String,
+            presence_gone: String,
+            presence_gone_exp: String,
+        }
+        argv { limit: usize }
+    }
+
+    /// `INDEX_LOWER`: lower a channel's sweep-index score to `score`, or
+    /// (none) to now + `ttl_ms`.
+    IndexLower<'a> => INDEX_LOWER, "index_lower.lua" {
+        keys { due: String }
+        argv { channel: &'a str, score: OrEmpty<u64>, ttl_ms: u64 }
+    }
+
+    /// `INDEX_CLAIM`: claim due channels.
+    IndexClaim => INDEX_CLAIM, "index_claim.lua" {
+        keys { due: String }
+        argv { n: usize, claim_ms: u64 }
+    }
+
+    /// `INDEX_SETTLE`: settle a claim (the claim's score) with the next
+    /// score, or `''` to remove the channel.
+    IndexSettle<'a> => INDEX_SETTLE, "index_settle.lua" {
+        keys { due: String }
+        argv { channel: &'a str, claim: &'a str, next: &'a str }
+    }
+
+    /// `ROOM_WRITE`. `expected_version`: none to create the room.
+    RoomWrite<'a> => ROOM_WRITE, "room_write.lua" {
+        keys {
+            meta: String,
+            log: String,
+            room: String,
+            presence: String,
+            presence_exp: String,
+            presence_keys: String,
+            presence_gone: String,
+            presence_gone_exp: String,
+        }
+        argv { expected_version: OrEmpty<u64>, version: u64, record: &'a str, closing: bool }
+        then event: Event<'a>
+    }
+
+    /// `SCHED_ADD`. `receipt` (dedup) and `fingerprint` (hex; empty
+    /// without dedup) go together.
+    SchedAdd<'a> => SCHED_ADD, "sched_add.lua" {
+        keys { sched: String, sched_idx: String, receipt: Option<String> }
+        argv { id: &'a str, deliver_at: u64, record: &'a [u8], fingerprint: String, receipt_ttl_ms: u64 }
+    }
+
+    /// `SCHED_CLAIM`.
+    SchedClaim<'a> => SCHED_CLAIM, "sched_claim.lua" {
+        keys { sched: String, claims: String }
+        argv { id: &'a str, lease_ms: u64 }
+    }
+
+    /// `SCHED_DELIVER`.
+    SchedDeliver<'a> => SCHED_DELIVER, "sched_deliver.lua" {
+        keys { meta: String, log: String, sched: String, sched_idx: String, claims: String }
+        argv { id: &'a str, token: u64, durable: bool }
+        then event: Event<'a>
+    }
+
+    /// `SCHED_CANCEL`.
+    SchedCancel<'a> => SCHED_CANCEL, "sched_cancel.lua" {
+        keys { sched: String, sched_idx: String, claims: String }
+        argv { id: &'a str }
+    }
+}

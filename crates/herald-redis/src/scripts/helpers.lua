@@ -1,0 +1,108 @@
+-- Helpers shared by the scripts, pasted after the shebang of each one.
+local function fmt(n) return string.format('%d', n) end
+local function ms_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function seq_of(id) return tonumber(string.match(id, '^(%d+)%-')) end
+-- The last seq the stream ever held (its last generated id); nil without a stream.
+local function stream_last(log)
+  if redis.call('EXISTS', log) == 0 then return nil end
+  local info = redis.call('XINFO', 'STREAM', log)
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then return seq_of(info[i + 1]) end
+  end
+  return nil
+end
+-- The channel's epoch and head. Creates the meta of a channel never seen,
+-- in a new epoch. lost = 1 when the meta was missing but the stream was
+-- not: Redis lost the meta; the log goes on after its last seq, in a new
+-- epoch, so clients holding old seqs resync.
+local function ensure_meta(meta, log, new_epoch)
+  local m = redis.call('HMGET', meta, 'epoch', 'seq')
+  if m[1] then return m[1], tonumber(m[2] or '0'), 0 end
+  local head, lost = 0, 0
+  local last = stream_last(log)
+  if last then head, lost = last, 1 end
+  redis.call('HSET', meta, 'epoch', new_epoch, 'seq', fmt(head))
+  return new_epoch, head, lost
+end
+local function first_of(log, head)
+  local f = redis.call('XRANGE', log, '-', '+', 'COUNT', 1)
+  if f[1] then return seq_of(f[1][1]) end
+  return head + 1
+end
+local function is_closed(meta) return redis.call('HGET', meta, 'closed') == '1' end
+-- Append one message to the channel and publish it on its fan-out channel:
+-- the common part of APPEND and ROOM_WRITE. `a` holds durable, closes,
+-- epoch (a fresh one, used if the channel has none), max_len, max_age,
+-- the frame's head, middle and tail, id, channel, fan, publish. Returns
+-- {sseq, ts, sepoch, lost}, or {err = <error reply>} before any write of
+-- its own but ensure_meta's.
+local function append_msg(meta, log, a)
+  local ts = ms_now()
+  local epoch, seq, lost, frame = '', nil, 0, nil
+  if a.durable then
+    local head
+    epoch, head, lost = ensure_meta(meta, log, a.epoch)
+    local last_ts = tonumber(redis.call('HGET', meta, 'ts') or '0')
+    if last_ts > ts then ts = last_ts end
+    seq = head + 1
+    local function xadd()
+      frame = a.head .. fmt(seq) .. a.middle .. fmt(ts) .. a.tail
+      if a.max_len > 0 then
+        return redis.pcall('XADD', log, 'MAXLEN', '=', fmt(a.max_len), fmt(seq) .. '-0',
+          't', fmt(ts), 'i', a.id, 'f', frame)
+      end
+      return redis.pcall('XADD', log, fmt(seq) .. '-0', 't', fmt(ts), 'i', a.id, 'f', frame)
+    end
+    local added = xadd()
+    if type(added) == 'table' and added.err then
+      -- The stream is ahead of the meta (Redis lost part of the meta): go on
+      -- after the stream's last seq, in a new epoch.
+      local last = stream_last(log)
+      if not last or last < seq then return {err = added} end
+      seq, epoch, lost = last + 1, a.epoch, 1
+      added = xadd()
+      if type(added) == 'table' and added.err then return {err = added} end
+    end
+    redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', fmt(ts))
+    if a.closes then redis.call('HSET', meta, 'closed', '1') end
+    if a.max_age > 0 then
+      -- Messages older than max_age go. The log is ordered by ts and
+      -- gap-free, so a binary search finds the first one to keep; the
+      -- message just added is always kept.
+      local cutoff = ts - a.max_age
+      local function ts_of(s)
+        local e = redis.call('XRANGE', log, fmt(s) .. '-0', fmt(s) .. '-0')
+        if e[1] then return tonumber(e[1][2][2]) end
+        return -1
+      end
+      local f = redis.call('XRANGE', log, '-', '+', 'COUNT', 1)
+      if f[1] and tonumber(f[1][2][2]) < cutoff then
+        local lo, hi = seq_of(f[1][1]), seq
+        while hi - lo > 1 do
+          local mid = math.floor((lo + hi) / 2)
+          if ts_of(mid) < cutoff then lo = mid else hi = mid end
+        end
+        redis.call('XTRIM', log, 'MINID', fmt(hi) .. '-0')
+      end
+      -- A channel idle for max_age has nothing left to keep.
+      redis.call('PEXPIRE', log, fmt(a.max_age))
+    else
+      redis.call('PERSIST', log)
+    end
+  else
+    epoch = redis.call('HGET', meta, 'epoch') or ''
+    frame = a.head .. a.middle .. fmt(ts) .. a.tail
+  end
+  local sseq = '-'
+  if seq then sseq = fmt(seq) end
+  local sepoch = epoch
+  if sepoch == '' then sepoch = '-' end
+  local closes = '0'
+  if seq and a.closes then closes = '1' end
+  redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' ' .. sseq .. ' ' .. fmt(ts) .. ' ' .. a.id .. ' '
+    .. sepoch .. ' ' .. closes .. '\n' .. frame)
+  return {sseq = sseq, ts = ts, sepoch = sepoch, lost = lost}
+end

@@ -1,0 +1,29 @@
+-- KEYS: meta, log, room, presence, presence_exp, presence_keys, presence_gone,
+--   presence_gone_exp
+-- ARGV: expected_version, version, record, closing,
+--   epoch, max_len, max_age_ms, head, middle, tail, id, channel, fan, publish
+local max_len, max_age = tonumber(ARGV[6]), tonumber(ARGV[7])
+if not (max_len and max_age and tonumber(ARGV[2])) or max_len < 0 or max_age < 0 or ARGV[3] == ''
+   or (ARGV[14] ~= 'PUBLISH' and ARGV[14] ~= 'SPUBLISH') or ARGV[11] == ''
+   or (ARGV[4] ~= '1' and ARGV[4] ~= '0') then
+  return redis.error_reply('ERR herald room write: bad arguments')
+end
+local cur = redis.call('HMGET', KEYS[3], 'version', 'record')
+if (ARGV[1] == '' and cur[1]) or (ARGV[1] ~= '' and cur[1] ~= ARGV[1]) then
+  return {'conflict', cur[2] or ''}
+end
+if is_closed(KEYS[1]) then return {'closed'} end
+local closing = ARGV[4] == '1'
+local r = append_msg(KEYS[1], KEYS[2], {
+  durable = true, closes = closing, epoch = ARGV[5], max_len = max_len, max_age = max_age,
+  head = ARGV[8], middle = ARGV[9], tail = ARGV[10], id = ARGV[11], channel = ARGV[12],
+  fan = ARGV[13], publish = ARGV[14],
+})
+if r.err then return r.err end
+redis.call('HSET', KEYS[3], 'version', ARGV[2], 'record', ARGV[3])
+if closing then
+  -- No leave is announced for these: the final event says it all. The
+  -- token counter stays.
+  redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
+end
+return {'ok', r.sseq, fmt(r.ts), r.sepoch, r.lost}
