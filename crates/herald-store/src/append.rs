@@ -16,49 +16,49 @@ use herald_proto::{encode_frame, ChannelName};
 use uuid::Uuid;
 
 use crate::codec::{self, ChannelMeta, IdemRecord, KeyLayout, LogHeader};
+use crate::stage::{PendingIdem, Stage, Staged, Staging};
 use crate::storage::{Space, StorageError, WriteSet};
-use crate::writer::{PendingIdem, StageError, Tally, Writer};
+use crate::writer::Writer;
 
 /// Log entries one append deletes for `max_len` at most. Normally one; more
 /// only after `max_len` shrank, and then the excess goes over a few appends
 /// instead of stalling one batch.
 const TRIM_BUDGET_PER_APPEND: u64 = 1024;
 
-impl Writer {
-    /// Stage one request into `ws`: dedup check, closed check, then append
-    /// (durable) or broadcast (volatile), then the receipt. Refusals stage
-    /// nothing.
-    pub(crate) fn stage_append(
-        &mut self,
-        req: AppendRequest,
-        ws: &mut WriteSet,
-        pending_idem: &mut PendingIdem,
-        tally: &mut Tally,
-    ) -> Result<(Receipt, Option<Arc<Message>>), StageError> {
-        let now = self.shared.clock.now_ms();
-        let epoch = self.shared.storage.epoch().clone();
+/// One append: dedup check, closed check, then append (durable) or
+/// broadcast (volatile), then the receipt. Room writes and schedule
+/// deliveries stage their append through this impl too.
+impl Stage for AppendRequest {
+    type Ok = Receipt;
+    type Err = EngineError;
+    const FSYNC: bool = true;
+
+    fn stage(self, w: &mut Writer, st: &mut Staging) -> Staged<Self> {
+        let req = self;
+        let now = w.shared.clock.now_ms();
+        let epoch = w.shared.storage.epoch().clone();
         // The expiry-index entry of an expired receipt this append replaces.
         let mut stale_exp_key = None;
         if let Some(dedup) = &req.dedup {
             let found;
-            (found, stale_exp_key) = self.find_receipt(&dedup.key, pending_idem, now)?;
+            (found, stale_exp_key) = w.find_receipt(&dedup.key, &st.pending_idem, now)?;
             if let Some(rec) = found {
                 if rec.fingerprint != dedup.fingerprint {
-                    tally.dedup_mismatches += 1;
-                    return Err(StageError::Refused(EngineError::IdempotencyMismatch));
+                    st.tally.dedup_mismatches += 1;
+                    return Ok(Err(EngineError::IdempotencyMismatch));
                 }
-                tally.dedup_hits += 1;
-                return Ok((receipt_from_record(&rec, &epoch)?, None));
+                st.tally.dedup_hits += 1;
+                return Ok(Ok(receipt_from_record(&rec, &epoch)?));
             }
         }
 
         let channel = &req.channel;
-        let before = *self.channel_meta(channel)?;
+        let before = *w.channel_meta(channel)?;
         // After the dedup check: a retry of an append made before the close
         // still gets its receipt.
         if before.closed {
-            tally.closed_refused += 1;
-            return Err(StageError::Refused(EngineError::Closed));
+            st.tally.closed_refused += 1;
+            return Ok(Err(EngineError::Closed));
         }
         let id = Uuid::now_v7();
         let id_str: Arc<str> = codec::id_str(&id);
@@ -68,14 +68,15 @@ impl Writer {
         let closes = req.closes && req.durable;
         let frame =
             Bytes::from(encode_frame(req.kind, channel, seq, &id_str, ts, &req.data, req.meta.as_ref()));
+        let ws = &mut st.ws;
         if let Some(seq) = seq {
-            let layout = self.shared.storage.key_layout();
+            let layout = w.shared.storage.key_layout();
             ws.put_with(
                 Space::Log,
                 |k| layout.push_log_key(k, channel.as_str(), seq),
                 |v| codec::push_log_value(v, &LogHeader { ts, id }, &frame),
             );
-            let meta = self.channel_meta(channel)?;
+            let meta = w.channel_meta(channel)?;
             // For a channel whose log was empty, `first` is already `seq`.
             meta.head = seq;
             meta.max_age = req.retention.max_age;
@@ -87,20 +88,16 @@ impl Writer {
             // log's last entry, see `KeyLayout::lazy_head`).
             let more_than_head = ChannelMeta { head: before.head, ..*meta } != before;
             if !layout.lazy_head() || more_than_head {
-                self.dirty_metas.insert(channel.clone());
+                w.dirty_metas.insert(channel.clone());
             }
             if trimmed > 0 {
-                tally.trimmed += trimmed;
-                tally.unacked_trimmed += self.cursors.unacked_in(
-                    &self.shared.storage,
-                    channel,
-                    old_first,
-                    old_first + trimmed - 1,
-                )?;
+                st.tally.trimmed += trimmed;
+                st.tally.unacked_trimmed +=
+                    w.cursors.unacked_in(&w.shared.storage, channel, old_first, old_first + trimmed - 1)?;
             }
-            tally.appends += 1;
+            st.tally.appends += 1;
         } else {
-            tally.volatile += 1;
+            st.tally.volatile += 1;
         }
         if let Some(dedup) = &req.dedup {
             let ttl_ms = u64::try_from(dedup.ttl.as_millis()).unwrap_or(u64::MAX);
@@ -113,7 +110,7 @@ impl Writer {
                 epoch: epoch.as_str().to_owned(),
                 expires_at: ts.saturating_add(ttl_ms),
             };
-            stage_receipt(ws, pending_idem, &dedup.key, rec, stale_exp_key);
+            stage_receipt(st, &dedup.key, rec, stale_exp_key);
         }
         let receipt = Receipt {
             channel: channel.clone(),
@@ -124,7 +121,32 @@ impl Writer {
             duplicate: false,
         };
         let msg = Message { channel: channel.clone(), seq, id: id_str, ts, epoch, frame, closes };
-        Ok((receipt, Some(Arc::new(msg))))
+        st.fanout.push(Arc::new(msg));
+        Ok(Ok(receipt))
+    }
+}
+
+/// Several appends of one caller, staged in order into one group commit and
+/// answered together, each with its own result.
+pub(crate) struct AppendBatch(pub Vec<AppendRequest>);
+
+impl Stage for AppendBatch {
+    type Ok = Vec<Result<Receipt, EngineError>>;
+    /// Only [`EngineError::Failed`], for all of them: a refusal is one
+    /// append's result.
+    type Err = EngineError;
+    const FSYNC: bool = true;
+
+    fn requests(&self) -> usize {
+        self.0.len()
+    }
+
+    fn stage(self, w: &mut Writer, st: &mut Staging) -> Staged<Self> {
+        let mut results = Vec::with_capacity(self.0.len());
+        for req in self.0 {
+            results.push(req.stage(w, st)?);
+        }
+        Ok(Ok(results))
     }
 }
 
@@ -155,19 +177,19 @@ impl Writer {
 /// Stage a receipt with its expiry-index entry (replacing the expired
 /// one's, `stale_exp_key`), visible to the rest of the batch.
 pub(crate) fn stage_receipt(
-    ws: &mut WriteSet,
-    pending_idem: &mut PendingIdem,
+    st: &mut Staging,
     key: &Arc<str>,
     rec: IdemRecord,
     stale_exp_key: Option<Vec<u8>>,
 ) {
+    let ws = &mut st.ws;
     // Delete before put: if both keys are equal the put must win.
     if let Some(k) = stale_exp_key {
         ws.delete(Space::IdemExp, k);
     }
     ws.put_with(Space::Idem, |k| k.extend_from_slice(key.as_bytes()), |v| rec.push_encoded(v));
     ws.put_with(Space::IdemExp, |k| codec::push_idem_exp_key(k, rec.expires_at, key.as_bytes()), |_| ());
-    pending_idem.insert(key.clone(), rec);
+    st.pending_idem.insert(key.clone(), rec);
 }
 
 /// Delete the oldest entries beyond `max_len` (0 = no limit), at most

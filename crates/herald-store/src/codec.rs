@@ -16,7 +16,7 @@ const LOG_KEY_SEP: u8 = 0;
 
 const FORMAT_V1: u8 = 1;
 /// Second layout of a value whose first layout is [`FORMAT_V1`] (only
-/// [`ChannelMeta`] has one so far).
+/// [`ChannelMeta`] has one).
 const FORMAT_V2: u8 = 2;
 
 /// Bytes before the frame in a log value: format, ts, id.
@@ -51,9 +51,9 @@ pub(crate) enum KeyLayout {
     /// Format 2: the same after `tag(channel)`, the tag being
     /// [`channel_tag`]. The storage engine's memtable compares keys by their
     /// first four bytes before anything else; with the channel name first
-    /// those are the namespace (`chat`) for every key, so every comparison
-    /// of an insert read and compared the whole key. With the tag they tell
-    /// two channels apart nearly always.
+    /// those would be the namespace (`chat`) for every key, so every
+    /// comparison of an insert would read and compare the whole key. With
+    /// the tag they tell two channels apart nearly always.
     Tagged,
 }
 
@@ -230,8 +230,8 @@ impl Default for ChannelMeta {
 
 impl ChannelMeta {
     /// Format 2: `format ++ head ++ first ++ has_max_age (u8) ++ max_age_ms
-    /// ++ closed (u8)`. Format 1, still decoded (data dirs written before
-    /// channels could be closed), is the same without `closed`.
+    /// ++ closed (u8)`. Format 1, which a data dir may still hold and which
+    /// is still decoded (as an open channel), is the same without `closed`.
     pub fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(1 + 8 + 8 + 1 + 8 + 1);
         v.push(FORMAT_V2);
@@ -698,8 +698,8 @@ mod tests {
         assert!(ChannelMeta::decode(&future).is_err(), "an unknown format is not guessed at");
     }
 
-    /// Data dirs written before channels could be closed hold format 1
-    /// metas (exactly these bytes); they decode as open channels.
+    /// Format 1 metas (exactly these bytes, without `closed`) decode as
+    /// open channels.
     #[test]
     fn channel_meta_format_1_still_decodes() {
         let mut v1 = vec![1u8];

@@ -2,7 +2,7 @@
 //! counting the unacked messages that retention removes.
 //!
 //! An ack is a compare-and-raise of one `cursors` entry, staged into the
-//! same [`WriteSet`] as the appends of its batch. It reads the cursor as
+//! same write set as the appends of its batch. It reads the cursor as
 //! this batch left it (acks staged earlier in the batch first, then the
 //! store), so the writer, the only committer, applies every ack of a cursor
 //! in queue order and the stored value is their running maximum. The
@@ -31,12 +31,13 @@
 use std::collections::HashMap;
 use std::ops::{Bound, ControlFlow};
 
-use herald_core::{AckError, CursorState};
+use herald_core::{AckError, CursorState, Seq, SubscriberId};
 use herald_proto::ChannelName;
 
 use crate::codec::{self, CursorRecord};
-use crate::storage::{Space, Storage, StorageError, WriteSet};
-use crate::writer::{AckRequest, Tally, Writer};
+use crate::stage::{Stage, Staged, Staging};
+use crate::storage::{Space, Storage, StorageError};
+use crate::writer::Writer;
 
 /// Channels with more cursors than this are not counted in
 /// `unacked_trimmed` (see the module docs); it bounds one floor scan.
@@ -177,42 +178,47 @@ impl CursorBook {
     }
 }
 
-impl Writer {
-    /// Stage one ack into `ws`. The outer error is a storage failure (the
-    /// batch fails); the inner result is what the caller is told.
-    pub(crate) fn stage_ack(
-        &mut self,
-        req: &AckRequest,
-        ws: &mut WriteSet,
-        tally: &mut Tally,
-    ) -> Result<Result<CursorState, AckError>, StorageError> {
+/// `Cursors::ack`: raise `subscriber`'s cursor on `channel` to `seq`.
+pub(crate) struct Ack {
+    pub channel: ChannelName,
+    pub subscriber: SubscriberId,
+    pub seq: Seq,
+}
+
+impl Stage for Ack {
+    type Ok = CursorState;
+    type Err = AckError;
+    /// Acks never cost an fsync of their own (see the crate docs).
+    const FSYNC: bool = false;
+
+    fn stage(self, w: &mut Writer, st: &mut Staging) -> Staged<Self> {
         // The head as this batch leaves it (includes appends staged before
         // the ack; they commit atomically with it).
-        let head = self.channel_meta(&req.channel)?.head;
-        if req.seq > head {
-            tally.acks_beyond_head += 1;
-            return Ok(Err(AckError::BeyondHead { seq: req.seq, head }));
+        let head = w.channel_meta(&self.channel)?.head;
+        if self.seq > head {
+            st.tally.acks_beyond_head += 1;
+            return Ok(Err(AckError::BeyondHead { seq: self.seq, head }));
         }
-        let channel = req.channel.as_str();
-        let subscriber = req.subscriber.key();
+        let channel = self.channel.as_str();
+        let subscriber = self.subscriber.key();
         let key = codec::cursor_key(channel, &subscriber);
-        let stored = self.cursors.current(&self.shared.storage, &key)?;
+        let stored = w.cursors.current(&w.shared.storage, &key)?;
         if let Some(rec) = stored {
-            if rec.seq >= req.seq {
+            if rec.seq >= self.seq {
                 // Monotonic: a lower or equal ack changes nothing, so a
                 // redelivered message's second ack costs no write.
-                tally.acks_unchanged += 1;
+                st.tally.acks_unchanged += 1;
                 return Ok(Ok(rec.state()));
             }
         }
-        let rec = CursorRecord { seq: req.seq, acked_at_ms: self.shared.clock.now_ms() };
-        ws.put(Space::Cursors, key.clone(), rec.encode());
+        let rec = CursorRecord { seq: self.seq, acked_at_ms: w.shared.clock.now_ms() };
+        st.ws.put(Space::Cursors, key.clone(), rec.encode());
         if stored.is_none() {
-            ws.put(Space::UserCursors, codec::user_cursor_key(&subscriber, channel), Vec::new());
+            st.ws.put(Space::UserCursors, codec::user_cursor_key(&subscriber, channel), Vec::new());
         }
-        self.cursors.note_ack(&req.channel, stored.map(|r| r.seq), rec.seq);
-        self.cursors.batch.insert(key, rec);
-        tally.acks += 1;
+        w.cursors.note_ack(&self.channel, stored.map(|r| r.seq), rec.seq);
+        w.cursors.batch.insert(key, rec);
+        st.tally.acks += 1;
         Ok(Ok(rec.state()))
     }
 }

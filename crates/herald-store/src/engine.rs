@@ -15,12 +15,15 @@ use herald_core::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, 
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::presence::PresenceCmd;
-use crate::read;
-use crate::schedules::{self, SchedCmd};
+use crate::append::AppendBatch;
+use crate::cursors::Ack;
+use crate::request::Request;
+use crate::schedules::{self, Cancel, Deliver};
 use crate::shared::Shared;
+use crate::stage::{Outcome, Req, Stage};
 use crate::storage::{Storage, StorageError};
-use crate::writer::{AckRequest, Command, Writer};
+use crate::writer::Writer;
+use crate::{presence, read};
 use crate::{StoreConfig, StoreError, StoreStats};
 
 /// The embedded (single-node) engine. See the crate docs.
@@ -31,7 +34,7 @@ use crate::{StoreConfig, StoreError, StoreStats};
 pub struct EmbeddedEngine {
     shared: Arc<Shared>,
     /// `None` only inside `Drop`, which drops it to stop the writer.
-    tx: Option<mpsc::Sender<Command>>,
+    tx: Option<mpsc::Sender<Request>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     queue_capacity: usize,
     data_dir: PathBuf,
@@ -104,15 +107,18 @@ impl EmbeddedEngine {
         EngineError::Failed(self.shared.fail(format!("read failed: {e}")))
     }
 
-    /// Queue a command for the writer and wait for its reply.
-    async fn submit<T>(&self, command: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, EngineError> {
+    /// Queue a write for the writer and wait for its outcome.
+    async fn submit<K: Stage>(&self, write: K) -> Result<Outcome<K>, EngineError>
+    where
+        Request: From<Req<K>>,
+    {
         let (reply_tx, reply_rx) = oneshot::channel();
-        self.enqueue(command(reply_tx)).await?;
+        self.enqueue(Req::new(write, reply_tx).into()).await?;
         reply_rx.await.map_err(|_| self.shared.stopped_error())
     }
 
-    /// Queue a command for the writer (the replies travel in it).
-    async fn enqueue(&self, command: Command) -> Result<(), EngineError> {
+    /// Queue a request for the writer (the reply travels in it).
+    async fn enqueue(&self, request: Request) -> Result<(), EngineError> {
         if let Some(reason) = self.shared.failure() {
             crate::stats::bump(&self.shared.counters.failed, 1);
             return Err(EngineError::Failed(reason.to_owned()));
@@ -123,7 +129,7 @@ impl EmbeddedEngine {
         let tx = self.tx.as_ref().ok_or(EngineError::ShuttingDown)?;
         // Waits while the queue is full: that is the engine's backpressure.
         // If this future is dropped after the send, the request still runs.
-        tx.send(command).await.map_err(|_| self.shared.stopped_error())
+        tx.send(request).await.map_err(|_| self.shared.stopped_error())
     }
 
     /// Run a read on the blocking pool (range scans may touch disk, too
@@ -147,7 +153,7 @@ impl Log for EmbeddedEngine {
     }
 
     async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
-        self.submit(|reply| Command::Append { req, reply }).await?
+        self.submit(req).await?
     }
 
     /// One queue hand-off for the whole batch: the writer stages its
@@ -159,7 +165,8 @@ impl Log for EmbeddedEngine {
             _ => {}
         }
         let n = reqs.len();
-        match self.submit(|reply| Command::AppendBatch(reqs, reply)).await {
+        // A failed batch is one `Failed` for all of them.
+        match self.submit(AppendBatch(reqs)).await.and_then(|outcome| outcome) {
             Ok(results) => results,
             Err(e) => (0..n).map(|_| Err(e.clone())).collect(),
         }
@@ -193,8 +200,7 @@ impl Cursors for EmbeddedEngine {
         subscriber: &SubscriberId,
         seq: Seq,
     ) -> Result<CursorState, AckError> {
-        let req = AckRequest { channel: channel.clone(), subscriber: subscriber.clone(), seq };
-        self.submit(|reply| Command::Ack { req, reply }).await?
+        self.submit(Ack { channel: channel.clone(), subscriber: subscriber.clone(), seq }).await?
     }
 
     /// Runs inline: one point read, like `position`.
@@ -236,7 +242,7 @@ impl Presence for EmbeddedEngine {
         ttl: Duration,
     ) -> Result<Joined, EngineError> {
         let (channel, member) = (channel.clone(), member.clone());
-        self.submit(|reply| Command::Presence(PresenceCmd::Join { channel, member, ttl, reply })).await?
+        self.submit(presence::Join { channel, member, ttl }).await?
     }
 
     /// Through the writer; no fsync of its own. Extends an expired lease
@@ -250,7 +256,7 @@ impl Presence for EmbeddedEngine {
         ttl: Duration,
     ) -> Result<Renewed, EngineError> {
         let (channel, key) = (channel.clone(), key.to_owned());
-        self.submit(|reply| Command::Presence(PresenceCmd::Renew { channel, key, token, ttl, reply })).await?
+        self.submit(presence::Renew { channel, key, token, ttl }).await?
     }
 
     /// Through the writer; no fsync of its own.
@@ -261,7 +267,7 @@ impl Presence for EmbeddedEngine {
         token: FenceToken,
     ) -> Result<Option<Lease>, EngineError> {
         let (channel, key) = (channel.clone(), key.to_owned());
-        self.submit(|reply| Command::Presence(PresenceCmd::Leave { channel, key, token, reply })).await?
+        self.submit(presence::Leave { channel, key, token }).await?
     }
 
     /// Through the writer, like a join; no fsync of its own. Removals are
@@ -275,8 +281,7 @@ impl Presence for EmbeddedEngine {
         ttl: Duration,
     ) -> Result<Rejoined, EngineError> {
         let (channel, member) = (channel.clone(), member.clone());
-        self.submit(|reply| Command::Presence(PresenceCmd::Rejoin { channel, member, token, ttl, reply }))
-            .await?
+        self.submit(presence::Rejoin { channel, member, token, ttl }).await?
     }
 
     /// On the blocking pool: a scan of the channel's leases.
@@ -301,7 +306,7 @@ impl Presence for EmbeddedEngine {
     /// Through the writer (removal and handing out are one step, so each
     /// lease goes to one caller), oldest expiry first; no fsync of its own.
     async fn presence_expire(&self, limit: usize) -> Result<Vec<(ChannelName, Lease)>, EngineError> {
-        self.submit(|reply| Command::Presence(PresenceCmd::Expire { limit, reply })).await?
+        self.submit(presence::Expire { limit }).await?
     }
 }
 
@@ -317,7 +322,7 @@ impl Rooms for EmbeddedEngine {
     /// exactly when the new state is closed, and without dedup (see
     /// `rooms.rs`).
     async fn room_write(&self, write: RoomWrite) -> Result<RoomWritten, EngineError> {
-        self.submit(|reply| Command::Room { write, reply }).await?
+        self.submit(write).await?
     }
 
     /// On the blocking pool: a scan of the active-room index.
@@ -336,7 +341,7 @@ impl Schedules for EmbeddedEngine {
     /// Through the writer, in the group commit of the appends around it,
     /// with their fsync.
     async fn schedule(&self, req: ScheduleRequest) -> Result<ScheduleReceipt, EngineError> {
-        self.submit(|reply| Command::Sched(SchedCmd::Add { req, reply })).await?
+        self.submit(req).await?
     }
 
     /// On the blocking pool: a scan of the channel's index.
@@ -347,7 +352,7 @@ impl Schedules for EmbeddedEngine {
 
     async fn schedule_cancel(&self, id: &str) -> Result<Option<Schedule>, EngineError> {
         let id: Arc<str> = Arc::from(id);
-        let found = self.submit(|reply| Command::Sched(SchedCmd::Cancel { id: id.clone(), reply })).await??;
+        let found = self.submit(Cancel { id: id.clone() }).await??;
         self.shared.claims.forget(&id);
         Ok(found)
     }
@@ -380,7 +385,7 @@ impl Schedules for EmbeddedEngine {
             return Ok(Delivered::Stale);
         }
         let id = claim.schedule.id.clone();
-        let r = self.submit(|reply| Command::Sched(SchedCmd::Deliver { id, req, reply })).await?;
+        let r = self.submit(Deliver { id, req }).await?;
         if r.is_ok() {
             self.shared.claims.forget(&claim.schedule.id);
         }
@@ -423,7 +428,7 @@ impl Lifecycle for EmbeddedEngine {
         self.shared.begin_close();
         if let Some(tx) = &self.tx {
             // Fails only if the writer already stopped taking requests.
-            let _ = tx.send(Command::Close).await;
+            let _ = tx.send(Request::Close).await;
         }
         self.shared.writer_finished().await;
         let handle = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();

@@ -14,11 +14,14 @@
 //!
 //! `append` puts the request on a bounded queue (full queue: the caller
 //! waits) and awaits a oneshot reply. One writer thread (`writer.rs`, the
-//! batch loop; an append is staged by `append.rs`) owns
-//! every mutation: it takes all queued requests (up to
-//! [`StoreConfig::max_batch`]), and for each one checks dedup (requests of
-//! the same batch first, then the `idem` space; an expired receipt counts as
-//! absent), refuses it with [`EngineError::Closed`](herald_core::EngineError::Closed)
+//! batch loop) owns every mutation. Every kind of write (append, ack,
+//! presence, room, schedule) is a request type that implements one
+//! interface, `stage.rs`'s `Stage`, in its own module (an append: in
+//! `append.rs`), and is one arm of the queue's `Request` (`request.rs`).
+//! The writer takes all queued requests (up to
+//! [`StoreConfig::max_batch`]) and stages each. For an append it checks
+//! dedup (requests of the same batch first, then the `idem` space; an
+//! expired receipt counts as absent), refuses it with [`EngineError::Closed`](herald_core::EngineError::Closed)
 //! if the channel is closed (durable or volatile alike; a dedup hit still
 //! gets its receipt), assigns `seq = head + 1`, a UUIDv7 id and a
 //! timestamp, encodes the frame (of the request's `kind`) once, and stages
@@ -132,13 +135,19 @@
 //!
 //! # On-disk layout (fjall keyspaces; integers big-endian)
 //!
+//! Fifteen keyspaces. `++` is concatenation; `channel` is the channel name's
+//! bytes; a value's leading `format` is one byte (`1` unless said), and an
+//! unknown one is corruption, never guessed at. Only `log` and `channels`
+//! have per-format key layouts (see below); every other key is the same in
+//! both formats.
+//!
 //! | keyspace | key | value |
 //! |---|---|---|
-//! | `meta` | `format` | store format: `2` for a data dir made by this version, `1` (still read and written in its own layout) for one made before |
+//! | `meta` | `format` | store format: `2` for a data dir made by this version, `1` for one made by an earlier one (read and written in its own layout) |
 //! | `meta` | `epoch` | UUID made when the data dir was created; every channel's [`Epoch`](herald_core::Epoch) |
-//! | `log` | format 2: tag ++ channel ++ `0x00` ++ seq (u64); format 1: channel ++ `0x00` ++ seq | format (u8) ++ ts (u64 ms) ++ id (16-byte UUIDv7) ++ the `message` frame, byte for byte as sent |
-//! | `channels` | format 2: tag ++ channel; format 1: channel | format (`2`) ++ head ++ first ++ has_max_age (u8) ++ max_age_ms ++ closed (u8); format `1` (still read) has no `closed` |
-//! | `idem` | dedup key | format ++ fingerprint (32) ++ has_seq (u8) ++ seq ++ id (16) ++ ts ++ expires_at ++ channel (u16 len + bytes) ++ epoch (u16 len + bytes) |
+//! | `log` | format 2: tag ++ channel ++ `0x00` ++ seq (u64); format 1: channel ++ `0x00` ++ seq | format ++ ts (u64 ms) ++ id (16-byte UUIDv7) ++ the `message` frame, byte for byte as sent |
+//! | `channels` | format 2: tag ++ channel; format 1: channel | format (`2`) ++ head (u64) ++ first (u64) ++ has_max_age (u8) ++ max_age_ms (u64) ++ closed (u8); format `1` (still read) has no `closed` |
+//! | `idem` | dedup key | format ++ fingerprint (32) ++ has_seq (u8) ++ seq (u64) ++ id (16) ++ ts (u64) ++ expires_at (u64 ms) ++ channel (u16 len + bytes) ++ epoch (u16 len + bytes); a schedule's receipt has no seq, its schedule's id, `ts = deliver_at` and the epoch `schedule` |
 //! | `idem_exp` | expires_at (u64 ms) ++ dedup key | empty: the expiry index the sweeper scans |
 //! | `cursors` | channel ++ `0x00` ++ subscriber key | format ++ seq (u64) ++ acked_at_ms (u64) |
 //! | `user_cursors` | subscriber key ++ `0x00` ++ channel | empty: the per-user index of `cursors` |
@@ -147,24 +156,29 @@
 //! | `presence_tokens` | channel | format ++ the last fencing token handed out (u64) |
 //! | `rooms` | channel | format ++ the [`Room`](herald_core::Room) record as JSON |
 //! | `rooms_active` | channel | empty: the index of rooms not closed |
+//! | `schedules` | schedule id (the hyphenated UUIDv7, as text) | the record of [`Schedule::encode_record`](herald_core::Schedule::encode_record), JSON `{"c": channel, "t": deliver_at, "r": created_at, "d": data, "m": meta}` with `data` byte for byte (no format byte: the layout both engines store) |
+//! | `schedules_due` | deliver_at (u64 ms) ++ schedule id | empty: the global due index, in delivery order |
+//! | `schedules_by_channel` | channel ++ `0x00` ++ deliver_at (u64 ms) ++ schedule id | empty: the per-channel index of `schedules` |
 //!
 //! The id and ts sit in a fixed header before the frame so reads and the
 //! sweeper never parse JSON, and reads send the stored frame unchanged.
 //! Channel names never contain `0x00`, so each channel's log is one
-//! contiguous key range, and so are its cursors. The tag of a format-2 log
-//! or channel key is the first four bytes of the channel name's XXH3-64
-//! (`codec::channel_tag`): the memtable compares keys by their first four
-//! bytes first, and without it those were the namespace, the same for
-//! every key (`chat`), so every comparison of an insert read the whole
-//! key. A channel's keys share its tag, so its range stays contiguous and
-//! in seq order. The subscriber key is
+//! contiguous key range, and so are its cursors, leases and schedules. The
+//! tag of a format-2 log or channel key is the first four bytes of the
+//! channel name's XXH3-64 (`codec::channel_tag`): the memtable compares
+//! keys by their first four bytes first, and without the tag those would
+//! be the namespace, the same for every key (`chat`), so every comparison
+//! of an insert would read the whole key. A channel's keys share its tag,
+//! so its range stays contiguous and in seq order. The subscriber key is
 //! [`SubscriberId::key`](herald_core::SubscriberId::key) (length-prefixed
 //! user and device, no control characters), so a user's `user_cursors`
 //! entries, every device and channel, are the one key range starting with
 //! [`SubscriberId::user_prefix`](herald_core::SubscriberId::user_prefix).
 //! An index entry is written in the same commit as its cursor's first ack;
-//! cursors are never deleted. (The cursor, presence and room spaces were
-//! added without a store format bump: an older data dir opens with none.)
+//! cursors are never deleted. The cursor, presence, room and schedule
+//! keyspaces are not part of the store format: a data dir without them
+//! opens with them empty.
+//!
 //! For a channel `c`, the log holds exactly the seqs `first..=head` of its
 //! meta; a channel never written has `head = 0`, `first = 1`; once `closed`,
 //! `head` never moves again. In format 1 the meta is written with every
@@ -173,12 +187,11 @@
 //! age limit, a trim, an age expiry, the close), in the same commit as the
 //! log change: its stored `head` may lag, and the head is the greater of it
 //! and the seq of the channel's last log entry (one reverse seek when the
-//! writer first touches the channel and on each read). Measured on p2p to
-//! 1,000 channels, this halved the memtable inserts of an append
-//! (docs/benchmarks.md). A format-2 data dir must not be opened by a binary
-//! that writes format 2 with a meta per append and trusts its head: such
-//! binaries (main between the tagged keys and this change) were never
-//! released.
+//! writer first touches the channel and on each read). This spares an
+//! append the memtable insert of its meta (on p2p to 1,000 channels, half
+//! of an append's inserts: docs/benchmarks.md). The lagging head is part
+//! of format 2: every binary that opens a format-2 data dir reads the head
+//! from the log.
 //!
 //! The member key is [`member_key`](herald_core::member_key)
 //! (`{len(user)}:{user}{client_id}`), so a channel's leases are one key
@@ -188,7 +201,11 @@
 //! expiry or its removal moves or removes the entry in the same commit.
 //! `presence_tokens` holds, per channel, a token at least as high as every
 //! lease's token of that channel; it is never deleted. A `rooms_active`
-//! entry exists exactly for each `rooms` record not in state `closed`.
+//! entry exists exactly for each `rooms` record not in state `closed`. A
+//! schedule has exactly one entry in each of `schedules_due` and
+//! `schedules_by_channel`, at its `deliver_at`, written and removed in the
+//! same commit as its record; schedule ids are UUIDv7, so `schedules_due`
+//! orders schedules of one `deliver_at` by creation.
 //!
 //! Storage access is confined to `storage.rs` (fjall today) so another
 //! embedded store could replace it; the properties it must keep are listed
@@ -206,9 +223,11 @@ pub mod fuzzing;
 mod gone;
 mod presence;
 mod read;
+mod request;
 mod rooms;
 mod schedules;
 mod shared;
+mod stage;
 mod stats;
 mod storage;
 mod sweep;

@@ -12,42 +12,31 @@
 //! stages nothing, so the record and the log never disagree: the log holds
 //! exactly one event per version, in version order.
 
-use std::sync::Arc;
-
-use herald_core::{Message, Room, RoomStatus, RoomWrite, RoomWritten};
+use herald_core::{EngineError, Room, RoomStatus, RoomWrite, RoomWritten};
 use herald_proto::ChannelName;
 
 use crate::codec;
+use crate::presence::delete_lease;
+use crate::stage::{Stage, Staged, Staging};
 use crate::storage::{Space, StorageError, WriteSet};
-use crate::writer::{PendingIdem, StageError, Tally, Writer};
+use crate::writer::Writer;
 
-impl Writer {
-    /// The room record of `channel` as this batch leaves it.
-    fn room_at(&self, channel: &ChannelName, ws: &WriteSet) -> Result<Option<Room>, StorageError> {
-        let key = channel.as_str().as_bytes();
-        let v = match ws.staged(Space::Rooms, key) {
-            Some(staged) => staged.map(<[u8]>::to_vec),
-            None => self.shared.storage.get(Space::Rooms, key)?,
-        };
-        Ok(v.map(|v| codec::decode_room(&v)).transpose()?)
-    }
+/// `Rooms::room_write`. A version conflict is an `Ok` outcome
+/// ([`RoomWritten::Conflict`]) and stages nothing; a refused event append
+/// is the write's error.
+impl Stage for RoomWrite {
+    type Ok = RoomWritten;
+    type Err = EngineError;
+    const FSYNC: bool = true;
 
-    /// Stage one room write. `Ok` carries the caller's result (`Conflict`
-    /// stages nothing) and the event to fan out.
-    pub(crate) fn stage_room(
-        &mut self,
-        write: RoomWrite,
-        ws: &mut WriteSet,
-        pending_idem: &mut PendingIdem,
-        tally: &mut Tally,
-    ) -> Result<(RoomWritten, Option<Arc<Message>>), StageError> {
-        let RoomWrite { expected_version, room, mut event } = write;
+    fn stage(self, w: &mut Writer, st: &mut Staging) -> Staged<Self> {
+        let RoomWrite { expected_version, room, mut event } = self;
         let channel = event.channel.clone();
-        let current = self.room_at(&channel, ws)?;
+        let current = room_at(w, &channel, &st.ws)?;
         let current_version = current.as_ref().map(|r| r.version);
         if current_version != expected_version {
-            tally.room_conflicts += 1;
-            return Ok((RoomWritten::Conflict { current }, None));
+            st.tally.room_conflicts += 1;
+            return Ok(Ok(RoomWritten::Conflict { current }));
         }
         let closing = room.state == RoomStatus::Closed;
         // The contract's shape of a room event, kept here whatever the
@@ -58,21 +47,34 @@ impl Writer {
         event.durable = true;
         event.closes = closing;
         event.dedup = None;
-        let (receipt, msg) = self.stage_append(event, ws, pending_idem, tally)?;
+        let receipt = match event.stage(w, st)? {
+            Ok(receipt) => receipt,
+            Err(refused) => return Ok(Err(refused)),
+        };
         let key = channel.as_str().as_bytes().to_vec();
-        ws.put(Space::Rooms, key.clone(), codec::encode_room(&room));
+        st.ws.put(Space::Rooms, key.clone(), codec::encode_room(&room));
         if closing {
-            ws.delete(Space::RoomsActive, key);
+            st.ws.delete(Space::RoomsActive, key);
             // No `leave` is announced for these: the final event says it.
-            for (lease_key, exp) in self.channel_leases(&channel, ws)? {
-                self.delete_lease(&lease_key, exp, ws);
+            for (lease_key, exp) in w.channel_leases(&channel, &st.ws)? {
+                delete_lease(&lease_key, exp, &mut st.ws);
             }
         } else {
-            ws.put(Space::RoomsActive, key, Vec::new());
+            st.ws.put(Space::RoomsActive, key, Vec::new());
         }
-        tally.room_writes += 1;
-        Ok((RoomWritten::Written { room, receipt }, msg))
+        st.tally.room_writes += 1;
+        Ok(Ok(RoomWritten::Written { room, receipt }))
     }
+}
+
+/// The room record of `channel` as this batch leaves it.
+fn room_at(w: &Writer, channel: &ChannelName, ws: &WriteSet) -> Result<Option<Room>, StorageError> {
+    let key = channel.as_str().as_bytes();
+    let v = match ws.staged(Space::Rooms, key) {
+        Some(staged) => staged.map(<[u8]>::to_vec),
+        None => w.shared.storage.get(Space::Rooms, key)?,
+    };
+    Ok(v.map(|v| codec::decode_room(&v)).transpose()?)
 }
 
 /// Whether a stored room belongs in `rooms_active`.

@@ -24,74 +24,135 @@ use std::time::Duration;
 
 use herald_core::{AppendRequest, Claim, Delivered, EngineError, Schedule, ScheduleReceipt, ScheduleRequest};
 use herald_proto::ChannelName;
-use tokio::sync::oneshot;
 use uuid::Uuid;
 
 use crate::append::stage_receipt;
 use crate::codec::IdemRecord;
+use crate::stage::{Stage, Staged, Staging};
 use crate::storage::{Space, Storage, StorageError, WriteSet};
-use crate::writer::{PendingIdem, StageError, Tally, Writer};
-
-pub(crate) type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+use crate::writer::Writer;
 
 /// The `epoch` field of a schedule's receipt in `idem` (a marker, no log's).
 const SCHEDULE_RECEIPT: &str = "schedule";
 
-/// A schedule request for the writer, with its caller's reply.
-pub(crate) enum SchedCmd {
-    Add { req: ScheduleRequest, reply: Reply<ScheduleReceipt> },
-    Cancel { id: Arc<str>, reply: Reply<Option<Schedule>> },
-    Deliver { id: Arc<str>, req: AppendRequest, reply: Reply<Delivered> },
-}
+/// `Schedules::schedule`: stores the schedule, or answers a retry with its
+/// receipt.
+impl Stage for ScheduleRequest {
+    type Ok = ScheduleReceipt;
+    type Err = EngineError;
+    /// A schedule is as durable as an append once it is answered.
+    const FSYNC: bool = true;
 
-/// A staged schedule request: the reply, its result and what to fan out.
-pub(crate) enum SchedDone {
-    Added(Reply<ScheduleReceipt>, Result<ScheduleReceipt, EngineError>),
-    Cancelled(Reply<Option<Schedule>>, Result<Option<Schedule>, EngineError>),
-    Delivered(Reply<Delivered>, Result<Delivered, EngineError>, Option<Arc<herald_core::Message>>),
-}
-
-impl SchedCmd {
-    pub fn unstaged(self) -> SchedDone {
-        let e = EngineError::ShuttingDown;
-        match self {
-            SchedCmd::Add { reply, .. } => SchedDone::Added(reply, Err(e)),
-            SchedCmd::Cancel { reply, .. } => SchedDone::Cancelled(reply, Err(e)),
-            SchedCmd::Deliver { reply, .. } => SchedDone::Delivered(reply, Err(e), None),
-        }
-    }
-}
-
-impl SchedDone {
-    /// The `deliver_at` of a schedule this request stored (not a duplicate).
-    pub fn added_at(&self) -> Option<u64> {
-        match self {
-            SchedDone::Added(_, Ok(r)) if !r.duplicate => Some(r.deliver_at),
-            _ => None,
-        }
-    }
-
-    pub fn fail(self, reason: &str) {
-        let e = EngineError::Failed(reason.to_owned());
-        match self {
-            SchedDone::Added(reply, _) => drop(reply.send(Err(e))),
-            SchedDone::Cancelled(reply, _) => drop(reply.send(Err(e))),
-            SchedDone::Delivered(reply, _, _) => drop(reply.send(Err(e))),
-        }
-    }
-
-    /// Send the result (a dropped receiver is a caller that stopped
-    /// waiting; the write stands) and keep the message to fan out.
-    pub fn answer(self, fanout: &mut Vec<Arc<herald_core::Message>>) {
-        match self {
-            SchedDone::Added(reply, r) => drop(reply.send(r)),
-            SchedDone::Cancelled(reply, r) => drop(reply.send(r)),
-            SchedDone::Delivered(reply, r, msg) => {
-                let _ = reply.send(r);
-                fanout.extend(msg);
+    fn stage(self, w: &mut Writer, st: &mut Staging) -> Staged<Self> {
+        let req = self;
+        let now = w.shared.clock.now_ms();
+        let mut stale_exp_key = None;
+        if let Some(dedup) = &req.dedup {
+            let found;
+            (found, stale_exp_key) = w.find_receipt(&dedup.key, &st.pending_idem, now)?;
+            if let Some(rec) = found {
+                if rec.fingerprint != dedup.fingerprint || rec.epoch != SCHEDULE_RECEIPT {
+                    return Ok(Err(EngineError::IdempotencyMismatch));
+                }
+                let channel = ChannelName::new(&rec.channel)
+                    .map_err(|e| StorageError::Corrupt(format!("receipt with a bad channel name: {e}")))?;
+                return Ok(Ok(ScheduleReceipt {
+                    id: crate::codec::id_str(&rec.id),
+                    channel,
+                    deliver_at: rec.ts,
+                    duplicate: true,
+                }));
             }
         }
+        let uuid = Uuid::now_v7();
+        let id: Arc<str> = crate::codec::id_str(&uuid);
+        let s = Schedule {
+            id: id.clone(),
+            channel: req.channel,
+            deliver_at: req.deliver_at,
+            created_at: now,
+            data: req.data,
+            meta: req.meta,
+        };
+        st.ws.put(Space::Schedules, id.as_bytes().to_vec(), s.encode_record());
+        st.ws.put(Space::SchedulesDue, due_key(s.deliver_at, &id), Vec::new());
+        st.ws.put(Space::SchedulesByChannel, channel_key(&s.channel, s.deliver_at, &id), Vec::new());
+        if let Some(dedup) = &req.dedup {
+            let ttl_ms = u64::try_from(dedup.ttl.as_millis()).unwrap_or(u64::MAX);
+            let rec = IdemRecord {
+                fingerprint: dedup.fingerprint,
+                channel: s.channel.as_str().to_owned(),
+                seq: None,
+                id: uuid,
+                ts: s.deliver_at,
+                epoch: SCHEDULE_RECEIPT.to_owned(),
+                expires_at: now.saturating_add(ttl_ms),
+            };
+            stage_receipt(st, &dedup.key, rec, stale_exp_key);
+        }
+        st.schedule_added(s.deliver_at);
+        Ok(Ok(ScheduleReceipt { id, channel: s.channel, deliver_at: s.deliver_at, duplicate: false }))
     }
+}
+
+/// `Schedules::schedule_cancel`: removes the schedule, answering what it
+/// was (`None`: not stored).
+pub(crate) struct Cancel {
+    pub id: Arc<str>,
+}
+
+impl Stage for Cancel {
+    type Ok = Option<Schedule>;
+    type Err = EngineError;
+    const FSYNC: bool = true;
+
+    fn stage(self, w: &mut Writer, st: &mut Staging) -> Staged<Self> {
+        let found = schedule_at(w, &self.id, &st.ws)?;
+        if let Some(s) = &found {
+            remove_schedule(s, st);
+        }
+        Ok(Ok(found))
+    }
+}
+
+/// `Schedules::schedule_deliver`: the append and the schedule's removal in
+/// one commit, if the schedule is still stored.
+pub(crate) struct Deliver {
+    pub id: Arc<str>,
+    pub req: AppendRequest,
+}
+
+impl Stage for Deliver {
+    type Ok = Delivered;
+    type Err = EngineError;
+    const FSYNC: bool = true;
+
+    fn stage(self, w: &mut Writer, st: &mut Staging) -> Staged<Self> {
+        let Some(s) = schedule_at(w, &self.id, &st.ws)? else { return Ok(Ok(Delivered::Stale)) };
+        let receipt = match self.req.stage(w, st)? {
+            Ok(receipt) => receipt,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        remove_schedule(&s, st);
+        Ok(Ok(Delivered::Appended(receipt)))
+    }
+}
+
+/// The schedule `id` as this batch leaves it.
+fn schedule_at(w: &Writer, id: &str, ws: &WriteSet) -> Result<Option<Schedule>, StorageError> {
+    let v = match ws.staged(Space::Schedules, id.as_bytes()) {
+        Some(staged) => staged.map(<[u8]>::to_vec),
+        None => w.shared.storage.get(Space::Schedules, id.as_bytes())?,
+    };
+    v.map(|v| decode(id, &v)).transpose()
+}
+
+/// Stage the removal of `s`: its record and both index entries.
+fn remove_schedule(s: &Schedule, st: &mut Staging) {
+    st.ws.delete(Space::Schedules, s.id.as_bytes().to_vec());
+    st.ws.delete(Space::SchedulesDue, due_key(s.deliver_at, &s.id));
+    st.ws.delete(Space::SchedulesByChannel, channel_key(&s.channel, s.deliver_at, &s.id));
+    st.schedule_removed();
 }
 
 fn decode(id: &str, v: &[u8]) -> Result<Schedule, StorageError> {
@@ -116,132 +177,6 @@ fn channel_key(channel: &ChannelName, deliver_at: u64, id: &str) -> Vec<u8> {
     let mut k = channel_prefix(channel);
     k.extend_from_slice(&due_key(deliver_at, id));
     k
-}
-
-impl Writer {
-    fn schedule_at(&self, id: &str, ws: &WriteSet) -> Result<Option<Schedule>, StorageError> {
-        let v = match ws.staged(Space::Schedules, id.as_bytes()) {
-            Some(staged) => staged.map(<[u8]>::to_vec),
-            None => self.shared.storage.get(Space::Schedules, id.as_bytes())?,
-        };
-        v.map(|v| decode(id, &v)).transpose()
-    }
-
-    fn remove_schedule(s: &Schedule, ws: &mut WriteSet) {
-        ws.delete(Space::Schedules, s.id.as_bytes().to_vec());
-        ws.delete(Space::SchedulesDue, due_key(s.deliver_at, &s.id));
-        ws.delete(Space::SchedulesByChannel, channel_key(&s.channel, s.deliver_at, &s.id));
-    }
-
-    /// Stage one schedule request. Returns what it did to the pending count
-    /// and whether it wrote anything that needs the append fsync.
-    pub(crate) fn stage_sched(
-        &mut self,
-        cmd: SchedCmd,
-        ws: &mut WriteSet,
-        pending_idem: &mut PendingIdem,
-        tally: &mut Tally,
-    ) -> (SchedDone, i64, Option<StorageError>) {
-        match cmd {
-            SchedCmd::Add { req, reply } => match self.stage_add(req, ws, pending_idem) {
-                Ok(r) => {
-                    let delta = i64::from(!r.duplicate);
-                    (SchedDone::Added(reply, Ok(r)), delta, None)
-                }
-                Err(StageError::Refused(e)) => (SchedDone::Added(reply, Err(e)), 0, None),
-                Err(StageError::Storage(e)) => {
-                    (SchedDone::Added(reply, Err(EngineError::ShuttingDown)), 0, Some(e))
-                }
-            },
-            SchedCmd::Cancel { id, reply } => match self.schedule_at(&id, ws) {
-                Ok(found) => {
-                    if let Some(s) = &found {
-                        Self::remove_schedule(s, ws);
-                    }
-                    let delta = -i64::from(found.is_some());
-                    (SchedDone::Cancelled(reply, Ok(found)), delta, None)
-                }
-                Err(e) => (SchedDone::Cancelled(reply, Err(EngineError::ShuttingDown)), 0, Some(e)),
-            },
-            SchedCmd::Deliver { id, req, reply } => {
-                let s = match self.schedule_at(&id, ws) {
-                    Ok(Some(s)) => s,
-                    Ok(None) => return (SchedDone::Delivered(reply, Ok(Delivered::Stale), None), 0, None),
-                    Err(e) => {
-                        return (
-                            SchedDone::Delivered(reply, Err(EngineError::ShuttingDown), None),
-                            0,
-                            Some(e),
-                        )
-                    }
-                };
-                match self.stage_append(req, ws, pending_idem, tally) {
-                    Ok((receipt, msg)) => {
-                        Self::remove_schedule(&s, ws);
-                        (SchedDone::Delivered(reply, Ok(Delivered::Appended(receipt)), msg), -1, None)
-                    }
-                    Err(StageError::Refused(e)) => (SchedDone::Delivered(reply, Err(e), None), 0, None),
-                    Err(StageError::Storage(e)) => {
-                        (SchedDone::Delivered(reply, Err(EngineError::ShuttingDown), None), 0, Some(e))
-                    }
-                }
-            }
-        }
-    }
-
-    fn stage_add(
-        &mut self,
-        req: ScheduleRequest,
-        ws: &mut WriteSet,
-        pending_idem: &mut PendingIdem,
-    ) -> Result<ScheduleReceipt, StageError> {
-        let now = self.shared.clock.now_ms();
-        let mut stale_exp_key = None;
-        if let Some(dedup) = &req.dedup {
-            let found;
-            (found, stale_exp_key) = self.find_receipt(&dedup.key, pending_idem, now)?;
-            if let Some(rec) = found {
-                if rec.fingerprint != dedup.fingerprint || rec.epoch != SCHEDULE_RECEIPT {
-                    return Err(StageError::Refused(EngineError::IdempotencyMismatch));
-                }
-                let channel = ChannelName::new(&rec.channel)
-                    .map_err(|e| StorageError::Corrupt(format!("receipt with a bad channel name: {e}")))?;
-                return Ok(ScheduleReceipt {
-                    id: crate::codec::id_str(&rec.id),
-                    channel,
-                    deliver_at: rec.ts,
-                    duplicate: true,
-                });
-            }
-        }
-        let uuid = Uuid::now_v7();
-        let id: Arc<str> = crate::codec::id_str(&uuid);
-        let s = Schedule {
-            id: id.clone(),
-            channel: req.channel,
-            deliver_at: req.deliver_at,
-            created_at: now,
-            data: req.data,
-            meta: req.meta,
-        };
-        ws.put(Space::Schedules, id.as_bytes().to_vec(), s.encode_record());
-        ws.put(Space::SchedulesDue, due_key(s.deliver_at, &id), Vec::new());
-        ws.put(Space::SchedulesByChannel, channel_key(&s.channel, s.deliver_at, &id), Vec::new());
-        if let Some(dedup) = &req.dedup {
-            let ttl_ms = u64::try_from(dedup.ttl.as_millis()).unwrap_or(u64::MAX);
-            let rec = IdemRecord {
-                fingerprint: dedup.fingerprint,
-                channel: s.channel.as_str().to_owned(),
-                seq: None,
-                id: uuid,
-                ts: s.deliver_at,
-                epoch: SCHEDULE_RECEIPT.to_owned(),
-                expires_at: now.saturating_add(ttl_ms),
-            };
-            stage_receipt(ws, pending_idem, &dedup.key, rec, stale_exp_key);
-        }
-        Ok(ScheduleReceipt { id, channel: s.channel, deliver_at: s.deliver_at, duplicate: false })
-    }
 }
 
 /// Up to `limit` schedules of `channel`, in `(deliver_at, id)` order.

@@ -20,8 +20,9 @@ herald_core::engine_counters! {
         dedup_mismatches,
         /// Group commits that carried at least one request.
         batches => "group_commits": "Group commits carrying at least one request",
-        /// Requests (appends and acks) carried by those group commits (mean
-        /// batch size = `batch_requests / batches`).
+        /// Requests carried by those group commits, every kind of write (an
+        /// append batch counts each append; mean batch size =
+        /// `batch_requests / batches`).
         batch_requests => "group_commit_requests": "Requests carried by group commits",
         /// Journal fsyncs (group commits that appended, with
         /// `FsyncMode::Always`; sweeps; the ack-sync timer; close).

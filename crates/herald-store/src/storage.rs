@@ -1,7 +1,9 @@
 //! The only module that knows the storage library (fjall).
 //!
-//! The rest of the crate sees fifteen byte-keyed spaces, point reads, bounded
-//! range scans, consistent read views and one atomic [`WriteSet`] commit.
+//! The rest of the crate sees fourteen byte-keyed spaces ([`Space`]; the
+//! fifteenth keyspace, `meta`, is read and written here at open only),
+//! point reads, bounded range scans, consistent read views and one atomic
+//! [`WriteSet`] commit.
 //! Replacing fjall (for example with redb) means rewriting this file only.
 //!
 //! Properties the rest of the crate relies on, which a replacement must keep:
@@ -216,9 +218,9 @@ impl Storage {
             channels: space("channels")?,
             idem: space("idem")?,
             idem_exp: space("idem_exp")?,
-            // Added after format 1 shipped, without a format bump: opening
-            // an older data dir creates them empty (no cursors, leases or
-            // rooms yet), and an older binary never opens them.
+            // Not part of the store format: a data dir without them opens
+            // with them empty, and a binary that does not know them never
+            // opens them.
             cursors: space("cursors")?,
             user_cursors: space("user_cursors")?,
             presence: space("presence")?,
@@ -486,8 +488,8 @@ mod tests {
     }
 
     /// A data dir of each format opens, appends (with trimming), reads and
-    /// reopens in its own key layout: format 1 (no tag) as it was written
-    /// by earlier versions, format 2 (new data dirs) tagged.
+    /// reopens in its own key layout: format 1 untagged, format 2 (new data
+    /// dirs) tagged.
     #[tokio::test]
     async fn each_format_keeps_its_key_layout() {
         let ch = ChannelName::new("chat:layout").unwrap();
