@@ -12,6 +12,7 @@
 
 mod body;
 pub mod centrifugo;
+pub mod centrifugo_pb;
 mod channel;
 mod code;
 mod data;
