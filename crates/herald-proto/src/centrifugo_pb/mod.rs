@@ -24,11 +24,42 @@
 //!
 //! Like the rest of the crate: no IO, and no input makes it panic (the
 //! `centrifugo_protobuf` fuzz target).
+//!
+//! A session reads a client's binary frame so: a [`FrameError`] is a
+//! malformed frame (close the connection), a [`CommandError`] a command to
+//! answer with an error reply.
+//!
+//! ```
+//! use herald_proto::centrifugo::{Command, Method, Reply};
+//! use herald_proto::centrifugo_pb::{append_reply, decode_commands, FrameError, PING};
+//!
+//! fn on_frame(frame: &[u8], out: &mut Vec<u8>) -> Result<(), FrameError> {
+//!     for command in decode_commands(frame, 64 * 1024) {
+//!         match Command::try_from(command?) {
+//!             Ok(command) => {
+//!                 let id = command.id;
+//!                 match command.method() {
+//!                     Method::Pong => {}
+//!                     _ => append_reply(out, &Reply::not_available(id)),
+//!                 }
+//!             }
+//!             Err(bad) => append_reply(out, &Reply::error(bad.id(), bad.code(), bad.to_string())),
+//!         }
+//!     }
+//!     Ok(())
+//! }
+//!
+//! let mut out = Vec::new();
+//! on_frame(PING, &mut out).unwrap();
+//! assert!(out.is_empty());
+//! ```
 
 mod convert;
 #[cfg(test)]
 mod tests;
 
+/// The protocol's messages, as prost generates them from the `.proto`
+/// (which documents them).
 #[rustfmt::skip]
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 #[path = "generated.rs"]
@@ -61,10 +92,10 @@ pub enum FrameError {
 ///
 /// Every frame stands alone: a message the frame ends inside of is
 /// [`FrameError::Truncated`], never continued by the next frame. The SDKs
-/// (centrifuge-js's Protobuf codec, and the Swift, Java and Dart SDKs alike)
-/// write each batch of commands as whole messages in one frame, and
-/// Centrifugo reads each frame the same way; keeping nothing between frames
-/// also keeps a connection's memory bounded by one frame.
+/// write each batch of commands as whole messages in one frame (as
+/// centrifuge-js's Protobuf codec does) and Centrifugo reads each frame on
+/// its own; keeping nothing between frames also keeps a connection's memory
+/// bounded by one frame.
 ///
 /// Yields `Ok` per message, then stops at the first error (yielded once).
 /// An empty frame holds no message; a zero length is an empty message.
