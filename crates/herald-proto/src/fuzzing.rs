@@ -47,6 +47,47 @@ fn centrifugo_frame(text: &str) {
     }
 }
 
+/// `fuzz/` target `centrifugo_protobuf`: one binary WebSocket frame from a
+/// client on the Centrifugo endpoint, in the Protobuf encoding. Every
+/// command decoded encodes back to itself; an error points inside the
+/// frame and ends it; a publish's `data` keeps the publish rules'
+/// invariants and comes back byte for byte in its `pub` push.
+pub fn centrifugo_protobuf(bytes: &[u8]) {
+    use crate::centrifugo::{Command, Method};
+    use crate::centrifugo_pb::{append, decode_commands, push_of_frame, FrameError};
+    const MAX: usize = 64 * 1024;
+    for item in decode_commands(bytes, MAX) {
+        let cmd = match item {
+            Ok(cmd) => cmd,
+            Err(
+                FrameError::TooLarge { at, .. }
+                | FrameError::Truncated { at }
+                | FrameError::BadLength { at }
+                | FrameError::Invalid { at, .. },
+            ) => {
+                assert!(at < bytes.len());
+                break;
+            }
+        };
+        let mut again = Vec::new();
+        append(&mut again, &cmd);
+        let back: Vec<_> = decode_commands(&again, usize::MAX).collect();
+        assert!(matches!(&back[..], [Ok(c)] if *c == cmd), "{cmd:?} encodes back to {back:?}");
+
+        let Ok(cmd) = Command::try_from(cmd) else { continue };
+        let Method::Publish(p) = cmd.method() else { continue };
+        data_invariants(&p.data);
+        let Ok(channel) = ChannelName::new(&p.channel) else { continue };
+        served_as_published(&channel, &p.data, None);
+        let frame = encode_message_frame(&channel, Some(1), "id", 1, &p.data, None);
+        let push = push_of_frame(channel.as_str(), &frame).expect("a frame we made becomes a push");
+        let replies: Vec<_> = crate::centrifugo_pb::decode_replies(&push, usize::MAX).collect();
+        let [Ok(reply)] = &replies[..] else { panic!("one push: {replies:?}") };
+        let publication = reply.push.as_ref().and_then(|p| p.r#pub.as_ref()).expect("a pub push");
+        assert_eq!(publication.data, p.data.get().as_bytes());
+    }
+}
+
 /// `fuzz/` target `publish_body`: an HTTP publish body, single or batch.
 pub fn publish_body(bytes: &[u8]) {
     let channel = ChannelName::new("chat:fuzz").expect("valid name");
@@ -229,6 +270,11 @@ mod tests {
     #[test]
     fn publish_body_inputs_pass() {
         replay("publish_body", super::publish_body);
+    }
+
+    #[test]
+    fn centrifugo_protobuf_inputs_pass() {
+        replay("centrifugo_protobuf", super::centrifugo_protobuf);
     }
 
     #[test]

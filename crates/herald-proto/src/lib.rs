@@ -1,7 +1,9 @@
 //! The Herald wire contract: WebSocket frames both ways ([`frame`]), HTTP
 //! request bodies (`body`) and replies (`reply`), problem documents, error
 //! codes and channel names. The server, the Rust client and the bench all
-//! use these types: a wire shape is defined here once.
+//! use these types: a wire shape is defined here once. The Centrifugo
+//! client protocol is here too, in its JSON ([`centrifugo`]) and Protobuf
+//! ([`centrifugo_pb`]) encodings.
 //!
 //! This crate is pure data and (de)serialisation. It must never do IO, depend
 //! on tokio, or know about storage. Every wire-visible string (frame types,
@@ -12,6 +14,7 @@
 
 mod body;
 pub mod centrifugo;
+pub mod centrifugo_pb;
 mod channel;
 mod code;
 mod data;
