@@ -283,3 +283,26 @@ fn unknown_and_mistyped_keys_name_their_line() {
     let loaded = Config::from_toml("[limits]\n").unwrap();
     assert!(loaded.deprecations.is_empty());
 }
+
+const CONFIGURATION_MD: &str = include_str!("../../../../docs/configuration.md");
+
+#[test]
+fn the_documented_old_key_table_is_the_one_in_the_code() {
+    let show = |key: &str| match key.strip_prefix("webhooks.*.") {
+        Some(k) => format!("[[webhooks]] {k}"),
+        None => key.replace('*', "NAME"),
+    };
+    for (old, new) in RENAMED {
+        let row = format!("| `{}` | `{}` |", show(old), show(new));
+        assert!(CONFIGURATION_MD.contains(&row), "docs/configuration.md lists {row}");
+    }
+}
+
+#[test]
+fn the_documented_file_is_the_current_layout() {
+    let start = CONFIGURATION_MD.find("## File\n\n```toml\n").expect("the File section")
+        + "## File\n\n```toml\n".len();
+    let len = CONFIGURATION_MD[start..].find("```").unwrap();
+    let loaded = Config::from_toml(&CONFIGURATION_MD[start..start + len]).unwrap();
+    assert!(loaded.deprecations.is_empty(), "{:?}", loaded.deprecations);
+}
