@@ -2,7 +2,7 @@
 # Instructions per ping and pong of an idle connection: `herald bench idle
 # --connections 1000` (each on its own `chat:` channel) held 10 s and 20 s
 # against a server under valgrind --tool=callgrind with
-# `limits.ping_interval = "1s"` (bench/herald.toml otherwise); per ping =
+# `heartbeat.ping_interval = "1s"` (bench/herald.toml otherwise); per ping =
 # the difference of the two totals / (1,000 connections × 10 s).
 #
 #   bench/callgrind-idle.sh [--herald PATH] [--out DIR] [--port PORT]
@@ -19,7 +19,10 @@ CONNS=1000
 OUT=${OUT:-$ROOT/bench/results/callgrind-idle-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 # bench/herald.toml with a 1 s ping (and the idle timeout above it).
-sed 's/^\[limits\]$/[limits]\nping_interval = "1s"\nidle_timeout = "30s"/' "$ROOT/bench/herald.toml" >"$OUT/herald.toml"
+{
+  cat "$ROOT/bench/herald.toml"
+  printf '\n[heartbeat]\nping_interval = "1s"\nidle_timeout = "30s"\n'
+} >"$OUT/herald.toml"
 for hold in 10 20; do
   start_callgrind_herald "$OUT/idle-$hold.callgrind" "$OUT/herald.toml" "$PORT" "$OUT/server-$hold.log"
   "$HERALD" bench idle --target "http://127.0.0.1:$PORT" --dev --connections "$CONNS" --hold "${hold}s" \

@@ -96,14 +96,14 @@ trap 'stop_callgrind_herald; exit 130' INT TERM
 
 # run NAME SCENARIO BENCH-ARGS...: one server under callgrind, one bench
 # run against it; sets IR to the server's total instructions.
-# The server's settings: bench/herald.toml (which ends in its [limits]
+# The server's settings: bench/herald.toml (which ends in its [websocket]
 # table) plus outboxes deep enough for every run to deliver everything. A
 # server under valgrind runs ~50x slower, and one subscriber taking a
 # whole p2p run can fall behind its publisher: on `live:` (volatile) a
 # full outbox drops messages by design, which the bench counts as lost.
 CONFIG=$OUT/herald.toml
-if [ "$(grep -E '^\[' "$ROOT/bench/herald.toml" | tail -1)" != "[limits]" ]; then
-  echo "bench/herald.toml no longer ends in its [limits] table: update $0" >&2
+if [ "$(grep -E '^\[' "$ROOT/bench/herald.toml" | tail -1)" != "[websocket]" ]; then
+  echo "bench/herald.toml no longer ends in its [websocket] table: update $0" >&2
   exit 2
 fi
 {

@@ -40,7 +40,7 @@ def main():
     cfg = os.path.join(tmp, "herald.toml")
     with open(cfg, "w") as f:
         f.write(f'listen = "127.0.0.1:{port}"\ndata_dir = "{tmp}/data"\ndev = true\n'
-                '[limits]\nheader_read_timeout = "60s"\n')
+                '[http]\nheader_read_timeout = "60s"\n')
     srv = subprocess.Popen([args.herald, "serve", "--config", cfg],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

@@ -62,7 +62,7 @@ pub struct NamespaceOptions {
     /// pauses at this many and resumes as acks arrive.
     pub max_inflight: u32,
     /// Acked: where a subscriber with no cursor yet starts.
-    pub start: StartAt,
+    pub new_subscriber_start: StartAt,
 }
 
 /// Where a new acked subscriber (no cursor yet) starts.
@@ -90,7 +90,7 @@ impl Default for NamespaceOptions {
             ack_backoff_max: Duration::from_secs(120),
             max_attempts: 5,
             max_inflight: 1000,
-            start: StartAt::Oldest,
+            new_subscriber_start: StartAt::Oldest,
         }
     }
 }

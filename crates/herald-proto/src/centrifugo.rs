@@ -53,7 +53,7 @@ pub mod disconnect {
     /// The log lost what the client had (new epoch, trimmed): reconnect,
     /// the resubscribe answers `recovered: false`.
     pub const INSUFFICIENT_STATE: u16 = 3010;
-    /// No pong (nothing read within `limits.idle_timeout`): reconnect.
+    /// No pong (nothing read within `heartbeat.idle_timeout`): reconnect.
     pub const NO_PONG: u16 = 3012;
     /// The frame budget was exceeded: reconnect (after backoff).
     pub const TOO_MANY_REQUESTS: u16 = 3013;
@@ -61,7 +61,7 @@ pub mod disconnect {
     pub const INVALID_TOKEN: u16 = 3500;
     /// A malformed command or a binary frame: stop.
     pub const BAD_REQUEST: u16 = 3501;
-    /// A frame above `limits.max_message_bytes` (the SDK stops on it).
+    /// A frame above `websocket.max_message_bytes` (the SDK stops on it).
     pub const MESSAGE_TOO_BIG: u16 = 1009;
 }
 

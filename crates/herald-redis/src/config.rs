@@ -27,17 +27,21 @@ pub const DEFAULT_FANOUT_QUEUE: usize = 16_384;
 pub const DEFAULT_FILL_CONCURRENCY: usize = 16;
 /// Messages one gap-fill read asks for.
 pub const FILL_PAGE: usize = 256;
+/// The Redis of a deployment that names none.
+pub const DEFAULT_URL: &str = "redis://127.0.0.1:6379";
 /// The start of every key (and pub/sub channel) name.
 pub const DEFAULT_KEY_PREFIX: &str = "herald";
 /// Channels one `presence_expire` call takes from the sweep index at most.
 pub const SWEEP_CHANNELS: usize = 64;
 
 /// What an operator sets of the Redis engine: the `[redis]` section of
-/// `herald.toml` (the URL is the top-level `redis_url`). The rest of
-/// [`RedisConfig`] keeps its defaults in a deployment.
+/// `herald.toml`. The rest of [`RedisConfig`] keeps its defaults in a
+/// deployment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisSettings {
+    /// One URL, or a comma-separated list of Redis Cluster seed nodes.
+    pub url: String,
     /// Longest a Redis command may take; past it the call fails (503).
     /// Also the connect timeout.
     #[serde(with = "humantime_serde")]
@@ -50,7 +54,7 @@ pub struct RedisSettings {
     pub head_check_interval: Duration,
     /// Life of the node's lease key in Redis.
     #[serde(with = "humantime_serde")]
-    pub lease_ttl: Duration,
+    pub node_lease_ttl: Duration,
     /// The node's id (its lease is `<key_prefix>:node:{id}`); default: random.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node_id: Option<String>,
@@ -63,10 +67,11 @@ pub struct RedisSettings {
 impl Default for RedisSettings {
     fn default() -> Self {
         Self {
+            url: DEFAULT_URL.to_owned(),
             command_timeout: DEFAULT_COMMAND_TIMEOUT,
             connections: DEFAULT_CONNECTIONS,
             head_check_interval: DEFAULT_HEAD_CHECK_INTERVAL,
-            lease_ttl: DEFAULT_LEASE_TTL,
+            node_lease_ttl: DEFAULT_LEASE_TTL,
             node_id: None,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
         }
@@ -84,8 +89,8 @@ impl RedisSettings {
         if self.connections == 0 || self.connections > 64 {
             return Err("redis.connections must be 1..=64".into());
         }
-        if self.lease_ttl < Duration::from_secs(1) {
-            return Err("redis.lease_ttl must be at least 1s".into());
+        if self.node_lease_ttl < Duration::from_secs(1) {
+            return Err("redis.node_lease_ttl must be at least 1s".into());
         }
         Ok(())
     }
@@ -129,18 +134,18 @@ impl RedisConfig {
         }
     }
 
-    /// The defaults, with `url` (see [`new`](RedisConfig::new)) and an
-    /// operator's settings.
-    pub fn with_settings(url: &str, settings: &RedisSettings) -> Self {
+    /// The defaults, with an operator's settings (`url` as in
+    /// [`new`](RedisConfig::new)).
+    pub fn with_settings(settings: &RedisSettings) -> Self {
         Self {
             command_timeout: settings.command_timeout,
             connect_timeout: settings.command_timeout,
             connections: settings.connections,
             head_check_interval: settings.head_check_interval,
-            lease_ttl: settings.lease_ttl,
+            lease_ttl: settings.node_lease_ttl,
             node_id: settings.node_id.clone(),
             key_prefix: settings.key_prefix.clone(),
-            ..Self::new(url)
+            ..Self::new(&settings.url)
         }
     }
 
@@ -151,7 +156,7 @@ impl RedisConfig {
     pub fn validate(&self) -> Result<(), RedisError> {
         let bad = |m: &str| Err(RedisError::Config(m.to_owned()));
         if self.urls.is_empty() {
-            return bad("redis_url is empty");
+            return bad("redis.url is empty");
         }
         if self.command_timeout.is_zero() || self.connect_timeout.is_zero() {
             return bad("redis command and connect timeouts must be positive");
@@ -195,22 +200,23 @@ mod tests {
         let s = RedisSettings {
             command_timeout: Duration::from_millis(500),
             node_id: Some("n1".into()),
+            url: "redis://a:1, redis://b:2".into(),
             ..RedisSettings::default()
         };
-        let c = RedisConfig::with_settings("redis://a:1, redis://b:2", &s);
+        let c = RedisConfig::with_settings(&s);
         assert!(c.is_cluster());
         assert_eq!((c.command_timeout, c.connect_timeout), (s.command_timeout, s.command_timeout));
         assert_eq!((c.node_id.as_deref(), c.fanout_queue), (Some("n1"), DEFAULT_FANOUT_QUEUE));
         c.validate().unwrap();
-        let d = RedisConfig::with_settings("redis://x", &RedisSettings::default());
-        let n = RedisConfig::new("redis://x");
+        let d = RedisConfig::with_settings(&RedisSettings::default());
+        let n = RedisConfig::new(DEFAULT_URL);
         assert_eq!(
             (d.command_timeout, d.connections, d.key_prefix),
             (n.command_timeout, n.connections, n.key_prefix)
         );
         let bad = RedisSettings { connections: 0, ..RedisSettings::default() };
         assert_eq!(bad.validate(), Err("redis.connections must be 1..=64".to_owned()));
-        let bad = RedisSettings { lease_ttl: Duration::from_millis(900), ..RedisSettings::default() };
-        assert!(bad.validate().unwrap_err().contains("redis.lease_ttl"));
+        let bad = RedisSettings { node_lease_ttl: Duration::from_millis(900), ..RedisSettings::default() };
+        assert!(bad.validate().unwrap_err().contains("redis.node_lease_ttl"));
     }
 }

@@ -121,6 +121,7 @@ mod stats;
 pub use config::{
     RedisConfig, RedisSettings, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_FANOUT_QUEUE,
     DEFAULT_FILL_CONCURRENCY, DEFAULT_HEAD_CHECK_INTERVAL, DEFAULT_KEY_PREFIX, DEFAULT_LEASE_TTL,
+    DEFAULT_URL,
 };
 pub use engine::RedisEngine;
 pub use error::RedisError;

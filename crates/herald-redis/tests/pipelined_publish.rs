@@ -18,8 +18,8 @@ const CHANNELS: [&str; 3] = ["chat:pa", "chat:pb", "chat:pc"];
 
 /// Frames back to back: the default frame budget (100/s) would refuse them.
 fn pipelining(c: &mut herald_server::Config) {
-    c.limits.client_frames_per_sec = 1_000_000;
-    c.limits.error_replies_per_sec = 1_000_000;
+    c.rate_limits.client_frames_per_sec = 1_000_000;
+    c.rate_limits.error_replies_per_sec = 1_000_000;
 }
 
 const N: u64 = 600;

@@ -76,7 +76,7 @@ impl FromRequestParts<Arc<AppState>> for RoomChan {
     }
 }
 
-/// A request body read whole (within `limits.max_body_bytes` and the body
+/// A request body read whole (within `http.max_body_bytes` and the body
 /// deadline) and parsed as the wire type `T`.
 pub struct Body<T>(pub T);
 
@@ -86,7 +86,7 @@ impl<T: RequestBody> FromRequest<Arc<AppState>> for Body<T> {
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
         // Read within our limit here (no `DefaultBodyLimit` layer: the
         // layers wrap the router once, see `Server::http_service`).
-        let limit = state.config.limits.max_body_bytes;
+        let limit = state.config.http.max_body_bytes;
         let body = body_bytes(axum::body::to_bytes(req.into_body(), limit).await, limit)?;
         T::parse(&body).map(Body).map_err(body_error)
     }

@@ -113,10 +113,10 @@ pub async fn publish_batch(
     key: Result<IdempotencyKey, ApiError>,
     Body(BatchBody { channels, data, meta, deliver_at, delay_ms }): Body<BatchBody>,
 ) -> Result<Response, ApiError> {
-    if channels.is_empty() || channels.len() > state.config.limits.max_batch_channels {
+    if channels.is_empty() || channels.len() > state.config.publish.max_batch_channels {
         return Err(ApiError::new(
             ErrorCode::BadRequest,
-            format!("`channels` must name 1..={} channels", state.config.limits.max_batch_channels),
+            format!("`channels` must name 1..={} channels", state.config.publish.max_batch_channels),
         ));
     }
     // Validate everything before appending anything.
@@ -240,7 +240,7 @@ pub async fn history(
     if !ns.is_durable() {
         return Err(ApiError::new(ErrorCode::NotSupported, "volatile channels keep no history"));
     }
-    let max = state.config.limits.max_history_limit;
+    let max = state.config.history.max_limit;
     let limit = q.limit.unwrap_or(100.min(max));
     if limit == 0 || limit > max {
         return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={max}")));

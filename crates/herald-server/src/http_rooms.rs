@@ -93,7 +93,7 @@ fn check_attributes(
     attrs: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<(), ApiError> {
     let len = serde_json::to_vec(attrs).map(|v| v.len()).unwrap_or(usize::MAX);
-    let max = state.config.limits.max_message_bytes / 2;
+    let max = state.config.websocket.max_message_bytes / 2;
     if len > max {
         return Err(ApiError::new(
             ErrorCode::PayloadTooLarge,
@@ -102,7 +102,7 @@ fn check_attributes(
     }
     // Every room event carries the attributes one level down in its `data`,
     // which keeps to the publish rule on depth like any other `data`.
-    let max_depth = state.config.limits.max_data_depth;
+    let max_depth = state.config.publish.max_data_depth;
     if 1 + depth(attrs.values()) >= max_depth {
         return Err(ApiError::new(
             ErrorCode::BadData,

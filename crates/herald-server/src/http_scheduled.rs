@@ -53,7 +53,7 @@ pub(crate) fn asked(deliver_at: Option<u64>, delay_ms: Option<u64>) -> bool {
 }
 
 /// The time to deliver at: one of the two fields, at most
-/// `limits.max_schedule_ahead` from now, a past time meaning now.
+/// `publish.max_schedule_ahead` from now, a past time meaning now.
 fn resolve_time(
     state: &AppState,
     deliver_at: Option<u64>,
@@ -68,12 +68,12 @@ fn resolve_time(
         (None, Some(d)) => now.saturating_add(d),
         (None, None) => now,
     };
-    let ahead = state.config.limits.max_schedule_ahead;
+    let ahead = state.config.publish.max_schedule_ahead;
     let max = now.saturating_add(u64::try_from(ahead.as_millis()).unwrap_or(u64::MAX));
     if at > max {
         return Err(ApiError::new(
             ErrorCode::BadRequest,
-            format!("`deliver_at` is more than {} s ahead (limits.max_schedule_ahead)", ahead.as_secs()),
+            format!("`deliver_at` is more than {} s ahead (publish.max_schedule_ahead)", ahead.as_secs()),
         ));
     }
     Ok(at.max(now))

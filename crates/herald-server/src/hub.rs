@@ -8,10 +8,10 @@
 //!   slow consumer, it resumes from the log; volatile: drop for that
 //!   connection and count);
 //! - a connection takes a message only while its outbox holds fewer than
-//!   `limits.outbox_capacity` frames and, unless it holds nothing, at most
-//!   `limits.outbox_bytes` bytes ([`ConnBytes`]);
+//!   `websocket.outbox_capacity` frames and, unless it holds nothing, at most
+//!   `websocket.outbox_bytes` bytes ([`ConnBytes`]);
 //! - the bytes queued server-wide ([`QueuedBytes`]: each frame once, however
-//!   many outboxes share it) never exceed `limits.total_outbox_bytes`: every
+//!   many outboxes share it) never exceed `websocket.total_outbox_bytes`: every
 //!   charge is a compare-and-swap against the ceiling, released when the
 //!   last holder lets go. A message that would cross it is queued for no one
 //!   ([`Outgoing::missed`]), and the connections holding the most are
@@ -33,7 +33,7 @@ use herald_core::{FanoutSink, Message};
 use herald_proto::ChannelName;
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::config::Limits;
+use crate::config::WebSocketConfig;
 use crate::metrics::Metrics;
 
 const SHARDS: usize = 32;
@@ -166,7 +166,7 @@ pub struct ConnBytes {
 /// Why [`ConnBytes::push`] did not queue a message.
 #[derive(Debug, PartialEq, Eq)]
 pub enum PushError {
-    /// The outbox holds `limits.outbox_capacity` messages.
+    /// The outbox holds `websocket.outbox_capacity` messages.
     Full,
     /// The session ended.
     Closed,
@@ -376,9 +376,9 @@ type Shard = RwLock<HashMap<ChannelName, Vec<ConnHandle>, foldhash::fast::Random
 pub struct Hub {
     shards: Vec<Shard>,
     metrics: Arc<Metrics>,
-    /// The server-wide count (`limits.total_outbox_bytes`).
+    /// The server-wide count (`websocket.total_outbox_bytes`).
     pub queued: Arc<QueuedBytes>,
-    /// `limits.outbox_bytes`.
+    /// `websocket.outbox_bytes`.
     conn_bytes: usize,
     /// Time of the last shed, in ms since `born` (see [`Hub::shed`]).
     last_shed: AtomicU64,
@@ -386,13 +386,13 @@ pub struct Hub {
 }
 
 impl Hub {
-    pub fn new(metrics: Arc<Metrics>, limits: &Limits) -> Self {
-        let queued = Arc::new(QueuedBytes::new(metrics.outbox_bytes.clone(), limits.total_outbox_bytes));
+    pub fn new(metrics: Arc<Metrics>, websocket: &WebSocketConfig) -> Self {
+        let queued = Arc::new(QueuedBytes::new(metrics.outbox_bytes.clone(), websocket.total_outbox_bytes));
         Self {
             shards: (0..SHARDS).map(|_| RwLock::new(HashMap::default())).collect(),
             metrics,
             queued,
-            conn_bytes: limits.outbox_bytes,
+            conn_bytes: websocket.outbox_bytes,
             last_shed: AtomicU64::new(0),
             born: Instant::now(),
         }

@@ -74,7 +74,7 @@ pub struct AppState {
     next_conn_id: AtomicU64,
     /// Heartbeat period of a connection holding presence leases: pings,
     /// idle and token checks, and lease renewals (at most a third of the
-    /// lease TTL). Other connections tick every `limits.ping_interval`.
+    /// lease TTL). Other connections tick every `heartbeat.ping_interval`.
     pub presence_tick: Duration,
     /// Wakes the scheduler for an earlier schedule.
     scheduler: scheduler::Wake,
@@ -111,11 +111,11 @@ impl Server {
     pub async fn bind(config: Config, engine: Arc<dyn Engine>) -> std::io::Result<Server> {
         let listener = TcpListener::bind(config.listen).await?;
         let metrics = Arc::new(metrics::Metrics::with_engine(&engine));
-        let hub = Arc::new(hub::Hub::new(metrics.clone(), &config.limits));
+        let hub = Arc::new(hub::Hub::new(metrics.clone(), &config.websocket));
         engine.set_sink(hub.clone());
         let jwt = auth::JwtVerifier::new(&config.jwt)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let presence_tick = config.limits.ping_interval.min(config.presence.renew_interval());
+        let presence_tick = config.heartbeat.ping_interval.min(config.presence.renew_interval());
         let origins = |key: &str, list: &[String]| {
             browser::Origins::parse(list)
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{key}: {e}")))
@@ -123,7 +123,7 @@ impl Server {
         let ws_origins = origins("allowed_origins", &config.allowed_origins)?;
         let cors_origins = origins("cors_origins", &config.cors_origins)?;
         let (max_connections, max_http_connections) =
-            fit_connection_caps(config.limits.max_connections, config.limits.max_http_connections);
+            fit_connection_caps(config.websocket.max_connections, config.http.max_connections);
         let state = Arc::new(AppState {
             presence_tick,
             max_connections,
@@ -213,15 +213,15 @@ impl Server {
     pub async fn run(self, signal: impl Future<Output = ()>) -> std::io::Result<()> {
         let state = self.state.clone();
         let http_tasks = TaskTracker::new();
-        let limits = &state.config.limits;
+        let http = &state.config.http;
         let serving = listener::Serving {
             connections: Arc::new(listener::Connections::new(
                 state.max_http_connections,
                 state.metrics.clone(),
             )),
-            http: listener::Serving::http_builder(limits),
+            http: listener::Serving::http_builder(http),
             service: self.http_service(),
-            timeouts: listener::Timeouts::from_limits(limits),
+            timeouts: listener::Timeouts::from_config(http),
             shutdown: state.shutdown.clone(),
             metrics: state.metrics.clone(),
             tasks: http_tasks.clone(),
@@ -249,7 +249,7 @@ impl Server {
         state.shutdown.cancel();
         state.sessions.stop_all();
         state.tasks.close();
-        let grace = state.config.limits.shutdown_grace;
+        let grace = state.config.shutdown.grace;
         http_tasks.close();
         let drained = tokio::time::timeout(grace, async {
             tokio::join!(http_tasks.wait(), state.tasks.wait());

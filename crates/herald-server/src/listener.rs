@@ -53,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower_http::set_header::SetResponseHeader;
 
-use crate::config::Limits;
+use crate::config::HttpConfig;
 use crate::metrics::Metrics;
 
 /// Where a connection is in its life; see the module docs.
@@ -182,7 +182,7 @@ impl Conn {
     }
 }
 
-/// The connection timeouts, from `limits`.
+/// The connection timeouts, from `[http]`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timeouts {
     pub header_read: Duration,
@@ -190,8 +190,8 @@ pub(crate) struct Timeouts {
 }
 
 impl Timeouts {
-    pub fn from_limits(l: &Limits) -> Timeouts {
-        Timeouts { header_read: l.header_read_timeout, idle: l.http_idle_timeout }
+    pub fn from_config(h: &HttpConfig) -> Timeouts {
+        Timeouts { header_read: h.header_read_timeout, idle: h.keep_alive_timeout }
     }
 }
 
@@ -339,10 +339,10 @@ pub(crate) struct Serving {
 
 impl Serving {
     /// The hyper HTTP/1 settings.
-    pub fn http_builder(limits: &Limits) -> http1::Builder {
+    pub fn http_builder(config: &HttpConfig) -> http1::Builder {
         let mut http = http1::Builder::new();
         // No timer: heads are timed by the watchdog (module docs).
-        http.max_header_size(limits.max_header_bytes);
+        http.max_header_size(config.max_header_bytes);
         http
     }
 

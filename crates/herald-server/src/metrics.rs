@@ -120,7 +120,7 @@ pub struct Metrics {
     /// `Protocol as usize`: counted on every frame read, where the family's
     /// lookup (a lock and a hash of the labels) cost more than the count.
     frames_of: [Counter; 2],
-    /// `error` frames not sent because of `limits.error_replies_per_sec`.
+    /// `error` frames not sent because of `rate_limits.error_replies_per_sec`.
     pub error_replies_dropped: Counter,
     /// Bytes of frames queued for delivery, server-wide (each frame once).
     /// Its atomic is the server's accounting itself (see `hub::QueuedBytes`).
@@ -315,7 +315,7 @@ impl Default for Metrics {
         );
         registry.register(
             "frames_refused",
-            "Client frames refused by the frame budget (limits.client_frames_per_sec)",
+            "Client frames refused by the frame budget (rate_limits.client_frames_per_sec)",
             m.frames_refused.clone(),
         );
         registry.register(
@@ -330,12 +330,12 @@ impl Default for Metrics {
         );
         registry.register(
             "error_replies_dropped",
-            "Error frames not sent because of limits.error_replies_per_sec",
+            "Error frames not sent because of rate_limits.error_replies_per_sec",
             m.error_replies_dropped.clone(),
         );
         registry.register(
             "outbox_bytes",
-            "Bytes of frames queued for delivery, each frame once (ceiling: limits.total_outbox_bytes)",
+            "Bytes of frames queued for delivery, each frame once (ceiling: websocket.total_outbox_bytes)",
             m.outbox_bytes.clone(),
         );
         registry.register("closes", "Connections closed by the server, by reason", m.closes.clone());

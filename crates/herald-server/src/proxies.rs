@@ -208,8 +208,8 @@ pub async fn publish(
         ));
     }
     match answer.data {
-        Some(replaced) if replaced.get().len() > state.config.limits.max_message_bytes => {
-            Err(unavailable(channel, "publish", "replacement data above limits.max_message_bytes"))
+        Some(replaced) if replaced.get().len() > state.config.websocket.max_message_bytes => {
+            Err(unavailable(channel, "publish", "replacement data above websocket.max_message_bytes"))
         }
         Some(replaced) => Ok(replaced),
         None => Ok(data),

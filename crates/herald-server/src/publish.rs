@@ -147,14 +147,15 @@ impl AppState {
     /// appended: size, then the rules of [`check_data`] (what is stored must
     /// be servable to every client as it is).
     pub fn check_publish_data(&self, data: &RawValue) -> Result<(), ApiError> {
-        let limits = &self.config.limits;
-        if data.get().len() > limits.max_message_bytes {
+        let max_bytes = self.config.websocket.max_message_bytes;
+        if data.get().len() > max_bytes {
             return Err(ApiError::new(
                 ErrorCode::PayloadTooLarge,
-                format!("`data` is larger than {} bytes", limits.max_message_bytes),
+                format!("`data` is larger than {max_bytes} bytes"),
             ));
         }
-        check_data(data, limits.max_data_depth).map_err(|e| ApiError::new(ErrorCode::BadData, e.to_string()))
+        check_data(data, self.config.publish.max_data_depth)
+            .map_err(|e| ApiError::new(ErrorCode::BadData, e.to_string()))
     }
 
     /// Append one message through the engine. The caller has checked

@@ -100,7 +100,7 @@ pub async fn join(
     channel: &ChannelName,
     member: Member,
 ) -> Result<MemberLease, EngineError> {
-    let joined = state.engine.presence_join(channel, &member, state.config.presence.lease_ttl).await?;
+    let joined = state.engine.presence_join(channel, &member, state.config.presence.member_lease_ttl).await?;
     let lease = joined.lease();
     let hold =
         MemberLease { key: lease.key(), token: lease.token, member: lease.member.clone(), lapsed: None };
@@ -122,7 +122,7 @@ pub async fn rejoin(
     channel: &ChannelName,
     hold: &MemberLease,
 ) -> Result<bool, EngineError> {
-    let ttl = state.config.presence.lease_ttl;
+    let ttl = state.config.presence.member_lease_ttl;
     match state.engine.presence_rejoin(channel, &hold.member, hold.token, ttl).await? {
         Rejoined::Back(lease) => {
             state.metrics.presence_joins.inc();

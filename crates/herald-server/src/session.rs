@@ -234,15 +234,15 @@ impl Session {
     /// connection task then holds the `Session` once, not also the pieces it
     /// was made from (an async fn keeps its arguments alive in its future).
     pub fn new(state: Arc<AppState>, ws: Ws, identity: Identity, conn_id: u64, wire: Wire) -> Self {
-        let bytes = Arc::new(ConnBytes::new(state.config.limits.outbox_capacity));
+        let bytes = Arc::new(ConnBytes::new(state.config.websocket.outbox_capacity));
         state.sessions.add(conn_id, &bytes);
         let handle = ConnHandle { id: conn_id, bytes };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
         let protocol = wire.protocol();
         state.metrics.protocol_connection(protocol, 1);
-        let budget = budget::Budget::new(&state.config.limits, Instant::now());
-        let frame_estimate = state.config.limits.max_message_bytes;
+        let budget = budget::Budget::new(&state.config.rate_limits, Instant::now());
+        let frame_estimate = state.config.websocket.max_message_bytes;
         Session {
             regs: Registrations {
                 state: state.clone(),
@@ -358,14 +358,14 @@ impl Session {
         }
     }
 
-    /// The heartbeat period: `limits.ping_interval`, or the presence renew
+    /// The heartbeat period: `heartbeat.ping_interval`, or the presence renew
     /// period while this connection holds a member lease (so idle
     /// connections without presence wake up no more often than before).
     fn tick_period(&self) -> Duration {
         if self.regs.subs.values().any(|s| s.presence.is_some()) {
             self.state.presence_tick
         } else {
-            self.state.config.limits.ping_interval
+            self.state.config.heartbeat.ping_interval
         }
     }
 
@@ -425,8 +425,8 @@ impl Session {
     }
 
     async fn on_tick(&mut self) -> Result<(), SessionEnd> {
-        let limits = &self.state.config.limits;
-        if self.last_rx.elapsed() >= limits.idle_timeout {
+        let heartbeat = &self.state.config.heartbeat;
+        if self.last_rx.elapsed() >= heartbeat.idle_timeout {
             return Err(SessionEnd::Close {
                 code: close::IDLE_TIMEOUT,
                 reason: "idle timeout",
@@ -565,12 +565,12 @@ impl Session {
     /// refusals go on.
     fn take_budget(&mut self) -> Result<bool, SessionEnd> {
         let now = Instant::now();
-        let limits = &self.state.config.limits;
-        if self.budget.take_frame(limits, now) {
+        let rate_limits = &self.state.config.rate_limits;
+        if self.budget.take_frame(rate_limits, now) {
             return Ok(true);
         }
         self.state.metrics.frames_refused.inc();
-        if self.budget.refuse(limits, now) {
+        if self.budget.refuse(rate_limits, now) {
             return Err(SessionEnd::Close {
                 code: close::RATE_LIMITED,
                 reason: "rate limited",
@@ -590,7 +590,7 @@ impl Session {
             .is_some_and(|l| matches!(l.delivery.check_ack(seq), Ok(AckStep::Store { .. })))
     }
 
-    /// An `error` reply, within `limits.error_replies_per_sec`; beyond it
+    /// An `error` reply, within `rate_limits.error_replies_per_sec`; beyond it
     /// the reply is dropped and counted.
     async fn send_error(
         &mut self,
@@ -598,7 +598,7 @@ impl Session {
         req: Option<u64>,
         channel: Option<&str>,
     ) -> Result<(), SessionEnd> {
-        if !self.budget.take_error_reply(&self.state.config.limits, Instant::now()) {
+        if !self.budget.take_error_reply(&self.state.config.rate_limits, Instant::now()) {
             self.state.metrics.error_replies_dropped.inc();
             return Ok(());
         }

@@ -188,7 +188,7 @@ pub(crate) fn start_session(
                     *boxed
                 };
                 let limits =
-                    Limits::default().max_payload_len(Some(task_state.config.limits.max_message_bytes));
+                    Limits::default().max_payload_len(Some(task_state.config.websocket.max_message_bytes));
                 let ws = ServerBuilder::new()
                     .limits(limits)
                     .config(Config::default().flush_threshold(WRITE_BATCH_BYTES))

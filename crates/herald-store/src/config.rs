@@ -64,13 +64,13 @@ pub struct StoreSettings {
     /// `never`: answered after the write reaches the OS; a machine crash can
     /// lose the last moments of acknowledged publishes.
     pub fsync: FsyncMode,
-    /// Most appends sharing one fsync.
-    pub max_batch: usize,
+    /// Most appends sharing one fsync (one group commit).
+    pub max_appends_per_commit: usize,
 }
 
 impl Default for StoreSettings {
     fn default() -> Self {
-        Self { fsync: FsyncMode::default(), max_batch: DEFAULT_MAX_BATCH }
+        Self { fsync: FsyncMode::default(), max_appends_per_commit: DEFAULT_MAX_BATCH }
     }
 }
 
@@ -78,8 +78,8 @@ impl StoreSettings {
     /// Check the settings; the error is one line for the operator, naming
     /// the key.
     pub fn validate(&self) -> Result<(), String> {
-        if self.max_batch == 0 {
-            return Err("storage.max_batch must be at least 1".into());
+        if self.max_appends_per_commit == 0 {
+            return Err("storage.max_appends_per_commit must be at least 1".into());
         }
         Ok(())
     }
@@ -121,7 +121,7 @@ impl StoreConfig {
 
     /// The defaults, with the given data dir and an operator's settings.
     pub fn with_settings(data_dir: impl Into<PathBuf>, settings: &StoreSettings) -> Self {
-        Self { fsync: settings.fsync, max_batch: settings.max_batch, ..Self::new(data_dir) }
+        Self { fsync: settings.fsync, max_batch: settings.max_appends_per_commit, ..Self::new(data_dir) }
     }
 
     pub(crate) fn validate(&self) -> Result<(), StoreError> {
@@ -161,7 +161,7 @@ mod tests {
 
     #[test]
     fn settings_fill_the_config_and_zero_batches_are_refused() {
-        let s = StoreSettings { fsync: FsyncMode::Never, max_batch: 8 };
+        let s = StoreSettings { fsync: FsyncMode::Never, max_appends_per_commit: 8 };
         let c = StoreConfig::with_settings("/tmp/x", &s);
         assert_eq!((c.fsync, c.max_batch, c.queue_capacity), (FsyncMode::Never, 8, DEFAULT_QUEUE_CAPACITY));
         assert!(StoreSettings::default().validate().is_ok());
@@ -169,7 +169,7 @@ mod tests {
             StoreConfig::with_settings("/tmp/x", &StoreSettings::default()),
             StoreConfig::new("/tmp/x")
         );
-        let zero = StoreSettings { max_batch: 0, ..s };
-        assert_eq!(zero.validate(), Err("storage.max_batch must be at least 1".to_owned()));
+        let zero = StoreSettings { max_appends_per_commit: 0, ..s };
+        assert_eq!(zero.validate(), Err("storage.max_appends_per_commit must be at least 1".to_owned()));
     }
 }

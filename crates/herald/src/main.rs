@@ -40,7 +40,7 @@ enum Command {
     Publish(cli::PublishArgs),
     /// Subscribe to a channel and print its messages (resumes on reconnect)
     Tail(cli::TailArgs),
-    /// Print the default configuration (TOML)
+    /// Print the configuration layout: every key with its default (TOML)
     Config,
     /// Load generator and benchmarks (see docs/benchmarks.md)
     Bench(Box<herald_bench::BenchArgs>),
@@ -54,8 +54,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Serve(flags) => {
-            let config = match config_load::load(&flags) {
-                Ok(c) => c,
+            let loaded = match config_load::load(&flags) {
+                Ok(loaded) => loaded,
                 Err(e) => {
                     eprintln!("herald: invalid configuration: {e}");
                     return ExitCode::from(config_load::EXIT_CONFIG as u8);
@@ -65,7 +65,10 @@ fn main() -> ExitCode {
             if let Some(file) = config_load::config_file(&flags) {
                 tracing::info!(file = %file.display(), "configuration file read");
             }
-            run_async(serve(config))
+            for deprecation in &loaded.deprecations {
+                tracing::warn!("{deprecation}");
+            }
+            run_async(serve(loaded.config))
         }
         Command::Publish(args) => run_async(cli::publish(args)),
         Command::Tail(args) => run_async(cli::tail(args)),
@@ -158,7 +161,7 @@ async fn open_engine(config: &herald_server::Config) -> anyhow::Result<Arc<dyn h
             Arc::new(engine)
         }
         EngineKind::Redis => {
-            let redis = herald_redis::RedisConfig::with_settings(&config.redis_url, &config.redis);
+            let redis = herald_redis::RedisConfig::with_settings(&config.redis);
             Arc::new(herald_redis::RedisEngine::open(redis).await?)
         }
     })

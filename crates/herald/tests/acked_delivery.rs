@@ -239,7 +239,7 @@ async fn bad_acks_get_errors() {
 async fn acks_do_not_count_against_the_frame_budget() {
     // A client that acks every message must be able to drain an inbox far
     // faster than `client_frames_per_sec`.
-    let srv = TestServer::start_with(|c| c.limits.client_frames_per_sec = 10).await;
+    let srv = TestServer::start_with(|c| c.rate_limits.client_frames_per_sec = 10).await;
     for i in 1..=300 {
         srv.publish("user:fast", json!(i)).await;
     }

@@ -161,7 +161,7 @@ async fn the_publish_proxy_allows_refuses_replaces_and_fails_closed() {
 async fn publishes_queued_behind_a_batch_in_flight_are_appended_when_the_peer_closes() {
     let (url, seen) = backend().await;
     let srv = TestServer::start_with(|c| {
-        c.limits.client_frames_per_sec = 1_000_000;
+        c.rate_limits.client_frames_per_sec = 1_000_000;
         c.proxies = ProxiesConfig {
             publish: Some(ProxyConfig {
                 url,

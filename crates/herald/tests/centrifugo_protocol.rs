@@ -284,7 +284,7 @@ async fn recovery_returns_exactly_the_missed_messages_then_live_ones() {
 
 #[tokio::test]
 async fn recovery_beyond_the_bound_another_epoch_or_the_future_is_not_recovered() {
-    let srv = TestServer::start_with(|c| c.limits.max_history_limit = 3).await;
+    let srv = TestServer::start_with(|c| c.history.max_limit = 3).await;
     for i in 1..=6 {
         srv.publish("chat:b", json!(i)).await;
     }
@@ -381,8 +381,8 @@ async fn history_reads_since_a_position_with_a_limit() {
 #[tokio::test]
 async fn the_server_pings_with_an_empty_object() {
     let srv = TestServer::start_with(|c| {
-        c.limits.ping_interval = std::time::Duration::from_millis(200);
-        c.limits.idle_timeout = std::time::Duration::from_secs(10);
+        c.heartbeat.ping_interval = std::time::Duration::from_millis(200);
+        c.heartbeat.idle_timeout = std::time::Duration::from_secs(10);
     })
     .await;
     let mut c = Cf::dev(&srv, "u1").await;
@@ -395,7 +395,7 @@ async fn the_server_pings_with_an_empty_object() {
 
 #[tokio::test]
 async fn shutdown_and_rate_limits_close_with_reconnect_codes() {
-    let mut srv = TestServer::start_with(|c| c.limits.client_frames_per_sec = 5).await;
+    let mut srv = TestServer::start_with(|c| c.rate_limits.client_frames_per_sec = 5).await;
     let mut c = Cf::dev(&srv, "u1").await;
     // Over the budget: error 111 (temporary) replies, then a close the SDK
     // reconnects after.
@@ -432,7 +432,7 @@ async fn metrics_count_connections_and_commands_by_protocol() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_consumer_is_closed_with_3008_and_recovers_the_rest() {
     const TOTAL: u64 = 400;
-    let srv = std::sync::Arc::new(TestServer::start_with(|c| c.limits.outbox_capacity = 16).await);
+    let srv = std::sync::Arc::new(TestServer::start_with(|c| c.websocket.outbox_capacity = 16).await);
     let mut c = Cf::dev(&srv, "slow").await;
     let epoch = c.call(json!({ "subscribe": { "channel": "chat:slow" } })).await["subscribe"]["epoch"]
         .as_str()

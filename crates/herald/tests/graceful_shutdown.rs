@@ -12,7 +12,7 @@ use serde_json::json;
 async fn shutdown_closes_sockets_with_going_away_and_keeps_data() {
     let dir = tempfile::tempdir().unwrap();
     let mut srv = TestServer::start_in(dir.path().to_path_buf(), |c| {
-        c.limits.shutdown_grace = Duration::from_secs(5);
+        c.shutdown.grace = Duration::from_secs(5);
     })
     .await;
     let mut c = srv.connect("u").await;

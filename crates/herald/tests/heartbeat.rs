@@ -10,8 +10,8 @@ use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::json;
 
 fn fast_heartbeat(c: &mut herald_server::Config) {
-    c.limits.ping_interval = Duration::from_millis(100);
-    c.limits.idle_timeout = Duration::from_millis(400);
+    c.heartbeat.ping_interval = Duration::from_millis(100);
+    c.heartbeat.idle_timeout = Duration::from_millis(400);
 }
 
 #[tokio::test]
@@ -39,7 +39,7 @@ async fn a_silent_client_is_closed_after_the_idle_timeout() {
 async fn an_expiring_token_closes_the_connection_with_4003() {
     let srv = TestServer::start_with(|c| {
         fast_heartbeat(c);
-        c.limits.idle_timeout = Duration::from_secs(30);
+        c.heartbeat.idle_timeout = Duration::from_secs(30);
         c.dev = false;
     })
     .await;

@@ -7,7 +7,7 @@ use serde_json::json;
 
 #[tokio::test]
 async fn publish_errors_are_problem_json_with_stable_codes() {
-    let srv = TestServer::start_with(|c| c.limits.max_body_bytes = 1024).await;
+    let srv = TestServer::start_with(|c| c.http.max_body_bytes = 1024).await;
     let r = srv.publish("nowhere:1", json!(1)).await;
     assert_eq!((r.status, r.code()), (404, "unknown_namespace"));
     assert!(r.is_problem());

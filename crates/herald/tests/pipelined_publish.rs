@@ -16,8 +16,8 @@ use serde_json::json;
 /// Frames back to back: the default frame budget (100/s) would refuse
 /// them, and the default error-reply budget would drop most error replies.
 fn pipelining(c: &mut herald_server::Config) {
-    c.limits.client_frames_per_sec = 1_000_000;
-    c.limits.error_replies_per_sec = 1_000_000;
+    c.rate_limits.client_frames_per_sec = 1_000_000;
+    c.rate_limits.error_replies_per_sec = 1_000_000;
 }
 
 /// Send `count` publishes to `channel` without waiting, `data` = index,
@@ -49,7 +49,7 @@ async fn pipelined_publishes_keep_frame_order_with_a_small_in_flight_bound() {
     let srv = TestServer::start_with(|c| {
         pipelining(c);
         // Far below the frames sent: the socket is not read while full.
-        c.limits.max_publishes_in_flight = 8;
+        c.websocket.max_publishes_in_flight = 8;
     })
     .await;
     let mut sub = srv.connect("reader").await;

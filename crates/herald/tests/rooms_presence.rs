@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 /// every 100 ms.
 async fn server(ttl: Duration) -> TestServer {
     TestServer::start_with(|c| {
-        c.presence.lease_ttl = ttl;
+        c.presence.member_lease_ttl = ttl;
         c.presence.sweep_interval = Duration::from_millis(100);
     })
     .await
@@ -444,7 +444,7 @@ async fn grace_timers_survive_a_restart() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().to_path_buf();
     let tweak = |c: &mut herald_server::Config| {
-        c.presence.lease_ttl = Duration::from_secs(1);
+        c.presence.member_lease_ttl = Duration::from_secs(1);
         c.presence.sweep_interval = Duration::from_millis(100);
     };
     let srv = TestServer::start_in(dir.clone(), tweak).await;

@@ -114,7 +114,7 @@ async fn a_cancelled_schedule_is_never_delivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scheduling_requests_are_checked() {
-    let s = TestServer::start_with(|c| c.limits.max_schedule_ahead = Duration::from_secs(60)).await;
+    let s = TestServer::start_with(|c| c.publish.max_schedule_ahead = Duration::from_secs(60)).await;
     let both = s
         .publish_with("chat:bad", json!({"data": 1, "delay_ms": 1, "deliver_at": 1}), None, Some(API_KEY))
         .await;

@@ -11,7 +11,7 @@ use serde_json::json;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_consumer_is_kicked_and_resumes_without_loss() {
     const TOTAL: u64 = 1200;
-    let srv = Arc::new(TestServer::start_with(|c| c.limits.outbox_capacity = 16).await);
+    let srv = Arc::new(TestServer::start_with(|c| c.websocket.outbox_capacity = 16).await);
     let mut slow = srv.connect("slow").await;
     let epoch = slow.subscribe("chat:s1", None).await.unwrap().epoch.unwrap();
 
@@ -59,7 +59,7 @@ async fn slow_consumer_is_kicked_and_resumes_without_loss() {
 #[tokio::test]
 async fn volatile_messages_are_dropped_not_kicked() {
     // A volatile channel never kicks: a full outbox drops and counts.
-    let srv = TestServer::start_with(|c| c.limits.outbox_capacity = 16).await;
+    let srv = TestServer::start_with(|c| c.websocket.outbox_capacity = 16).await;
     let mut c = srv.connect("v").await;
     assert_eq!(c.subscribe("live:v1", None).await.unwrap().kind, "ok");
     let r = srv.publish("live:v1", json!({ "typing": true })).await;

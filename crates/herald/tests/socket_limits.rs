@@ -8,7 +8,7 @@ use serde_json::json;
 
 #[tokio::test]
 async fn oversize_frame_closes_with_1009() {
-    let srv = TestServer::start_with(|c| c.limits.max_message_bytes = 4096).await;
+    let srv = TestServer::start_with(|c| c.websocket.max_message_bytes = 4096).await;
     let mut c = srv.connect("big").await;
     let big = format!(r#"{{"type":"publish","req":1,"channel":"chat:big","data":"{}"}}"#, "x".repeat(8192));
     c.send_raw(&big).await.unwrap();
@@ -64,7 +64,7 @@ async fn unsubscribed_channels_stop_delivering() {
 
 #[tokio::test]
 async fn upgrades_above_the_connection_cap_get_503() {
-    let srv = TestServer::start_with(|c| c.limits.max_connections = 2).await;
+    let srv = TestServer::start_with(|c| c.websocket.max_connections = 2).await;
     let mut a = srv.connect("a").await;
     let _b = srv.connect("b").await;
     let Err(err) = Connection::connect(&ConnectOptions::dev_user(&srv.url, "c")).await else {

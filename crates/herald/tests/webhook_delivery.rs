@@ -24,9 +24,9 @@ fn hook(url: &str) -> WebhookConfig {
         channels: vec!["chat:*".into()],
         secret: SECRET.into(),
         timeout: Duration::from_millis(500),
-        max_batch: 7,
+        max_messages_per_request: 7,
         max_backoff: Duration::from_millis(400),
-        lease_ttl: Duration::from_secs(2),
+        channel_lease_ttl: Duration::from_secs(2),
         poll_interval: Duration::from_millis(200),
         ..Default::default()
     }
@@ -162,7 +162,7 @@ async fn skip_moves_past_a_poison_message_and_is_the_only_way_past_it() {
     backend.poison(Some("poison"));
     let srv = TestServer::start_with(|c| {
         let mut h = hook(&backend.url);
-        h.max_batch = 1;
+        h.max_messages_per_request = 1;
         c.webhooks.push(h);
     })
     .await;

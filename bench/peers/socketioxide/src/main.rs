@@ -57,7 +57,7 @@ async fn register_listeners(socket: SocketRef) -> Result<(), std::convert::Infal
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let port: u16 = std::env::args().nth(1).and_then(|p| p.parse().ok()).ok_or("usage: socketioxide-peer PORT")?;
     // A socket's send buffer holds as many packets as a Herald outbox
-    // (limits.outbox_capacity, 1,024) instead of 128: beyond it, emit fails
+    // (websocket.outbox_capacity, 1,024) instead of 128: beyond it, emit fails
     // for that socket and the message is lost to it.
     let (layer, io) = SocketIo::builder().max_buffer_size(1024).build_layer();
     // socketioxide sends the connect reply before it runs the connect

@@ -520,7 +520,7 @@ pub fn data(v: &MessageView) -> Value {
 /// third of it), swept every 100 ms.
 pub fn presence_config(ttl: Duration) -> impl FnOnce(&mut Config) + Send + 'static {
     move |c: &mut Config| {
-        c.presence.lease_ttl = ttl;
+        c.presence.member_lease_ttl = ttl;
         c.presence.sweep_interval = Duration::from_millis(100);
     }
 }

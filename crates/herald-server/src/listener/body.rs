@@ -25,9 +25,9 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::AppState;
 
-/// The body of a request did not arrive within `limits.body_read_timeout`.
+/// The body of a request did not arrive within `http.body_read_timeout`.
 #[derive(Debug, thiserror::Error)]
-#[error("the request body did not arrive within limits.body_read_timeout")]
+#[error("the request body did not arrive within http.body_read_timeout")]
 pub(crate) struct BodyTimeout;
 
 /// Whether `T` is in the chain of `e` and its sources: a body read that
@@ -46,7 +46,7 @@ pub(crate) fn caused_by<T: std::error::Error + 'static>(e: &(dyn std::error::Err
 
 /// The guard around the whole router (one service per connection, applied
 /// once per request, not per route): 413 before reading a body whose
-/// `Content-Length` is above `limits.max_body_bytes` (a chunked body is cut
+/// `Content-Length` is above `http.max_body_bytes` (a chunked body is cut
 /// at the limit while it is read, see `extract::Body`), then the body
 /// deadline.
 #[derive(Clone)]
@@ -74,8 +74,8 @@ where
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let limits = &self.state.config.limits;
-        let limit = limits.max_body_bytes;
+        let http = &self.state.config.http;
+        let limit = http.max_body_bytes;
         let declared = req
             .headers()
             .get(header::CONTENT_LENGTH)
@@ -92,7 +92,7 @@ where
         let req = if req.body().is_end_stream() {
             req.map(Body::new)
         } else {
-            let deadline = Instant::now() + limits.body_read_timeout;
+            let deadline = Instant::now() + http.body_read_timeout;
             let metrics = self.state.metrics.clone();
             req.map(|body| Body::new(Deadline { body, deadline, sleep: None, metrics, expired: false }))
         };

@@ -171,7 +171,7 @@ pub(crate) fn problem_answer(head: &[u8]) -> Option<Bytes> {
             ErrorCode::BadRequest,
             "the request is not valid HTTP/1.1 (request line or a header: a control character, a bad name)",
         ),
-        "431" => (ErrorCode::HeadersTooLarge, "the request line and headers exceed limits.max_header_bytes"),
+        "431" => (ErrorCode::HeadersTooLarge, "the request line and headers exceed http.max_header_bytes"),
         _ => return None,
     };
     let mut date = None;

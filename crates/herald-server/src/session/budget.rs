@@ -1,18 +1,18 @@
 //! The client frame budget of one connection, the 4009 rule, and the cap on
 //! `error` replies.
 //!
-//! - Frames: `limits.client_frames_per_sec` per second, burst of the same
+//! - Frames: `rate_limits.client_frames_per_sec` per second, burst of the same
 //!   size. A frame over it is refused (an `error` `rate_limited` reply, the
 //!   frame dropped). Acks that move the acked window are free; every other
 //!   ack (repeated, not delivered yet, not subscribed...) costs one frame.
 //! - Close: refusals are counted over a sliding window of
-//!   `limits.rate_limit_window` (in ten slots). When the count exceeds
-//!   `limits.rate_limit_close_percent` of the budget of that window
+//!   `rate_limits.close_window` (in ten slots). When the count exceeds
+//!   `rate_limits.close_percent` of the budget of that window
 //!   (`rate × window × percent / 100`), the connection is closed with 4009.
 //!   A client that keeps sending at `1 + percent/100` times its budget or
 //!   more is closed within about one window; one that overshoots in bursts
 //!   is not.
-//! - Errors: at most `limits.error_replies_per_sec` `error` frames per
+//! - Errors: at most `rate_limits.error_replies_per_sec` `error` frames per
 //!   second, burst of the same size; the rest are dropped (and counted), so
 //!   replies never outnumber what the budgets allow, whatever the client
 //!   sends.
@@ -21,7 +21,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::Limits;
+use crate::config::RateLimitConfig;
 
 /// Slots of the refusal window.
 const SLOTS: usize = 10;
@@ -35,36 +35,36 @@ pub(super) struct Budget {
 }
 
 impl Budget {
-    pub fn new(limits: &Limits, now: Instant) -> Self {
+    pub fn new(rate_limits: &RateLimitConfig, now: Instant) -> Self {
         Self {
-            frames: Bucket::full(limits.client_frames_per_sec, now),
-            errors: Bucket::full(limits.error_replies_per_sec, now),
+            frames: Bucket::full(rate_limits.client_frames_per_sec, now),
+            errors: Bucket::full(rate_limits.error_replies_per_sec, now),
             refused: None,
         }
     }
 
     /// Spend one frame of the budget; `false`: refused.
-    pub fn take_frame(&mut self, limits: &Limits, now: Instant) -> bool {
-        self.frames.take(limits.client_frames_per_sec, now)
+    pub fn take_frame(&mut self, rate_limits: &RateLimitConfig, now: Instant) -> bool {
+        self.frames.take(rate_limits.client_frames_per_sec, now)
     }
 
     /// Count a refused frame; `true` when the connection must be closed
     /// (4009): refusals over the window exceed the close threshold.
-    pub fn refuse(&mut self, limits: &Limits, now: Instant) -> bool {
+    pub fn refuse(&mut self, rate_limits: &RateLimitConfig, now: Instant) -> bool {
         let window = self.refused.get_or_insert_with(|| Box::new(Window::new(now)));
-        window.add(now, limits.rate_limit_window) > close_threshold(limits)
+        window.add(now, rate_limits.close_window) > close_threshold(rate_limits)
     }
 
     /// Whether an `error` frame may be sent now (and spend it).
-    pub fn take_error_reply(&mut self, limits: &Limits, now: Instant) -> bool {
-        self.errors.take(limits.error_replies_per_sec, now)
+    pub fn take_error_reply(&mut self, rate_limits: &RateLimitConfig, now: Instant) -> bool {
+        self.errors.take(rate_limits.error_replies_per_sec, now)
     }
 }
 
 /// Refusals over one window above which the connection is closed.
-pub(super) fn close_threshold(limits: &Limits) -> u64 {
-    let budget = f64::from(limits.client_frames_per_sec) * limits.rate_limit_window.as_secs_f64();
-    (budget * f64::from(limits.rate_limit_close_percent) / 100.0) as u64
+pub(super) fn close_threshold(rate_limits: &RateLimitConfig) -> u64 {
+    let budget = f64::from(rate_limits.client_frames_per_sec) * rate_limits.close_window.as_secs_f64();
+    (budget * f64::from(rate_limits.close_percent) / 100.0) as u64
 }
 
 /// A token bucket: `rate` per second, burst of `rate`.
@@ -126,13 +126,12 @@ impl Window {
 mod tests {
     use super::*;
 
-    fn limits(rate: u32, percent: u32, window_secs: u64) -> Limits {
-        Limits {
+    fn limits(rate: u32, percent: u32, window_secs: u64) -> RateLimitConfig {
+        RateLimitConfig {
             client_frames_per_sec: rate,
-            rate_limit_close_percent: percent,
-            rate_limit_window: Duration::from_secs(window_secs),
+            close_percent: percent,
+            close_window: Duration::from_secs(window_secs),
             error_replies_per_sec: 5,
-            ..Limits::default()
         }
     }
 

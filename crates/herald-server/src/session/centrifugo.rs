@@ -13,7 +13,7 @@
 //! - a subscribe with `recover` answers the missed messages in its reply
 //!   (`recovered: true`), read through the catch-up path and its state
 //!   machine, so live messages follow without gap or duplicate; above
-//!   `limits.max_history_limit` missed messages, or after truncation, a new
+//!   `history.max_limit` missed messages, or after truncation, a new
 //!   epoch or an offset from the future, it answers `recovered: false` and
 //!   starts live;
 //! - acked channels: no acks and no redelivery on this protocol; the recover
@@ -71,7 +71,7 @@ pub struct Conn {
     /// `connect` or `refresh` changed the identity (its expiry).
     identity_changed: bool,
     /// When the socket opened: `connect` must come within
-    /// `limits.idle_timeout`.
+    /// `heartbeat.idle_timeout`.
     opened: Instant,
 }
 
@@ -233,7 +233,7 @@ impl Session {
             }
             // Not connected yet: only a WebSocket ping, and a deadline.
             Wire::Centrifugo(c) => {
-                if c.opened.elapsed() >= self.state.config.limits.idle_timeout {
+                if c.opened.elapsed() >= self.state.config.heartbeat.idle_timeout {
                     return Err(bad_request("no connect command in time"));
                 }
                 self.ws.send(WsMessage::ping(ping)).await.map_err(|_| SessionEnd::Gone)
@@ -378,7 +378,9 @@ impl Session {
         self.conn().connected = true;
         let result = ConnectResult {
             session: self.new_identity(),
-            ping: u32::try_from(self.state.config.limits.ping_interval.as_secs()).unwrap_or(u32::MAX).max(1),
+            ping: u32::try_from(self.state.config.heartbeat.ping_interval.as_secs())
+                .unwrap_or(u32::MAX)
+                .max(1),
             pong: true,
         };
         self.send_bytes(Reply::new(id, Answer::Connect(result)).encode()).await
@@ -426,7 +428,7 @@ impl Session {
             Err(e) => return self.send_error(&e, req, None).await,
         };
         let durable = ns.is_durable();
-        let bound = self.state.config.limits.max_history_limit;
+        let bound = self.state.config.history.max_limit;
         let recovering = durable && s.recover;
         let mut since = None;
         if recovering {
@@ -503,14 +505,14 @@ impl Session {
 
     /// The catch-up of a just subscribed channel, read now for the
     /// subscribe reply: at most `bound` messages and about
-    /// `limits.outbox_bytes`; what is left stays queued and goes out as
+    /// `websocket.outbox_bytes`; what is left stays queued and goes out as
     /// pushes after the reply (in order, through `catchup_step`).
     async fn recover(
         &mut self,
         channel: &ChannelName,
         bound: usize,
     ) -> Result<Vec<Arc<Message>>, SessionEnd> {
-        let max_bytes = self.state.config.limits.outbox_bytes;
+        let max_bytes = self.state.config.websocket.outbox_bytes;
         let mut out: Vec<Arc<Message>> = Vec::new();
         let mut bytes = 0;
         while out.len() < bound && bytes < max_bytes && self.catchup.contains(channel) {
@@ -528,7 +530,7 @@ impl Session {
     }
 
     /// `history`: `since` (exclusive), `limit` (0: the position only;
-    /// negative: up to `limits.max_history_limit`), `reverse`.
+    /// negative: up to `history.max_limit`), `reverse`.
     async fn history(&mut self, id: u32, h: cf::HistoryRequest) -> Result<Vec<u8>, ApiError> {
         let channel = channel(&h.channel)?;
         let ns = self.state.config.namespaces.resolve(&channel)?;
@@ -540,7 +542,7 @@ impl Session {
         }
         let state = self.state.clone();
         let pos = state.engine.position(&channel).await?;
-        let max = state.config.limits.max_history_limit;
+        let max = state.config.history.max_limit;
         let limit = usize::try_from(h.limit).map_or(max, |l| l.min(max));
         let unrecoverable =
             |msg: &str| Reply::error_code(id, cf::error_code::UNRECOVERABLE_POSITION, msg).encode();

@@ -21,7 +21,7 @@ use crate::hub::Outgoing;
 
 /// Most messages read from the log per catch-up step. Between steps the
 /// session serves its other work, so one long catch-up does not starve the
-/// rest. Pages are also sized to about a quarter of `limits.outbox_bytes`
+/// rest. Pages are also sized to about a quarter of `websocket.outbox_bytes`
 /// (by the frame sizes seen so far), so a page leaves room in the
 /// connection's byte bound for live messages of its other subscriptions.
 pub(super) const CATCHUP_PAGE: usize = 256;
@@ -156,7 +156,7 @@ impl Session {
     /// One page of catch-up for the subscription at the front of the queue.
     pub(super) async fn catchup_step(&mut self) -> Result<(), SessionEnd> {
         let Some(channel) = self.catchup.pop_front() else { return Ok(()) };
-        let page_bytes = self.state.config.limits.outbox_bytes / 4;
+        let page_bytes = self.state.config.websocket.outbox_bytes / 4;
         let page_len = (page_bytes / self.frame_estimate.max(MIN_FRAME_ESTIMATE)).clamp(1, CATCHUP_PAGE);
         let (messages, more) = match self.read_page(&channel, page_len, true).await? {
             PageStep::Idle => return Ok(()),
@@ -267,10 +267,10 @@ impl Session {
         if messages.is_empty() {
             return Some(0);
         }
-        let limits = &self.state.config.limits;
+        let websocket = &self.state.config.websocket;
         let queued = &self.state.hub.queued;
         let used = self.handle.bytes.get();
-        let room = limits.outbox_bytes.saturating_sub(used).min(queued.room());
+        let room = websocket.outbox_bytes.saturating_sub(used).min(queued.room());
         let mut bytes = 0;
         let mut fits = 0;
         for m in messages {

@@ -16,7 +16,7 @@
 //! - each publish gets its own reply (`ok` with its `req` once its message
 //!   is durable, or its `error`), in frame order; one refused publish does
 //!   not affect the others;
-//! - at most `limits.max_publishes_in_flight` publishes are queued or with
+//! - at most `websocket.max_publishes_in_flight` publishes are queued or with
 //!   the engine; at the bound the socket is not read (back-pressure: TCP
 //!   slows the publisher down, nothing is buffered beyond it);
 //! - any other frame first waits until every earlier publish is answered,
@@ -111,7 +111,7 @@ impl Session {
     /// Whether the socket may be read: the pipeline has room for one more
     /// publish.
     pub(super) fn may_read(&self) -> bool {
-        self.pipeline.len() < self.state.config.limits.max_publishes_in_flight
+        self.pipeline.len() < self.state.config.websocket.max_publishes_in_flight
     }
 
     /// Queue one publish frame (the batch starts in `start_batch`).
@@ -172,7 +172,10 @@ impl Session {
             match a.result {
                 Ok(receipt) => self.wire.push_published(&mut buf, a.req, &a.channel, &receipt),
                 Err(e) => {
-                    if !self.budget.take_error_reply(&self.state.config.limits, std::time::Instant::now()) {
+                    if !self
+                        .budget
+                        .take_error_reply(&self.state.config.rate_limits, std::time::Instant::now())
+                    {
                         self.state.metrics.error_replies_dropped.inc();
                         continue;
                     }

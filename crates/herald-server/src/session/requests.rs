@@ -40,10 +40,10 @@ impl Session {
         // The backend's say, after the token's (proxies.rs).
         crate::proxies::subscribe(&state, &self.identity.sub, self.identity.device.as_deref(), channel)
             .await?;
-        if self.regs.subs.len() >= state.config.limits.max_subscriptions {
+        if self.regs.subs.len() >= state.config.websocket.max_subscriptions {
             return Err(ApiError::new(
                 ErrorCode::TooManySubscriptions,
-                format!("at most {} subscriptions per connection", state.config.limits.max_subscriptions),
+                format!("at most {} subscriptions per connection", state.config.websocket.max_subscriptions),
             ));
         }
         let room_closed = if ns.room {
@@ -105,7 +105,7 @@ impl Session {
                 // The rule of `data` on depth: a member is stored and sent
                 // inside other documents, which must stay readable.
                 let raw: &RawValue = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-                herald_proto::check_data(raw, self.state.config.limits.max_data_depth)
+                herald_proto::check_data(raw, self.state.config.publish.max_data_depth)
                     .map_err(|e| ApiError::new(ErrorCode::BadData, format!("`info`: {e}")))?;
                 Some(serde_json::from_str(text).map_err(|e| bad(e.to_string()))?)
             }
@@ -134,7 +134,7 @@ impl Session {
     /// brings its member back.
     pub(super) async fn renew_presence(&mut self) {
         let state = self.state.clone();
-        let ttl = state.config.presence.lease_ttl;
+        let ttl = state.config.presence.member_lease_ttl;
         let holds: Vec<(ChannelName, rooms::MemberLease)> = self
             .regs
             .subs
@@ -271,7 +271,7 @@ impl Session {
 
     /// Subscribe on an acked channel: start after the larger of the stored
     /// cursor and `since` (the offline inbox); a subscriber with no cursor
-    /// starts where the namespace's `start` says.
+    /// starts where the namespace's `new_subscriber_start` says.
     async fn start_acked(
         &mut self,
         mut ok: OkFrame,
@@ -289,8 +289,12 @@ impl Session {
         let state = self.state.clone();
         let pos = state.engine.position(channel).await?;
         let stored = state.engine.cursor(channel, &subscriber).await?.map(|c| c.seq);
-        let start = delivery::resolve(&pos, since.as_ref(), Some(AckedStart { stored, start: ns.start }))
-            .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))?;
+        let start = delivery::resolve(
+            &pos,
+            since.as_ref(),
+            Some(AckedStart { stored, start: ns.new_subscriber_start }),
+        )
+        .map_err(|e| ApiError::new(ErrorCode::BadRequest, e.to_string()))?;
         if start.truncated {
             // Retention removed messages this subscriber never acked.
             state.metrics.acked_truncated.inc_by(start.skipped);

@@ -33,10 +33,10 @@ pub struct WebhookConfig {
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
     /// Messages of one channel per request.
-    pub max_batch: usize,
+    pub max_messages_per_request: usize,
     /// A channel the webhook never delivered starts at its oldest retained
     /// message (`oldest`) or after its head (`head`).
-    pub start: StartAt,
+    pub new_channel_start: StartAt,
     /// Retries back off from 100 ms, doubling up to this (with jitter).
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
@@ -45,7 +45,7 @@ pub struct WebhookConfig {
     /// How long a node owns a channel's delivery without renewing (Redis
     /// engine: the fenced lease; another node takes over after it).
     #[serde(with = "humantime_serde")]
-    pub lease_ttl: Duration,
+    pub channel_lease_ttl: Duration,
     /// How often every channel's cursor is compared with its head, to find
     /// work published on other nodes or left over from before a restart.
     #[serde(with = "humantime_serde")]
@@ -75,11 +75,11 @@ impl Default for WebhookConfig {
             channels: Vec::new(),
             secret: String::new(),
             timeout: Duration::from_secs(5),
-            max_batch: 100,
-            start: StartAt::Oldest,
+            max_messages_per_request: 100,
+            new_channel_start: StartAt::Oldest,
             max_backoff: Duration::from_secs(60),
             max_parallel: 16,
-            lease_ttl: Duration::from_secs(15),
+            channel_lease_ttl: Duration::from_secs(15),
             poll_interval: Duration::from_secs(1),
         }
     }
@@ -87,7 +87,7 @@ impl Default for WebhookConfig {
 
 /// Shortest accepted `secret`, in bytes.
 pub const MIN_SECRET_BYTES: usize = 32;
-/// Largest accepted `max_batch`.
+/// Largest accepted `max_messages_per_request`.
 pub const MAX_BATCH: usize = 1000;
 
 impl WebhookConfig {
@@ -112,16 +112,18 @@ impl WebhookConfig {
         if self.secret.len() < MIN_SECRET_BYTES {
             return Err(format!("webhooks.{n}.secret must be at least {MIN_SECRET_BYTES} bytes"));
         }
-        if self.timeout.is_zero() || self.lease_ttl.is_zero() || self.poll_interval.is_zero() {
-            return Err(format!("webhooks.{n}: timeout, lease_ttl and poll_interval must be positive"));
-        }
-        if self.lease_ttl < self.timeout * 2 {
+        if self.timeout.is_zero() || self.channel_lease_ttl.is_zero() || self.poll_interval.is_zero() {
             return Err(format!(
-                "webhooks.{n}.lease_ttl must be at least twice the timeout (a request must end well within the lease)"
+                "webhooks.{n}: timeout, channel_lease_ttl and poll_interval must be positive"
             ));
         }
-        if !(1..=MAX_BATCH).contains(&self.max_batch) {
-            return Err(format!("webhooks.{n}.max_batch must be 1..={MAX_BATCH}"));
+        if self.channel_lease_ttl < self.timeout * 2 {
+            return Err(format!(
+                "webhooks.{n}.channel_lease_ttl must be at least twice the timeout (a request must end well within the lease)"
+            ));
+        }
+        if !(1..=MAX_BATCH).contains(&self.max_messages_per_request) {
+            return Err(format!("webhooks.{n}.max_messages_per_request must be 1..={MAX_BATCH}"));
         }
         if self.max_parallel == 0 {
             return Err(format!("webhooks.{n}.max_parallel must be at least 1"));
@@ -187,9 +189,9 @@ mod tests {
             (|h| h.url = "not a url".into(), "url"),
             (|h| h.channels.clear(), "channels"),
             (|h| h.secret = "short".into(), "secret"),
-            (|h| h.max_batch = 0, "max_batch"),
+            (|h| h.max_messages_per_request = 0, "max_messages_per_request"),
             (|h| h.max_parallel = 0, "max_parallel"),
-            (|h| h.timeout = Duration::from_secs(10), "lease_ttl"),
+            (|h| h.timeout = Duration::from_secs(10), "channel_lease_ttl"),
             (|h| h.max_backoff = Duration::from_millis(1), "max_backoff"),
         ];
         for (tweak, key) in cases {

@@ -196,7 +196,7 @@ impl Webhooks {
             // append can never become a cursor that skips it.
             let pos = engine.position(channel).await?;
             if engine.cursor(channel, &hook.sub).await?.is_none() {
-                let start = match hook.cfg.start {
+                let start = match hook.cfg.new_channel_start {
                     StartAt::Oldest => pos.first.saturating_sub(1),
                     StartAt::Head => pos.head,
                 };
@@ -319,7 +319,7 @@ async fn channel_worker(state: Arc<AppState>, hook: Arc<Hook>, channel: ChannelN
     let name = hook.cfg.name.clone();
     let key = hook.lease_key(&channel);
     let holder = state.webhooks.holder.clone();
-    let ttl = hook.cfg.lease_ttl;
+    let ttl = hook.cfg.channel_lease_ttl;
     let mut lease: Option<(u64, Instant, bool)> = None; // (token, claimed at, engine lease)
     let mut backoff = FIRST_BACKOFF;
     // The highest seq already reported lost to retention (each lost seq is
@@ -441,7 +441,7 @@ async fn step(
     reported: &mut Seq,
 ) -> Result<Option<Sent>, EngineError> {
     let cursor = state.engine.cursor(channel, &hook.sub).await?.map_or(0, |c| c.seq);
-    let page = state.engine.read(channel, cursor, hook.cfg.max_batch).await?;
+    let page = state.engine.read(channel, cursor, hook.cfg.max_messages_per_request).await?;
     let Some(first) = page.messages.first() else { return Ok(None) };
     let first_seq = first.seq.unwrap_or(0);
     let lost_from = (cursor + 1).max(*reported + 1);

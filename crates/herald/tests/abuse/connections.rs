@@ -126,7 +126,7 @@ fn publish_head(body_headers: &str) -> String {
 
 #[tokio::test]
 async fn a_connection_that_never_sends_a_byte_is_closed_at_the_header_read_timeout() {
-    let srv = TestServer::start_with(|c| c.limits.header_read_timeout = Duration::from_millis(300)).await;
+    let srv = TestServer::start_with(|c| c.http.header_read_timeout = Duration::from_millis(300)).await;
     let mut s = connect(&srv).await;
     assert!(closed_by_server(&mut s).await.is_empty(), "closed without an answer");
     assert!(metric(&srv, "herald_http_connections_dropped_total{reason=\"header_timeout\"}").await >= 1);
@@ -134,7 +134,7 @@ async fn a_connection_that_never_sends_a_byte_is_closed_at_the_header_read_timeo
 
 #[tokio::test]
 async fn headers_sent_slowly_are_cut_at_the_header_read_timeout() {
-    let srv = TestServer::start_with(|c| c.limits.header_read_timeout = Duration::from_millis(500)).await;
+    let srv = TestServer::start_with(|c| c.http.header_read_timeout = Duration::from_millis(500)).await;
     let (mut rd, mut wr) = connect(&srv).await.into_split();
     wr.write_all(b"GET /healthz HTTP/1.1\r\nHost: herald\r\n").await.unwrap();
     // One header line every 100 ms, for ever: the head never completes.
@@ -153,7 +153,7 @@ async fn headers_sent_slowly_are_cut_at_the_header_read_timeout() {
 
 #[tokio::test]
 async fn an_unfinished_chunked_body_gets_408() {
-    let srv = TestServer::start_with(|c| c.limits.body_read_timeout = Duration::from_millis(500)).await;
+    let srv = TestServer::start_with(|c| c.http.body_read_timeout = Duration::from_millis(500)).await;
     let mut s = connect(&srv).await;
     let req = publish_head("Transfer-Encoding: chunked\r\n") + "5\r\n{\"dat\r\n";
     s.write_all(req.as_bytes()).await.unwrap();
@@ -167,8 +167,8 @@ async fn an_unfinished_chunked_body_gets_408() {
 #[tokio::test]
 async fn a_chunked_body_above_the_limit_gets_413_and_appends_nothing() {
     // No Content-Length to refuse up front: the body is cut at
-    // `limits.max_body_bytes` while it is read (extract::Body).
-    let srv = TestServer::start_with(|c| c.limits.max_body_bytes = 1024).await;
+    // `http.max_body_bytes` while it is read (extract::Body).
+    let srv = TestServer::start_with(|c| c.http.max_body_bytes = 1024).await;
     let mut s = connect(&srv).await;
     let body = format!("{{\"data\":\"{}\"}}", "x".repeat(2000));
     let req =
@@ -184,7 +184,7 @@ async fn a_chunked_body_above_the_limit_gets_413_and_appends_nothing() {
 
 #[tokio::test]
 async fn a_body_trickled_a_byte_at_a_time_gets_408_at_its_deadline() {
-    let srv = TestServer::start_with(|c| c.limits.body_read_timeout = Duration::from_millis(500)).await;
+    let srv = TestServer::start_with(|c| c.http.body_read_timeout = Duration::from_millis(500)).await;
     let (mut rd, mut wr) = connect(&srv).await.into_split();
     let body = format!("{{\"data\":\"{}\"}}", "x".repeat(200));
     wr.write_all(publish_head(&format!("Content-Length: {}\r\n", body.len())).as_bytes()).await.unwrap();
@@ -217,8 +217,8 @@ async fn a_huge_content_length_is_refused_with_413_without_reading_the_body() {
 #[tokio::test]
 async fn a_keep_alive_connection_gets_the_idle_timeout_between_requests_then_is_closed() {
     let srv = TestServer::start_with(|c| {
-        c.limits.header_read_timeout = Duration::from_millis(200);
-        c.limits.http_idle_timeout = Duration::from_secs(2);
+        c.http.header_read_timeout = Duration::from_millis(200);
+        c.http.keep_alive_timeout = Duration::from_secs(2);
     })
     .await;
     let mut s = connect(&srv).await;
@@ -237,8 +237,8 @@ async fn a_keep_alive_connection_gets_the_idle_timeout_between_requests_then_is_
 #[tokio::test]
 async fn websocket_sessions_are_not_bound_by_the_http_timeouts() {
     let srv = TestServer::start_with(|c| {
-        c.limits.header_read_timeout = Duration::from_millis(100);
-        c.limits.http_idle_timeout = Duration::from_millis(100);
+        c.http.header_read_timeout = Duration::from_millis(100);
+        c.http.keep_alive_timeout = Duration::from_millis(100);
     })
     .await;
     let mut c = srv.connect("ws").await;
@@ -249,10 +249,10 @@ async fn websocket_sessions_are_not_bound_by_the_http_timeouts() {
 #[tokio::test]
 async fn at_the_cap_silent_sockets_are_evicted_and_healthz_still_answers() {
     let srv = TestServer::start_with(|c| {
-        c.limits.max_connections = 2;
-        c.limits.max_http_connections = 16;
+        c.websocket.max_connections = 2;
+        c.http.max_connections = 16;
         // Longer than the test: only the cap can close the silent sockets.
-        c.limits.header_read_timeout = Duration::from_secs(60);
+        c.http.header_read_timeout = Duration::from_secs(60);
     })
     .await;
     // The WebSocket cap is full...
@@ -279,8 +279,8 @@ async fn at_the_cap_silent_sockets_are_evicted_and_healthz_still_answers() {
 #[tokio::test]
 async fn a_request_in_progress_is_never_evicted() {
     let srv = TestServer::start_with(|c| {
-        c.limits.max_http_connections = 16;
-        c.limits.header_read_timeout = Duration::from_secs(60);
+        c.http.max_connections = 16;
+        c.http.header_read_timeout = Duration::from_secs(60);
     })
     .await;
     let mut s = connect(&srv).await;
@@ -452,7 +452,7 @@ async fn a_control_byte_in_a_header_gets_a_problem_document() {
 
 #[tokio::test]
 async fn oversized_headers_get_431_as_a_problem_document() {
-    let srv = TestServer::start_with(|c| c.limits.max_header_bytes = 2048).await;
+    let srv = TestServer::start_with(|c| c.http.max_header_bytes = 2048).await;
     let mut s = connect(&srv).await;
     let req = format!("GET /healthz HTTP/1.1\r\nHost: herald\r\nX-Big: {}\r\n\r\n", "b".repeat(4096));
     s.write_all(req.as_bytes()).await.unwrap();

@@ -40,7 +40,7 @@ fn kept() -> Vec<String> {
 }
 
 /// `data` the publish rules refuse (`bad_data`): lone surrogates, nesting
-/// past `limits.max_data_depth`.
+/// past `publish.max_data_depth`.
 fn refused() -> Vec<String> {
     let mut v: Vec<String> = [r#""\ud800""#, r#""\udc00""#, r#"["x","\ud800\u0041"]"#, r#"{"k\udfff":1}"#]
         .map(String::from)
@@ -272,7 +272,7 @@ async fn data_breaking_the_publish_rules_is_refused_everywhere_and_stores_nothin
 
 #[tokio::test]
 async fn the_depth_limit_is_a_setting() {
-    let srv = TestServer::start_with(|c| c.limits.max_data_depth = 2).await;
+    let srv = TestServer::start_with(|c| c.publish.max_data_depth = 2).await;
     assert_eq!(publish_http(&srv, "chat:d", "[[1]]").await.0, 201);
     let (status, body) = publish_http(&srv, "chat:d", r#"[{"a":[]}]"#).await;
     assert_eq!(status, 400, "{body}");

@@ -87,9 +87,9 @@ async fn flood(c: &mut Connection, frame: &str, per_tick: usize, tick: Duration,
 }
 
 fn strict_budget(c: &mut Config) {
-    c.limits.client_frames_per_sec = 20;
-    c.limits.rate_limit_window = Duration::from_secs(2);
-    c.limits.rate_limit_close_percent = 50; // close past 20 refusals in 2 s
+    c.rate_limits.client_frames_per_sec = 20;
+    c.rate_limits.close_window = Duration::from_secs(2);
+    c.rate_limits.close_percent = 50; // close past 20 refusals in 2 s
 }
 
 #[tokio::test]
@@ -113,9 +113,9 @@ async fn a_sustained_flood_is_closed_with_4009_within_the_window() {
 #[tokio::test]
 async fn error_replies_are_capped_and_the_rest_counted() {
     let srv = TestServer::start_with(|c| {
-        c.limits.client_frames_per_sec = 20;
-        c.limits.rate_limit_close_percent = 100; // 200 refusals in 10 s
-        c.limits.error_replies_per_sec = 5;
+        c.rate_limits.client_frames_per_sec = 20;
+        c.rate_limits.close_percent = 100; // 200 refusals in 10 s
+        c.rate_limits.error_replies_per_sec = 5;
     })
     .await;
     let mut c = srv.connect("noisy").await;
@@ -169,9 +169,9 @@ async fn a_client_acking_every_message_at_full_speed_is_never_closed() {
     // A budget of 10 frames a second and a close at the first refusal in a
     // window: the acks of 600 messages must not touch it.
     let srv = TestServer::start_with(|c| {
-        c.limits.client_frames_per_sec = 10;
-        c.limits.rate_limit_window = Duration::from_secs(1);
-        c.limits.rate_limit_close_percent = 10;
+        c.rate_limits.client_frames_per_sec = 10;
+        c.rate_limits.close_window = Duration::from_secs(1);
+        c.rate_limits.close_percent = 10;
     })
     .await;
     for i in 1..=600 {
@@ -209,7 +209,7 @@ fn big(i: u64) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_over_its_byte_bound_is_kicked_and_resumes() {
     // 4 MiB would take ~70 messages; the frame bound (1024) is far away.
-    let srv = TestServer::start_with(|c| c.limits.outbox_bytes = 512 * 1024).await;
+    let srv = TestServer::start_with(|c| c.websocket.outbox_bytes = 512 * 1024).await;
     let (mut stuck, epoch) = stuck_client(&srv, "stuck", "chat:bytes").await;
     let mut published = 0u64;
     while metric(&srv, "herald_slow_consumer_disconnects_total") == 0 {
@@ -236,8 +236,8 @@ async fn a_connection_over_its_byte_bound_is_kicked_and_resumes() {
 async fn the_server_wide_ceiling_holds_and_a_reader_loses_nothing() {
     const CEILING: usize = 1024 * 1024;
     let srv = TestServer::start_with(|c| {
-        c.limits.outbox_bytes = 512 * 1024;
-        c.limits.total_outbox_bytes = CEILING;
+        c.websocket.outbox_bytes = 512 * 1024;
+        c.websocket.total_outbox_bytes = CEILING;
     })
     .await;
     // Watch the gauge while everything runs.
@@ -298,8 +298,8 @@ async fn the_server_wide_ceiling_holds_and_a_reader_loses_nothing() {
 #[tokio::test]
 async fn an_expiring_token_closes_at_exp_not_at_the_next_ping() {
     let srv = TestServer::start_with(|c| {
-        c.limits.ping_interval = Duration::from_secs(60);
-        c.limits.idle_timeout = Duration::from_secs(120);
+        c.heartbeat.ping_interval = Duration::from_secs(60);
+        c.heartbeat.idle_timeout = Duration::from_secs(120);
         c.jwt.leeway_secs = 1;
         c.dev = false;
     })
