@@ -199,7 +199,7 @@ impl JwtVerifier {
         }
         // Reserved for Herald's own subscribers (webhooks ack as
         // `herald:webhook:<name>`): no client may ack in their name.
-        if c.sub.starts_with(crate::webhooks::RESERVED_USER_PREFIX) {
+        if c.sub.starts_with(crate::integration::webhooks::RESERVED_USER_PREFIX) {
             return Err(AuthError::new(
                 ErrorCode::Unauthorized,
                 "token `sub` must not start with `herald:` (reserved)",

@@ -17,10 +17,10 @@ use crate::error::ApiError;
 // The preamble helpers under their old paths, for handlers that take
 // headers and bytes themselves (new handlers: use the extractors).
 #[allow(unused_imports)]
-pub(crate) use crate::extract::{body_bytes, parse_channel, parse_json};
-use crate::extract::{ApiKey, Body, Chan, IdempotencyKey, Q};
+pub(crate) use crate::api::extract::{body_bytes, parse_channel, parse_json};
+use crate::api::extract::{ApiKey, Body, Chan, IdempotencyKey, Q};
 use crate::publish::{fingerprint, Publish, ScopedKey};
-use crate::AppState;
+use crate::state::AppState;
 
 type St = State<Arc<AppState>>;
 
@@ -72,8 +72,8 @@ pub async fn publish_one(
             format!("namespace `{}` requires an Idempotency-Key header", channel.namespace()),
         ));
     }
-    if crate::http_scheduled::asked(deliver_at, delay_ms) {
-        let ask = crate::http_scheduled::ScheduleAsk {
+    if crate::api::scheduled::asked(deliver_at, delay_ms) {
+        let ask = crate::api::scheduled::ScheduleAsk {
             scope: &scope,
             key: key.as_deref(),
             targets: vec![(channel, ns)],
@@ -83,7 +83,7 @@ pub async fn publish_one(
             delay_ms,
             batch: false,
         };
-        return crate::http_scheduled::schedule(&state, ask).await;
+        return crate::api::scheduled::schedule(&state, ask).await;
     }
     // The same comparison as a batch of one: see `publish::fingerprint`.
     let dedup = key.map(|k| {
@@ -136,8 +136,8 @@ pub async fn publish_batch(
             "a channel's namespace requires an Idempotency-Key header",
         ));
     }
-    if crate::http_scheduled::asked(deliver_at, delay_ms) {
-        let ask = crate::http_scheduled::ScheduleAsk {
+    if crate::api::scheduled::asked(deliver_at, delay_ms) {
+        let ask = crate::api::scheduled::ScheduleAsk {
             scope: &scope,
             key: key.as_deref(),
             targets,
@@ -147,7 +147,7 @@ pub async fn publish_batch(
             delay_ms,
             batch: true,
         };
-        return crate::http_scheduled::schedule(&state, ask).await;
+        return crate::api::scheduled::schedule(&state, ask).await;
     }
     for (channel, ns) in &targets {
         if ns.room && state.engine.room(channel).await?.is_none() {

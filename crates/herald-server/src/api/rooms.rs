@@ -18,10 +18,10 @@ use herald_proto::{
     ChannelName, CreateRoomBody, ErrorCode, Member, PatchRoomBody, PresenceQuery, PresenceReply, RoomView,
 };
 
+use crate::api::extract::{ApiKey, Body, Chan, RoomChan};
 use crate::error::ApiError;
-use crate::extract::{ApiKey, Body, Chan, RoomChan};
 use crate::rooms::{self, now_ms};
-use crate::AppState;
+use crate::state::AppState;
 
 type St = State<Arc<AppState>>;
 

@@ -315,7 +315,7 @@ impl ConnBytes {
 /// Every socket session of this server, so that shutdown reaches each one
 /// through its [`ConnBytes`] (an atomic and a wake) instead of every
 /// session polling one shared token. Sharded by connection id; a session
-/// is in it from [`Session::new`](crate::session::Session::new) until it
+/// is in it from [`Session::new`](crate::gateway::session::Session::new) until it
 /// is dropped.
 pub struct Sessions {
     shards: Vec<Mutex<HashMap<u64, Arc<ConnBytes>>>>,

@@ -44,7 +44,7 @@ use crate::error::ApiError;
 use crate::hub::{Charge, ConnBytes, ConnHandle, Outgoing, Stop};
 use crate::metrics::Protocol;
 use crate::rooms::MemberLease;
-use crate::AppState;
+use crate::state::AppState;
 
 mod budget;
 mod centrifugo;

@@ -23,7 +23,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::AppState;
+use crate::state::AppState;
 
 /// The body of a request did not arrive within `limits.body_read_timeout`.
 #[derive(Debug, thiserror::Error)]

@@ -23,9 +23,9 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
 use crate::error::ApiError;
-use crate::listener::body::caused_by;
+use crate::gateway::listener::body::caused_by;
 use crate::publish::validate_idempotency_key;
-use crate::AppState;
+use crate::state::AppState;
 
 /// `Authorization: Bearer <api key>` checked; holds the idempotency scope
 /// (`api:<key name>`, or `api:dev` in dev mode without a key).
@@ -152,7 +152,7 @@ pub(crate) fn body_bytes(body: Result<Bytes, axum::Error>, limit: usize) -> Resu
     body.map_err(|e| {
         if caused_by::<http_body_util::LengthLimitError>(&e) {
             ApiError::new(ErrorCode::PayloadTooLarge, format!("request body is larger than {limit} bytes"))
-        } else if caused_by::<crate::listener::body::BodyTimeout>(&e) {
+        } else if caused_by::<crate::gateway::listener::body::BodyTimeout>(&e) {
             ApiError::new(ErrorCode::RequestTimeout, "the request body did not arrive in time")
         } else {
             ApiError::new(ErrorCode::BadRequest, format!("could not read the body: {e}"))

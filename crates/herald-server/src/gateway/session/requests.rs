@@ -38,8 +38,13 @@ impl Session {
             return Err(ApiError::new(ErrorCode::AlreadySubscribed, "already subscribed on this connection"));
         }
         // The backend's say, after the token's (proxies.rs).
-        crate::proxies::subscribe(&state, &self.identity.sub, self.identity.device.as_deref(), channel)
-            .await?;
+        crate::integration::proxies::subscribe(
+            &state,
+            &self.identity.sub,
+            self.identity.device.as_deref(),
+            channel,
+        )
+        .await?;
         if self.regs.subs.len() >= state.config.limits.max_subscriptions {
             return Err(ApiError::new(
                 ErrorCode::TooManySubscriptions,

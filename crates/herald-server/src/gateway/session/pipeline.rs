@@ -139,7 +139,9 @@ impl Session {
                 // only), after the key's fingerprint of what the client sent
                 // and before the append; asked in frame order (proxies.rs).
                 let item = match q.publish {
-                    Ok(p) => crate::proxies::check_publish(&state, &user, device.as_deref(), p).await,
+                    Ok(p) => {
+                        crate::integration::proxies::check_publish(&state, &user, device.as_deref(), p).await
+                    }
                     Err(e) => Err(e),
                 };
                 items.push(item);

@@ -22,12 +22,12 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
+use crate::api::extract::{ApiKey, Q};
+use crate::api::messages::parse_channel;
 use crate::error::ApiError;
-use crate::extract::{ApiKey, Q};
-use crate::http::parse_channel;
 use crate::publish::{fingerprint, ScopedKey};
 use crate::rooms::now_ms;
-use crate::AppState;
+use crate::state::AppState;
 
 type St = State<Arc<AppState>>;
 
