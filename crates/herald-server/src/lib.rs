@@ -133,8 +133,8 @@ impl Server {
                 post(api::messages::publish_one).get(api::messages::history),
             )
             .route("/api/v1/publish", post(api::messages::publish_batch))
-            .route("/api/v1/channels/{channel}/cursors", get(api::messages::cursors))
-            .route("/api/v1/users/{user}/inbox", get(api::messages::inbox))
+            .route("/api/v1/channels/{channel}/cursors", get(api::cursors::cursors))
+            .route("/api/v1/users/{user}/inbox", get(api::cursors::inbox))
             .route("/api/v1/channels/{channel}/presence", get(api::rooms::presence))
             .route(
                 "/api/v1/rooms/{room}",
@@ -148,7 +148,7 @@ impl Server {
             .route("/api/v1/webhooks", get(api::webhooks::status))
             .route("/api/v1/webhooks/{name}/channels/{channel}/skip", post(api::webhooks::skip))
             .route("/api/v1/webhooks/{name}/channels/{channel}/retry", post(api::webhooks::retry))
-            .method_not_allowed_fallback(api::messages::method_not_allowed);
+            .method_not_allowed_fallback(api::health::method_not_allowed);
         let api = match browser::cors_layer(&self.state.cors_origins) {
             Some(cors) => api.layer(cors),
             None => api,
@@ -157,12 +157,12 @@ impl Server {
             .route("/ws", get(gateway::ws::upgrade))
             .route("/connection/websocket", get(gateway::centrifugo::upgrade))
             .merge(api)
-            .route("/healthz", get(api::messages::healthz))
-            .route("/readyz", get(api::messages::readyz))
-            .route("/metrics", get(api::messages::metrics))
+            .route("/healthz", get(api::health::healthz))
+            .route("/readyz", get(api::health::readyz))
+            .route("/metrics", get(api::health::metrics))
             .merge(api::console::router())
-            .fallback(api::messages::not_found)
-            .method_not_allowed_fallback(api::messages::method_not_allowed)
+            .fallback(api::health::not_found)
+            .method_not_allowed_fallback(api::health::method_not_allowed)
             .with_state(self.state.clone())
     }
 

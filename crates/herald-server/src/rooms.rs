@@ -32,6 +32,20 @@ pub fn no_such_room() -> ApiError {
     ApiError::new(ErrorCode::NotFound, "no such room; create it with PUT /api/v1/rooms/{room}")
 }
 
+/// Every room channel among `targets` exists (a publish to a room that was
+/// never created is refused before anything is stored).
+pub async fn require_rooms(
+    state: &AppState,
+    targets: &[(ChannelName, &NamespaceOptions)],
+) -> Result<(), ApiError> {
+    for (channel, ns) in targets {
+        if ns.room && state.engine.room(channel).await?.is_none() {
+            return Err(no_such_room());
+        }
+    }
+    Ok(())
+}
+
 /// A connection's hold on its member lease of one channel.
 #[derive(Debug, Clone)]
 pub struct MemberLease {

@@ -10,8 +10,6 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::integration::{proxies, webhooks};
-use crate::jobs::scheduler;
 use crate::{auth, browser, hub, metrics, publish};
 
 /// Shared server state. Sessions and handlers hold it by `Arc`.
@@ -46,9 +44,9 @@ pub struct AppState {
     /// lease TTL). Other connections tick every `limits.ping_interval`.
     pub presence_tick: Duration,
     /// Wakes the scheduler for an earlier schedule.
-    pub(crate) scheduler: scheduler::Wake,
+    pub(crate) scheduler: crate::jobs::scheduler::Wake,
     /// The configured webhooks and their deliverers' shared state.
-    pub webhooks: webhooks::Webhooks,
+    pub webhooks: crate::integration::webhooks::Webhooks,
     /// Answers of the subscribe proxy, when cached.
-    pub subscribe_cache: proxies::SubscribeCache,
+    pub subscribe_cache: crate::integration::proxies::SubscribeCache,
 }

@@ -1,28 +1,25 @@
-//! The HTTP API (`/api/v1`) and operations endpoints.
+//! A channel's messages: publish (`POST /api/v1/channels/{channel}/messages`
+//! and the batch `POST /api/v1/publish`, each immediate or scheduled) and
+//! history (`GET /api/v1/channels/{channel}/messages`).
 
-use std::sync::Arc;
-
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use herald_core::{Health, Receipt};
+use herald_core::{NamespaceOptions, Receipt};
 use herald_proto::{
-    check_id, BatchBody, BatchItem, BatchProblem, BatchReply, ChannelName, CursorsPage, ErrorCode,
-    HistoryPage, HistoryQuery, Inbox, InboxChannel, InboxDevice, ItemError, LimitQuery, PublishBody,
-    Published, StoredFrame, SubscriberCursor,
+    BatchBody, BatchItem, BatchProblem, BatchReply, ChannelName, ErrorCode, HistoryPage, HistoryQuery,
+    ItemError, Meta, PublishBody, Published, StoredFrame,
 };
-use serde::Serialize;
+use serde_json::value::RawValue;
 
+use super::{json_bytes_response, json_response, scheduled, St};
+use crate::api::extract::{parse_channel, ApiKey, Body, Chan, IdempotencyKey, Q};
 use crate::error::ApiError;
-// The preamble helpers under their old paths, for handlers that take
-// headers and bytes themselves (new handlers: use the extractors).
-#[allow(unused_imports)]
-pub(crate) use crate::api::extract::{body_bytes, parse_channel, parse_json};
-use crate::api::extract::{ApiKey, Body, Chan, IdempotencyKey, Q};
 use crate::publish::{fingerprint, Publish, ScopedKey};
 use crate::state::AppState;
 
-type St = State<Arc<AppState>>;
+/// The channels of a batch, each resolved to its namespace.
+type Targets<'a> = Vec<(ChannelName, &'a NamespaceOptions)>;
 
 fn published(r: &Receipt) -> Published {
     Published {
@@ -31,19 +28,6 @@ fn published(r: &Receipt) -> Published {
         id: r.id.to_string(),
         epoch: Some(r.epoch.to_string()),
     }
-}
-
-fn json_response(status: StatusCode, body: &impl Serialize, replayed: bool) -> Response {
-    json_bytes_response(status, serde_json::to_vec(body).expect("response serialises"), replayed)
-}
-
-fn json_bytes_response(status: StatusCode, bytes: Vec<u8>, replayed: bool) -> Response {
-    let mut resp = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], bytes)
-        .into_response();
-    if replayed {
-        resp.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
-    }
-    resp
 }
 
 /// Durable appends answer 201 Created; volatile broadcasts 202 Accepted
@@ -72,8 +56,8 @@ pub async fn publish_one(
             format!("namespace `{}` requires an Idempotency-Key header", channel.namespace()),
         ));
     }
-    if crate::api::scheduled::asked(deliver_at, delay_ms) {
-        let ask = crate::api::scheduled::ScheduleAsk {
+    if scheduled::asked(deliver_at, delay_ms) {
+        let ask = scheduled::ScheduleAsk {
             scope: &scope,
             key: key.as_deref(),
             targets: vec![(channel, ns)],
@@ -83,7 +67,7 @@ pub async fn publish_one(
             delay_ms,
             batch: false,
         };
-        return crate::api::scheduled::schedule(&state, ask).await;
+        return scheduled::schedule(&state, ask).await;
     }
     // The same comparison as a batch of one: see `publish::fingerprint`.
     let dedup = key.map(|k| {
@@ -103,31 +87,15 @@ pub async fn publish_one(
 
 /// `POST /api/v1/publish`: one message to several channels. With an
 /// Idempotency-Key the batch is one request under the key (see
-/// `publish::ScopedKey`): its first channel's append decides whether it is
-/// new, a replay or a mismatch, before any other channel is appended; each
-/// other channel's append is deduplicated on its own, so a retry of a partly
-/// failed batch completes it without doubling any channel.
+/// [`append_batch`]). Every check runs before anything is stored or
+/// scheduled: the channels, `data`, the key, the rooms.
 pub async fn publish_batch(
     State(state): St,
     ApiKey(scope): ApiKey,
     key: Result<IdempotencyKey, ApiError>,
     Body(BatchBody { channels, data, meta, deliver_at, delay_ms }): Body<BatchBody>,
 ) -> Result<Response, ApiError> {
-    if channels.is_empty() || channels.len() > state.config.limits.max_batch_channels {
-        return Err(ApiError::new(
-            ErrorCode::BadRequest,
-            format!("`channels` must name 1..={} channels", state.config.limits.max_batch_channels),
-        ));
-    }
-    // Validate everything before appending anything.
-    let mut targets = Vec::with_capacity(channels.len());
-    for name in &channels {
-        let (channel, ns) = parse_channel(&state, name)?;
-        if targets.iter().any(|(c, _)| c == &channel) {
-            return Err(ApiError::new(ErrorCode::BadRequest, format!("channel `{channel}` is named twice")));
-        }
-        targets.push((channel, ns));
-    }
+    let targets = batch_targets(&state, &channels)?;
     state.check_publish_data(&data)?;
     let IdempotencyKey(key) = key?;
     if key.is_none() && targets.iter().any(|(_, ns)| ns.require_idempotency_key) {
@@ -136,8 +104,8 @@ pub async fn publish_batch(
             "a channel's namespace requires an Idempotency-Key header",
         ));
     }
-    if crate::api::scheduled::asked(deliver_at, delay_ms) {
-        let ask = crate::api::scheduled::ScheduleAsk {
+    if scheduled::asked(deliver_at, delay_ms) {
+        let ask = scheduled::ScheduleAsk {
             scope: &scope,
             key: key.as_deref(),
             targets,
@@ -147,16 +115,52 @@ pub async fn publish_batch(
             delay_ms,
             batch: true,
         };
-        return crate::api::scheduled::schedule(&state, ask).await;
+        return scheduled::schedule(&state, ask).await;
     }
-    for (channel, ns) in &targets {
-        if ns.room && state.engine.room(channel).await?.is_none() {
-            return Err(crate::rooms::no_such_room());
+    crate::rooms::require_rooms(&state, &targets).await?;
+    let outcomes = append_batch(&state, &scope, key.as_deref(), &targets, &data, &meta).await?;
+    Ok(batch_reply(&targets, &outcomes))
+}
+
+/// Validation: 1..=`limits.max_batch_channels` channels, each valid, in a
+/// namespace, and named once.
+fn batch_targets<'a>(state: &'a AppState, channels: &[String]) -> Result<Targets<'a>, ApiError> {
+    let max = state.config.limits.max_batch_channels;
+    if channels.is_empty() || channels.len() > max {
+        return Err(ApiError::new(ErrorCode::BadRequest, format!("`channels` must name 1..={max} channels")));
+    }
+    let mut targets = Vec::with_capacity(channels.len());
+    for name in channels {
+        let (channel, ns) = parse_channel(state, name)?;
+        if targets.iter().any(|(c, _)| c == &channel) {
+            return Err(ApiError::new(ErrorCode::BadRequest, format!("channel `{channel}` is named twice")));
         }
+        targets.push((channel, ns));
     }
+    Ok(targets)
+}
+
+/// The key protocol of a batch (see `publish::ScopedKey`), one outcome per
+/// target in order. Without a key, every channel goes to the engine as one
+/// submission (one group commit). With a key, the batch holds its anchor's
+/// in-flight claim throughout, and its first channel's append decides
+/// whether it is new, a replay or a mismatch before any other channel is
+/// appended: a mismatch there (another request under this key) appends
+/// nothing anywhere, and any other failure there leaves the rest to the
+/// retry. Each other channel's append is deduplicated on its own, so a
+/// retry of a partly failed batch completes it without doubling any
+/// channel.
+async fn append_batch(
+    state: &AppState,
+    scope: &str,
+    key: Option<&str>,
+    targets: &Targets<'_>,
+    data: &RawValue,
+    meta: &Option<Meta>,
+) -> Result<Vec<Result<Receipt, ApiError>>, ApiError> {
     let names: Vec<ChannelName> = targets.iter().map(|(c, _)| c.clone()).collect();
-    let fp = fingerprint(&names, &data, meta.as_ref());
-    let scoped = key.as_ref().map(|k| ScopedKey::new(&scope, k));
+    let fp = fingerprint(&names, data, meta.as_ref());
+    let scoped = key.map(|k| ScopedKey::new(scope, k));
     let _claim = match &scoped {
         Some(s) => Some(state.in_flight.claim(&s.anchor())?),
         None => None,
@@ -167,18 +171,13 @@ pub async fn publish_batch(
             let key = if i == 0 { s.anchor() } else { s.for_channel(channel) };
             (key, fp)
         });
-        Publish { channel: channel.clone(), data: data.clone(), meta: meta.clone(), dedup }
+        Publish { channel: channel.clone(), data: data.to_owned(), meta: meta.clone(), dedup }
     };
-    let publish = |i: usize| state.publish_claimed(targets[i].1, message(i));
-    // The channels go to the engine as one submission (one group commit).
     let publish_all =
         |from: usize| state.publish_many((from..targets.len()).map(|i| Ok(message(i))).collect(), false);
-    // With a key, the first channel goes first: a mismatch there (another
-    // request under this key) appends nothing anywhere, and any other
-    // failure there leaves the rest to the retry.
     let mut outcomes = Vec::with_capacity(targets.len());
     if scoped.is_some() {
-        let first = publish(0).await;
+        let first = state.publish_claimed(targets[0].1, message(0)).await;
         let skipped = first.as_ref().err().map(|e| {
             ApiError::new(e.code, format!("not attempted: the batch's first channel failed ({})", e.detail))
         });
@@ -190,11 +189,18 @@ pub async fn publish_batch(
     } else {
         outcomes.extend(publish_all(0).await);
     }
+    Ok(outcomes)
+}
 
+/// The reply: every channel's receipt (201, or 202 when no channel is
+/// durable; replayed when every channel was), or, when one failed, the
+/// first failure's problem document with every channel's outcome, so the
+/// caller knows what landed; a retry with the same key completes the rest.
+fn batch_reply(targets: &Targets<'_>, outcomes: &[Result<Receipt, ApiError>]) -> Response {
     let mut results = Vec::with_capacity(outcomes.len());
     let mut first_error: Option<ApiError> = None;
     let mut all_replayed = true;
-    for ((channel, _), outcome) in targets.iter().zip(&outcomes) {
+    for ((channel, _), outcome) in targets.iter().zip(outcomes) {
         match outcome {
             Ok(r) => {
                 all_replayed &= r.duplicate;
@@ -215,16 +221,14 @@ pub async fn publish_batch(
     match first_error {
         None => {
             let durable = targets.iter().any(|(_, ns)| ns.is_durable());
-            Ok(json_response(publish_status(durable), &BatchReply { results }, all_replayed))
+            json_response(publish_status(durable), &BatchReply { results }, all_replayed)
         }
         Some(err) => {
-            // Problem document plus the per-channel outcome, so the caller
-            // knows what landed; a retry with the same key completes the rest.
             let problem =
                 BatchProblem { problem: herald_proto::Problem::new(err.code, err.detail.clone()), results };
             let mut resp = err.into_response();
             *resp.body_mut() = axum::body::Body::from(serde_json::to_vec(&problem).expect("serialises"));
-            Ok(resp)
+            resp
         }
     }
 }
@@ -267,132 +271,4 @@ pub async fn history(
     }
     .encode();
     Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
-}
-
-/// Most cursors one receipts or inbox request returns.
-const MAX_CURSORS: usize = 10_000;
-
-fn cursor_limit(q: Result<Q<LimitQuery>, ApiError>) -> Result<usize, ApiError> {
-    let Q(q) = q?;
-    let limit = q.limit.unwrap_or(1000);
-    if limit == 0 || limit > MAX_CURSORS {
-        return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={MAX_CURSORS}")));
-    }
-    Ok(limit)
-}
-
-/// `GET /api/v1/channels/{channel}/cursors`: delivery receipts of an acked
-/// channel: every subscriber's cursor, unread count and last ack time.
-pub async fn cursors(
-    State(state): St,
-    _: ApiKey,
-    Chan { channel, ns }: Chan,
-    query: Result<Q<LimitQuery>, ApiError>,
-) -> Result<Response, ApiError> {
-    let limit = cursor_limit(query)?;
-    if ns.delivery != herald_core::Delivery::Acked {
-        return Err(ApiError::new(
-            ErrorCode::NotSupported,
-            "cursors exist only on channels with delivery = \"acked\"",
-        ));
-    }
-    let pos = state.engine.position(&channel).await?;
-    let list = state.engine.cursors(&channel, limit).await?;
-    let cursors = list
-        .iter()
-        .map(|(sub, c)| SubscriberCursor {
-            user: sub.user().to_owned(),
-            device: sub.device().map(str::to_owned),
-            cursor: c.seq,
-            unread: pos.head.saturating_sub(c.seq),
-            acked_at: c.acked_at_ms,
-        })
-        .collect();
-    let body = CursorsPage {
-        channel: channel.to_string(),
-        epoch: pos.epoch.to_string(),
-        first: pos.first,
-        head: pos.head,
-        cursors,
-    };
-    Ok(json_response(StatusCode::OK, &body, false))
-}
-
-/// `GET /api/v1/users/{user}/inbox`: for each acked channel of the user (its
-/// `user:{user}` channel and every channel it has a cursor on): head, cursor
-/// per device, unread.
-pub async fn inbox(
-    State(state): St,
-    Path(user): Path<String>,
-    _: ApiKey,
-    query: Result<Q<LimitQuery>, ApiError>,
-) -> Result<Response, ApiError> {
-    let limit = cursor_limit(query)?;
-    check_id(&user).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`user` {e}")))?;
-    let mut by_channel: std::collections::BTreeMap<ChannelName, Vec<InboxDevice>> = Default::default();
-    if let Ok(own) = ChannelName::new(&format!("user:{user}")) {
-        if state.config.namespaces.resolve(&own).is_ok_and(|ns| ns.delivery == herald_core::Delivery::Acked) {
-            by_channel.entry(own).or_default();
-        }
-    }
-    let list = state.engine.user_cursors(&user, limit).await?;
-    for uc in &list {
-        by_channel.entry(uc.channel.clone()).or_default().push(InboxDevice {
-            device: uc.device.as_deref().map(str::to_owned),
-            cursor: uc.cursor.seq,
-            acked_at: uc.cursor.acked_at_ms,
-            unread: 0,
-        });
-    }
-    let mut channels = Vec::with_capacity(by_channel.len());
-    for (channel, mut devices) in by_channel {
-        let pos = state.engine.position(&channel).await?;
-        for d in &mut devices {
-            d.unread = pos.head.saturating_sub(d.cursor);
-        }
-        // A device that never acked has everything retained unread.
-        let unread_new_device = pos.head + 1 - pos.first;
-        channels.push(InboxChannel {
-            channel: channel.to_string(),
-            epoch: pos.epoch.to_string(),
-            first: pos.first,
-            head: pos.head,
-            unread_without_cursor: unread_new_device,
-            devices,
-        });
-    }
-    Ok(json_response(StatusCode::OK, &Inbox { user, channels }, false))
-}
-
-pub async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-pub async fn readyz(State(state): St) -> Result<&'static str, ApiError> {
-    if state.shutdown.is_cancelled() {
-        return Err(ApiError::new(ErrorCode::ShuttingDown, "shutting down"));
-    }
-    match state.engine.health() {
-        Health::Ready => Ok("ready\n"),
-        Health::Unavailable(why) | Health::Failed(why) => {
-            Err(ApiError::new(ErrorCode::Unavailable, format!("storage not ready: {why}")))
-        }
-    }
-}
-
-pub async fn metrics(State(state): St) -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        state.metrics.render(),
-    )
-        .into_response()
-}
-
-pub async fn not_found() -> ApiError {
-    ApiError::new(ErrorCode::NotFound, "no such endpoint")
-}
-
-/// The path exists, not with this method (axum adds `Allow`).
-pub async fn method_not_allowed() -> ApiError {
-    ApiError::new(ErrorCode::MethodNotAllowed, "this endpoint does not take this method")
 }

@@ -69,7 +69,7 @@ pub(crate) fn verify_token(
 /// A token-less dev-mode identity for `user` (the caller checked dev mode).
 pub(crate) fn dev_identity(user: &str, device: Option<&str>) -> Result<Identity, ApiError> {
     check_id(user).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`user` {e}")))?;
-    if user.starts_with(crate::integration::webhooks::RESERVED_USER_PREFIX) {
+    if user.starts_with(crate::auth::RESERVED_USER_PREFIX) {
         return Err(ApiError::new(ErrorCode::BadRequest, "`user` must not start with `herald:` (reserved)"));
     }
     Ok(Identity::dev(user, device))

@@ -394,7 +394,7 @@ pub async fn connect(
     let user = a.user.unwrap_or_default();
     let device = a.device.or(device.map(str::to_owned)).filter(|d| !d.is_empty());
     let valid = herald_proto::check_id(&user).is_ok()
-        && !user.starts_with(crate::integration::webhooks::RESERVED_USER_PREFIX)
+        && !user.starts_with(crate::auth::RESERVED_USER_PREFIX)
         && device.as_deref().is_none_or(|d| herald_proto::check_id(d).is_ok());
     if !valid {
         count(state, "connect", "fail");

@@ -69,9 +69,6 @@ pub fn subscriber(name: &str) -> SubscriberId {
     SubscriberId::new(format!("herald:webhook:{name}"), None).expect("webhook names make valid ids")
 }
 
-/// The prefix of reserved user ids.
-pub const RESERVED_USER_PREFIX: &str = "herald:";
-
 /// A channel's last failed request, for the status API.
 #[derive(Debug, Clone)]
 pub struct LastError {
