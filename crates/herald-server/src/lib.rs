@@ -5,6 +5,29 @@
 //! durable or cross-node effect goes through the engine, and fan-out comes
 //! back from it into the [`hub::Hub`]. It must never block a runtime thread,
 //! await a slow peer while holding shared state, or queue without a bound.
+//!
+//! # Layout
+//!
+//! The parts, bottom first; a module names only modules of its own part
+//! or of a layer below (`scripts/check-server-layers` counts the
+//! references that do not, and must find none):
+//!
+//! 1. The shared ground: [`state`](AppState) (the state every handler,
+//!    session and job holds), `publish` (the one publish path), `rooms`
+//!    (presence and room transitions), [`hub`] (fan-out, the mailboxes,
+//!    the byte ceiling, the session registry), and `config`, `error`,
+//!    [`metrics`], [`auth`], [`browser`]. These may name each other.
+//! 2. `integration` (webhooks, backend proxies) and `jobs` (the
+//!    scheduler, the room keeper): the work done beside requests.
+//! 3. `api` (the HTTP API, a module per resource) and `gateway` (the
+//!    listener, the WebSocket upgrades and the sessions): the two ways in.
+//!    Neither names the other.
+//! 4. This file: [`Server`], which binds, builds the router from the
+//!    handlers and runs the listener and the jobs until shutdown.
+//!
+//! One exception: `AppState` holds the shared state of three parts above
+//! it (the webhooks, the subscribe proxy's cache, the scheduler's wake-up)
+//! and so names those three types.
 
 mod api;
 pub mod auth;

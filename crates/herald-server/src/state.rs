@@ -1,5 +1,8 @@
 //! The server's shared state: [`AppState`], held by `Arc` by every
-//! handler, session and background task.
+//! handler, session and background task. It sits at the bottom of the
+//! crate's layers, and names three types of the parts above it: the
+//! shared state of the webhooks, of the subscribe proxy's cache and of the
+//! scheduler's wake-up, which it holds for them.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;

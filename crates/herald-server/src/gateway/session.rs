@@ -359,8 +359,8 @@ impl Session {
     }
 
     /// The heartbeat period: `limits.ping_interval`, or the presence renew
-    /// period while this connection holds a member lease (so idle
-    /// connections without presence wake up no more often than before).
+    /// period while this connection holds a member lease (so connections
+    /// without presence wake up only every `limits.ping_interval`).
     fn tick_period(&self) -> Duration {
         if self.regs.subs.values().any(|s| s.presence.is_some()) {
             self.state.presence_tick
@@ -496,8 +496,8 @@ impl Session {
             }
         };
         if !matches!(frame, ClientFrame::Publish { .. }) {
-            // Handled after every earlier publish is answered, as when
-            // publishes were handled one at a time.
+            // Every earlier publish is answered first: a frame acts after
+            // the publishes sent before it.
             Box::pin(self.settle_publishes()).await?;
         }
         match frame {

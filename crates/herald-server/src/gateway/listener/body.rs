@@ -28,7 +28,7 @@ use crate::state::AppState;
 /// The guard around the whole router (one service per connection, applied
 /// once per request, not per route): 413 before reading a body whose
 /// `Content-Length` is above `limits.max_body_bytes` (a chunked body is cut
-/// at the limit while it is read, see `extract::Body`), then the body
+/// at the limit while it is read, see `api::extract::Body`), then the body
 /// deadline.
 #[derive(Clone)]
 pub(crate) struct Guard<S> {

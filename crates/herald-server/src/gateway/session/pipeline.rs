@@ -20,7 +20,7 @@
 //!   the engine; at the bound the socket is not read (back-pressure: TCP
 //!   slows the publisher down, nothing is buffered beyond it);
 //! - any other frame first waits until every earlier publish is answered,
-//!   so it sees their effects, as when publishes were handled one by one;
+//!   so it sees their effects (frames act in the order they were sent);
 //!   so does the peer's close frame (the publishes sent before it are
 //!   appended, though their replies may no longer get through);
 //! - a publish of a namespace with the publish proxy is appended only after
