@@ -13,7 +13,7 @@ use super::Outgoing;
 /// Why a session must end now (see [`Mailbox::poll_stop`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
-    /// The server is shutting down ([`Sessions::stop_all`]).
+    /// The server is shutting down ([`Sessions::stop_all`](super::Sessions::stop_all)).
     Shutdown,
     /// The connection fell too far behind ([`Mailbox::kick`]).
     SlowConsumer,
