@@ -11,6 +11,10 @@ use sha2::{Digest, Sha256};
 
 use crate::config::JwtConfig;
 
+/// The prefix of reserved user ids: the server's own subscribers (a
+/// webhook's cursor is `herald:webhook:NAME`), never a client's user id.
+pub const RESERVED_USER_PREFIX: &str = "herald:";
+
 /// The credential of an `Authorization: Bearer <credential>` header.
 pub fn bearer(headers: &http::HeaderMap) -> Option<&str> {
     headers
@@ -199,7 +203,7 @@ impl JwtVerifier {
         }
         // Reserved for Herald's own subscribers (webhooks ack as
         // `herald:webhook:<name>`): no client may ack in their name.
-        if c.sub.starts_with(crate::webhooks::RESERVED_USER_PREFIX) {
+        if c.sub.starts_with(RESERVED_USER_PREFIX) {
             return Err(AuthError::new(
                 ErrorCode::Unauthorized,
                 "token `sub` must not start with `herald:` (reserved)",

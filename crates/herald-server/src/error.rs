@@ -91,3 +91,22 @@ impl IntoResponse for ApiError {
         resp
     }
 }
+
+/// The body of a request did not arrive within `http.body_read_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within http.body_read_timeout")]
+pub(crate) struct BodyTimeout;
+
+/// Whether `T` is in the chain of `e` and its sources: a body read that
+/// failed because of [`BodyTimeout`], or stopped at the size limit
+/// (`http_body_util::LengthLimitError`).
+pub(crate) fn caused_by<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<T>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}

@@ -5,27 +5,43 @@
 //! durable or cross-node effect goes through the engine, and fan-out comes
 //! back from it into the [`hub::Hub`]. It must never block a runtime thread,
 //! await a slow peer while holding shared state, or queue without a bound.
+//!
+//! # Layout
+//!
+//! The parts, bottom first; a module names only modules of its own part
+//! or of a layer below (`scripts/check-server-layers` counts the
+//! references that do not, and must find none):
+//!
+//! 1. The shared ground: [`state`](AppState) (the state every handler,
+//!    session and job holds), `publish` (the one publish path), `rooms`
+//!    (presence and room transitions), [`hub`] (fan-out, the mailboxes,
+//!    the byte ceiling, the session registry), and `config`, `error`,
+//!    [`metrics`], [`auth`], [`browser`]. These may name each other.
+//! 2. `integration` (webhooks, backend proxies) and `jobs` (the
+//!    scheduler, the room keeper): the work done beside requests.
+//! 3. `api` (the HTTP API, a module per resource) and `gateway` (the
+//!    listener, the WebSocket upgrades and the sessions): the two ways in.
+//!    Neither names the other.
+//! 4. This file: [`Server`], which binds, builds the router from the
+//!    handlers and runs the listener and the jobs until shutdown.
+//!
+//! One exception: `AppState` holds the shared state of three parts above
+//! it (the webhooks, the subscribe proxy's cache, the scheduler's wake-up)
+//! and so names those three types.
 
+mod api;
 pub mod auth;
 pub mod browser;
-mod centrifugo;
 pub mod config;
-mod console;
 mod error;
-mod extract;
-mod http;
-mod http_rooms;
-mod http_scheduled;
+mod gateway;
 pub mod hub;
-mod listener;
+mod integration;
+mod jobs;
 pub mod metrics;
-pub mod proxies;
 mod publish;
 mod rooms;
-mod scheduler;
-mod session;
-pub mod webhooks;
-mod ws;
+mod state;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -44,45 +60,8 @@ use tower_http::set_header::SetResponseHeader;
 
 pub use config::Config;
 pub use error::ApiError;
-
-/// Shared server state. Sessions and handlers hold it by `Arc`.
-pub struct AppState {
-    pub config: Config,
-    pub engine: Arc<dyn Engine>,
-    pub hub: Arc<hub::Hub>,
-    pub metrics: Arc<metrics::Metrics>,
-    jwt: auth::JwtVerifier,
-    api_keys: auth::ApiKeys,
-    in_flight: publish::InFlight,
-    /// Cancelled when shutdown starts.
-    pub shutdown: CancellationToken,
-    /// Every socket session: shutdown tells each one through it
-    /// (`hub::Sessions`), not through `shutdown`.
-    pub sessions: hub::Sessions,
-    /// WebSocket tasks (axum/hyper do not track upgraded connections).
-    tasks: TaskTracker,
-    open_connections: AtomicUsize,
-    /// Effective WebSocket connection cap (config, lowered to fit the
-    /// open-files limit).
-    pub max_connections: usize,
-    /// Effective cap on connections that are not WebSocket sessions.
-    pub max_http_connections: usize,
-    /// `allowed_origins`, parsed.
-    ws_origins: browser::Origins,
-    /// `cors_origins`, parsed.
-    cors_origins: browser::Origins,
-    next_conn_id: AtomicU64,
-    /// Heartbeat period of a connection holding presence leases: pings,
-    /// idle and token checks, and lease renewals (at most a third of the
-    /// lease TTL). Other connections tick every `heartbeat.ping_interval`.
-    pub presence_tick: Duration,
-    /// Wakes the scheduler for an earlier schedule.
-    scheduler: scheduler::Wake,
-    /// The configured webhooks and their deliverers' shared state.
-    pub webhooks: webhooks::Webhooks,
-    /// Answers of the subscribe proxy, when cached.
-    pub subscribe_cache: proxies::SubscribeCache,
-}
+pub use integration::{proxies, webhooks};
+pub use state::AppState;
 
 /// Raise the soft open-files limit to the hard one and return the
 /// (WebSocket, HTTP) connection caps that keep us clear of EMFILE: a reserve
@@ -144,7 +123,7 @@ impl Server {
             tasks: TaskTracker::new(),
             open_connections: AtomicUsize::new(0),
             next_conn_id: AtomicU64::new(1),
-            scheduler: scheduler::Wake::default(),
+            scheduler: jobs::scheduler::Wake::default(),
         });
         Ok(Server { state, listener })
     }
@@ -161,8 +140,8 @@ impl Server {
     /// it once: `Router::layer` would wrap every route on its own, and
     /// axum then clones each route's boxed layer stack for every request
     /// (an allocation per layer and route call).
-    fn http_service(&self) -> listener::HttpService {
-        let guarded = listener::body::Guard::new(self.router(), self.state.clone());
+    fn http_service(&self) -> gateway::listener::HttpService {
+        let guarded = gateway::listener::body::Guard::new(self.router(), self.state.clone());
         let nosniff =
             SetResponseHeader::overriding(guarded, header::X_CONTENT_TYPE_OPTIONS, browser::NOSNIFF);
         SetResponseHeader::if_not_present(nosniff, header::CACHE_CONTROL, browser::NO_STORE)
@@ -172,38 +151,41 @@ impl Server {
         // The 405 fallback is set before the CORS layer so that preflights
         // (OPTIONS) reach the layer.
         let api = Router::new()
-            .route("/api/v1/channels/{channel}/messages", post(http::publish_one).get(http::history))
-            .route("/api/v1/publish", post(http::publish_batch))
-            .route("/api/v1/channels/{channel}/cursors", get(http::cursors))
-            .route("/api/v1/users/{user}/inbox", get(http::inbox))
-            .route("/api/v1/channels/{channel}/presence", get(http_rooms::presence))
+            .route(
+                "/api/v1/channels/{channel}/messages",
+                post(api::messages::publish_one).get(api::messages::history),
+            )
+            .route("/api/v1/publish", post(api::messages::publish_batch))
+            .route("/api/v1/channels/{channel}/cursors", get(api::cursors::cursors))
+            .route("/api/v1/users/{user}/inbox", get(api::cursors::inbox))
+            .route("/api/v1/channels/{channel}/presence", get(api::rooms::presence))
             .route(
                 "/api/v1/rooms/{room}",
-                get(http_rooms::get_room)
-                    .put(http_rooms::create_room)
-                    .patch(http_rooms::patch_room)
-                    .delete(http_rooms::delete_room),
+                get(api::rooms::get_room)
+                    .put(api::rooms::create_room)
+                    .patch(api::rooms::patch_room)
+                    .delete(api::rooms::delete_room),
             )
-            .route("/api/v1/scheduled", get(http_scheduled::list))
-            .route("/api/v1/scheduled/{id}", axum::routing::delete(http_scheduled::cancel))
-            .route("/api/v1/webhooks", get(webhooks::http::status))
-            .route("/api/v1/webhooks/{name}/channels/{channel}/skip", post(webhooks::http::skip))
-            .route("/api/v1/webhooks/{name}/channels/{channel}/retry", post(webhooks::http::retry))
-            .method_not_allowed_fallback(http::method_not_allowed);
+            .route("/api/v1/scheduled", get(api::scheduled::list))
+            .route("/api/v1/scheduled/{id}", axum::routing::delete(api::scheduled::cancel))
+            .route("/api/v1/webhooks", get(api::webhooks::status))
+            .route("/api/v1/webhooks/{name}/channels/{channel}/skip", post(api::webhooks::skip))
+            .route("/api/v1/webhooks/{name}/channels/{channel}/retry", post(api::webhooks::retry))
+            .method_not_allowed_fallback(api::health::method_not_allowed);
         let api = match browser::cors_layer(&self.state.cors_origins) {
             Some(cors) => api.layer(cors),
             None => api,
         };
         Router::new()
-            .route("/ws", get(ws::upgrade))
-            .route("/connection/websocket", get(centrifugo::upgrade))
+            .route("/ws", get(gateway::ws::upgrade))
+            .route("/connection/websocket", get(gateway::centrifugo::upgrade))
             .merge(api)
-            .route("/healthz", get(http::healthz))
-            .route("/readyz", get(http::readyz))
-            .route("/metrics", get(http::metrics))
-            .merge(console::router())
-            .fallback(http::not_found)
-            .method_not_allowed_fallback(http::method_not_allowed)
+            .route("/healthz", get(api::health::healthz))
+            .route("/readyz", get(api::health::readyz))
+            .route("/metrics", get(api::health::metrics))
+            .merge(api::console::router())
+            .fallback(api::health::not_found)
+            .method_not_allowed_fallback(api::health::method_not_allowed)
             .with_state(self.state.clone())
     }
 
@@ -214,21 +196,21 @@ impl Server {
         let state = self.state.clone();
         let http_tasks = TaskTracker::new();
         let http = &state.config.http;
-        let serving = listener::Serving {
-            connections: Arc::new(listener::Connections::new(
+        let serving = gateway::listener::Serving {
+            connections: Arc::new(gateway::listener::Connections::new(
                 state.max_http_connections,
                 state.metrics.clone(),
             )),
-            http: listener::Serving::http_builder(http),
+            http: gateway::listener::Serving::http_builder(http),
             service: self.http_service(),
-            timeouts: listener::Timeouts::from_config(http),
+            timeouts: gateway::listener::Timeouts::from_config(http),
             shutdown: state.shutdown.clone(),
             metrics: state.metrics.clone(),
             tasks: http_tasks.clone(),
         };
-        let keeper = tokio::spawn(rooms::keeper(state.clone()));
-        let scheduler = tokio::spawn(scheduler::run(state.clone()));
-        let deliverer = tokio::spawn(webhooks::run(state.clone()));
+        let keeper = tokio::spawn(jobs::room_keeper::run(state.clone()));
+        let scheduler = tokio::spawn(jobs::scheduler::run(state.clone()));
+        let deliverer = tokio::spawn(integration::webhooks::run(state.clone()));
         tokio::pin!(signal);
         loop {
             tokio::select! {

@@ -15,7 +15,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
-use crate::AppState;
+use crate::state::AppState;
 
 /// Longest accepted `Idempotency-Key`.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;

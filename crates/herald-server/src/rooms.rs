@@ -2,39 +2,24 @@
 //!
 //! The engine holds the truth (leases with fencing tokens, room records
 //! changed by compare-and-set together with their log event); this module
-//! decides what to announce and which room transition is due, and runs the
-//! keeper that drives timers:
-//!
-//! - every `presence.sweep_interval` it removes expired leases (each is
-//!   returned to exactly one sweeper, on any node) and announces their
-//!   `leave`;
-//! - it then walks the rooms that are not closed and applies the transition
-//!   [`Room::due`] says (host present → `live`, host gone → `grace`, grace
-//!   over → `closed`).
-//!
-//! The keeper reads everything from the engine, so nothing is lost with a
-//! process: after a restart (or on another node) rooms whose host never came
-//! back still close on time, because the host's lease and the grace deadline
-//! are stored. Event-driven checks (a host joins or leaves) only make the
-//! same transitions sooner.
+//! decides what to announce and which room transition is due. The keeper
+//! that drives the timers is `jobs::room_keeper`; every transition it
+//! makes goes through [`check_room`], as do the event-driven checks (a host
+//! joins or leaves), which only make the same transitions sooner.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use herald_core::{
-    AppendRequest, EngineError, Joined, Lease, Member, NamespaceOptions, Rejoined, Room, RoomReason,
-    RoomStatus, RoomWrite, RoomWritten,
+    AppendRequest, EngineError, Joined, Member, NamespaceOptions, Rejoined, Room, RoomReason, RoomStatus,
+    RoomWrite, RoomWritten,
 };
 use herald_proto::{ChannelName, ErrorCode, FrameKind};
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
-use crate::AppState;
+use crate::state::AppState;
 
-/// Rooms read per keeper step.
-const ROOM_PAGE: usize = 256;
-/// Expired leases removed per sweep step.
-const EXPIRE_PAGE: usize = 1024;
 /// Compare-and-set retries of one automatic transition before the keeper
 /// leaves it to its next pass.
 const CAS_RETRIES: usize = 3;
@@ -45,6 +30,20 @@ pub fn now_ms() -> u64 {
 
 pub fn no_such_room() -> ApiError {
     ApiError::new(ErrorCode::NotFound, "no such room; create it with PUT /api/v1/rooms/{room}")
+}
+
+/// Every room channel among `targets` exists (a publish to a room that was
+/// never created is refused before anything is stored).
+pub async fn require_rooms(
+    state: &AppState,
+    targets: &[(ChannelName, &NamespaceOptions)],
+) -> Result<(), ApiError> {
+    for (channel, ns) in targets {
+        if ns.room && state.engine.room(channel).await?.is_none() {
+            return Err(no_such_room());
+        }
+    }
+    Ok(())
 }
 
 /// A connection's hold on its member lease of one channel.
@@ -155,7 +154,7 @@ pub async fn leave(state: &Arc<AppState>, channel: &ChannelName, hold: &MemberLe
 
 /// Push a `join` or `leave` to the channel's subscribers on every node. Live
 /// only: a subscriber that misses one re-lists presence.
-async fn announce(state: &AppState, channel: &ChannelName, kind: FrameKind, member: &Member) {
+pub(crate) async fn announce(state: &AppState, channel: &ChannelName, kind: FrameKind, member: &Member) {
     let body = serde_json::to_string(member).expect("members serialise");
     let body = RawValue::from_string(body).expect("serde_json output is valid JSON");
     let req = AppendRequest {
@@ -176,7 +175,7 @@ async fn announce(state: &AppState, channel: &ChannelName, kind: FrameKind, memb
 /// A member of `user` joined or left `channel`. Only the host's presence
 /// moves a room, so only then is its state checked now (one room read for
 /// everyone else); the keeper's pass would make the same transition later.
-async fn member_changed(state: &AppState, channel: &ChannelName, user: &str) {
+pub(crate) async fn member_changed(state: &AppState, channel: &ChannelName, user: &str) {
     if !state.config.namespaces.resolve(channel).is_ok_and(|ns| ns.room) {
         return;
     }
@@ -213,7 +212,7 @@ pub async fn write_room(
         state.metrics.room_changes.inc();
         tracing::info!(room = %channel, state = %room.state, version = room.version, ?reason, "room changed");
         if closes {
-            crate::scheduler::cancel_channel(state, channel).await;
+            cancel_channel(state, channel).await;
         }
     }
     Ok(written)
@@ -242,77 +241,29 @@ async fn try_check_room(state: &AppState, channel: &ChannelName) -> Result<(), E
     Ok(())
 }
 
-/// The keeper: sweeps expired leases and drives room timers until shutdown.
-/// Every node runs one; the engine makes their work disjoint (a lease is
-/// swept once, a room version is written once).
-pub async fn keeper(state: Arc<AppState>) {
-    let mut tick = tokio::time::interval(state.config.presence.sweep_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let has_presence = state.config.namespaces.0.values().any(|ns| ns.presence);
-    if !has_presence {
-        return;
-    }
-    // Logged once per outage, not on every tick.
-    let mut failing = false;
-    loop {
-        tokio::select! {
-            _ = state.shutdown.cancelled() => return,
-            _ = tick.tick() => {}
-        }
-        let result = match sweep_leases(&state).await {
-            Ok(()) => sweep_rooms(&state).await,
-            Err(e) => Err(e),
+/// Cancel every pending schedule of `channel` (its room closed). Bounded:
+/// pages of 256 until none is left or nothing could be cancelled.
+async fn cancel_channel(state: &AppState, channel: &ChannelName) {
+    for _ in 0..1024 {
+        let page = match state.engine.scheduled(channel, 256).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(channel = %channel, error = %e, "listing a closed room's schedules failed; they are cancelled when due");
+                return;
+            }
         };
-        match result {
-            Err(e) if !failing => {
-                failing = true;
-                tracing::warn!(error = %e, "presence and room sweeps failing; retrying every sweep_interval");
+        if page.is_empty() {
+            return;
+        }
+        let mut removed = 0;
+        for s in &page {
+            if let Ok(Some(_)) = state.engine.schedule_cancel(&s.id).await {
+                state.metrics.scheduled_cancelled.inc();
+                removed += 1;
             }
-            Err(e) => tracing::debug!(error = %e, "presence and room sweeps still failing"),
-            Ok(()) if failing => {
-                failing = false;
-                tracing::info!("presence and room sweeps recovered");
-            }
-            Ok(()) => {}
         }
-    }
-}
-
-async fn sweep_leases(state: &Arc<AppState>) -> Result<(), EngineError> {
-    // Bounded: a backlog larger than this waits for the next tick.
-    for _ in 0..16 {
-        let expired = state.engine.presence_expire(EXPIRE_PAGE).await?;
-        let n = expired.len();
-        for (channel, lease) in expired {
-            expired_lease(state, &channel, &lease).await;
+        if removed == 0 {
+            return;
         }
-        if n < EXPIRE_PAGE {
-            break;
-        }
-    }
-    Ok(())
-}
-
-async fn expired_lease(state: &Arc<AppState>, channel: &ChannelName, lease: &Lease) {
-    state.metrics.presence_expired.inc();
-    tracing::debug!(channel = %channel, "presence lease expired");
-    announce(state, channel, FrameKind::Leave, &lease.member).await;
-    member_changed(state, channel, &lease.member.user).await;
-}
-
-async fn sweep_rooms(state: &Arc<AppState>) -> Result<(), EngineError> {
-    let mut after: Option<ChannelName> = None;
-    loop {
-        let page = state.engine.rooms_active(after.as_ref(), ROOM_PAGE).await?;
-        let n = page.len();
-        for (channel, _room) in page {
-            check_room(state, &channel).await;
-            after = Some(channel);
-        }
-        if n < ROOM_PAGE || state.shutdown.is_cancelled() {
-            return Ok(());
-        }
-        // Let sessions run between pages of a long sweep.
-        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }

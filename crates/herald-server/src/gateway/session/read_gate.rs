@@ -9,13 +9,13 @@
 //! about a seventh of each delivery's CPU in user space.
 //!
 //! The read side is polled with a waker of its own: the connection's
-//! [`ConnBytes`], which records that the socket woke the task before it
+//! [`Mailbox`], which records that the socket woke the task before it
 //! wakes it (and costs no allocation: the hub's per-connection state is
 //! already shared). Until that happens (or after a poll that yielded a
 //! frame, when more may be buffered) the read branch is `Pending` without
 //! touching the stream. The signal wakes the task whose waker the
 //! connection holds: the session registers it each time it is polled
-//! ([`ConnBytes::poll_stop`], polled first, before its other branches), so
+//! ([`Mailbox::poll_stop`], polled first, before its other branches), so
 //! the socket's signal reaches the task that polls now.
 //!
 //! Invariant: the stream holds the connection's waker whenever the signal
@@ -31,12 +31,12 @@ use std::task::{Context, Poll};
 use futures_util::task::waker_ref;
 use futures_util::{Stream, StreamExt};
 
-use crate::hub::ConnBytes;
+use crate::hub::Mailbox;
 
 /// The stream's next item, polling the stream only once it signalled
 /// (see the module docs). The caller has registered its task's waker
-/// with `conn` in this poll ([`ConnBytes::poll_stop`]).
-pub(super) fn poll_next<S: Stream + Unpin>(conn: &Arc<ConnBytes>, stream: &mut S) -> Poll<Option<S::Item>> {
+/// with `conn` in this poll ([`Mailbox::poll_stop`]).
+pub(super) fn poll_next<S: Stream + Unpin>(conn: &Arc<Mailbox>, stream: &mut S) -> Poll<Option<S::Item>> {
     // Cleared before the poll: a wake during it sets the signal again.
     if !conn.take_read_signal() {
         return Poll::Pending;
@@ -48,7 +48,7 @@ pub(super) fn poll_next<S: Stream + Unpin>(conn: &Arc<ConnBytes>, stream: &mut S
 /// (the frames that came with the one just read); `None` leaves the stream
 /// waiting with the connection's waker, as a `Pending` of [`poll_next`]
 /// does.
-pub(super) fn try_next<S: Stream + Unpin>(conn: &Arc<ConnBytes>, stream: &mut S) -> Option<Option<S::Item>> {
+pub(super) fn try_next<S: Stream + Unpin>(conn: &Arc<Mailbox>, stream: &mut S) -> Option<Option<S::Item>> {
     conn.take_read_signal();
     match poll_stream(conn, stream) {
         Poll::Ready(item) => Some(item),
@@ -57,7 +57,7 @@ pub(super) fn try_next<S: Stream + Unpin>(conn: &Arc<ConnBytes>, stream: &mut S)
 }
 
 /// One poll of the stream with the connection's waker; the signal is clear.
-fn poll_stream<S: Stream + Unpin>(conn: &Arc<ConnBytes>, stream: &mut S) -> Poll<Option<S::Item>> {
+fn poll_stream<S: Stream + Unpin>(conn: &Arc<Mailbox>, stream: &mut S) -> Poll<Option<S::Item>> {
     let waker = waker_ref(conn);
     let polled = stream.poll_next_unpin(&mut Context::from_waker(&waker));
     if polled.is_ready() {
@@ -99,7 +99,7 @@ mod tests {
 
     /// A poll as the session makes it: `poll_stop` first (registering the
     /// task's waker), then the read side.
-    fn next(conn: &Arc<ConnBytes>, probe: &mut Probe, cx: &mut Context<'_>) -> Poll<Option<u32>> {
+    fn next(conn: &Arc<Mailbox>, probe: &mut Probe, cx: &mut Context<'_>) -> Poll<Option<u32>> {
         assert!(conn.poll_stop(cx).is_pending());
         poll_next(conn, probe)
     }
@@ -113,7 +113,7 @@ mod tests {
 
     #[test]
     fn the_stream_is_polled_again_only_after_it_signalled_or_yielded() {
-        let conn = Arc::new(ConnBytes::new(16));
+        let conn = Arc::new(Mailbox::new(16));
         let mut probe = Probe { items: vec![2, 1], ..Probe::default() };
         let task = Arc::new(CountingWaker(AtomicUsize::new(0)));
         let task_waker = Waker::from(task.clone());

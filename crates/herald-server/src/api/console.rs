@@ -21,16 +21,16 @@ use axum::routing::get;
 use axum::Router;
 use herald_proto::ErrorCode;
 
+use crate::api::extract::ApiKey;
 use crate::error::ApiError;
-use crate::extract::ApiKey;
-use crate::AppState;
+use crate::state::AppState;
 
 /// The embedded files: name, content type, bytes.
 const FILES: &[(&str, &str, &[u8])] = &[
-    ("index.html", "text/html; charset=utf-8", include_bytes!("../console/index.html")),
-    ("console.css", "text/css; charset=utf-8", include_bytes!("../console/console.css")),
-    ("console.js", "text/javascript; charset=utf-8", include_bytes!("../console/console.js")),
-    ("herald-client.js", "text/javascript; charset=utf-8", include_bytes!("../console/herald-client.js")),
+    ("index.html", "text/html; charset=utf-8", include_bytes!("../../console/index.html")),
+    ("console.css", "text/css; charset=utf-8", include_bytes!("../../console/console.css")),
+    ("console.js", "text/javascript; charset=utf-8", include_bytes!("../../console/console.js")),
+    ("herald-client.js", "text/javascript; charset=utf-8", include_bytes!("../../console/herald-client.js")),
 ];
 
 /// The page may load its own files and talk to this origin (HTTP API and

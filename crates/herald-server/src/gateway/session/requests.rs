@@ -38,8 +38,13 @@ impl Session {
             return Err(ApiError::new(ErrorCode::AlreadySubscribed, "already subscribed on this connection"));
         }
         // The backend's say, after the token's (proxies.rs).
-        crate::proxies::subscribe(&state, &self.identity.sub, self.identity.device.as_deref(), channel)
-            .await?;
+        crate::integration::proxies::subscribe(
+            &state,
+            &self.identity.sub,
+            self.identity.device.as_deref(),
+            channel,
+        )
+        .await?;
         if self.regs.subs.len() >= state.config.websocket.max_subscriptions {
             return Err(ApiError::new(
                 ErrorCode::TooManySubscriptions,
@@ -271,7 +276,7 @@ impl Session {
 
     /// Subscribe on an acked channel: start after the larger of the stored
     /// cursor and `since` (the offline inbox); a subscriber with no cursor
-    /// starts where the namespace's `new_subscriber_start` says.
+    /// starts where the namespace's `start` says.
     async fn start_acked(
         &mut self,
         mut ok: OkFrame,

@@ -16,8 +16,8 @@ use tokio_websockets::{Config, Limits, ServerBuilder};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::session::{Session, Wire};
-use crate::AppState;
+use crate::gateway::session::{Session, Wire};
+use crate::state::AppState;
 
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
@@ -69,7 +69,7 @@ pub(crate) fn verify_token(
 /// A token-less dev-mode identity for `user` (the caller checked dev mode).
 pub(crate) fn dev_identity(user: &str, device: Option<&str>) -> Result<Identity, ApiError> {
     check_id(user).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`user` {e}")))?;
-    if user.starts_with(crate::webhooks::RESERVED_USER_PREFIX) {
+    if user.starts_with(crate::auth::RESERVED_USER_PREFIX) {
         return Err(ApiError::new(ErrorCode::BadRequest, "`user` must not start with `herald:` (reserved)"));
     }
     Ok(Identity::dev(user, device))
@@ -133,7 +133,7 @@ pub async fn upgrade(
     let identity = match state.config.proxies.connect.as_ref() {
         // No token and a connect proxy: the backend decides (proxies.rs).
         Some(p) if no_token && q.user.is_none() => {
-            crate::proxies::connect(&state, p, req.headers(), q.device.as_deref()).await
+            crate::integration::proxies::connect(&state, p, req.headers(), q.device.as_deref()).await
         }
         _ => authenticate(&state, req.headers(), &q),
     };

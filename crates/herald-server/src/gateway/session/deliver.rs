@@ -50,7 +50,7 @@ impl Session {
         let mut next = Some(first);
         let mut taken = 0;
         let mut closed = Vec::new();
-        self.batch.reserve(OUTBOX_BATCH.min(self.handle.bytes.outbox_len() + 1));
+        self.batch.reserve(OUTBOX_BATCH.min(self.handle.mailbox.outbox_len() + 1));
         while let Some(out) = next.take() {
             let send = if out.missed {
                 self.on_missed(&out.msg);
@@ -73,7 +73,7 @@ impl Session {
             }
             taken += 1;
             if taken < OUTBOX_BATCH {
-                next = self.handle.bytes.pop();
+                next = self.handle.mailbox.pop();
             }
         }
         for channel in closed {
@@ -89,7 +89,7 @@ impl Session {
 
     /// What the last flush wrote no longer counts against the byte bounds.
     fn release_held(&mut self) {
-        self.handle.bytes.sub(std::mem::take(&mut self.held));
+        self.handle.mailbox.sub(std::mem::take(&mut self.held));
         self.batch = Vec::new();
         self.page = None;
     }
@@ -269,7 +269,7 @@ impl Session {
         }
         let websocket = &self.state.config.websocket;
         let queued = &self.state.hub.queued;
-        let used = self.handle.bytes.get();
+        let used = self.handle.mailbox.get();
         let room = websocket.outbox_bytes.saturating_sub(used).min(queued.room());
         let mut bytes = 0;
         let mut fits = 0;
@@ -286,7 +286,7 @@ impl Session {
             return None;
         }
         let charge = queued.try_charge(bytes)?;
-        self.handle.bytes.add(bytes);
+        self.handle.mailbox.add(bytes);
         self.held += bytes;
         self.page = Some(charge);
         Some(fits)

@@ -11,25 +11,22 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use herald_core::{Dedup, NamespaceOptions, Schedule, ScheduleReceipt, ScheduleRequest};
 use herald_proto::{
     ChannelName, ErrorCode, Meta, ScheduledBatchReply, ScheduledEntry, ScheduledList, ScheduledQuery,
     ScheduledReceipt,
 };
-use serde::Serialize;
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
+use super::{json_response, St};
+use crate::api::extract::{parse_channel, ApiKey, Q};
 use crate::error::ApiError;
-use crate::extract::{ApiKey, Q};
-use crate::http::parse_channel;
 use crate::publish::{fingerprint, ScopedKey};
 use crate::rooms::now_ms;
-use crate::AppState;
-
-type St = State<Arc<AppState>>;
+use crate::state::AppState;
 
 /// Most schedules one list request returns.
 const MAX_LIST: usize = 1000;
@@ -117,26 +114,12 @@ fn entry(s: &Schedule) -> ScheduledEntry {
     }
 }
 
-fn json_response(status: StatusCode, body: &impl Serialize, replayed: bool) -> Response {
-    let bytes = serde_json::to_vec(body).expect("response serialises");
-    let mut resp = (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], bytes)
-        .into_response();
-    if replayed {
-        resp.headers_mut().insert("idempotent-replayed", HeaderValue::from_static("true"));
-    }
-    resp
-}
-
 /// Store the schedules of a publish request and answer `202`.
 pub(crate) async fn schedule(state: &Arc<AppState>, ask: ScheduleAsk<'_>) -> Result<Response, ApiError> {
     state.check_publish_data(&ask.data)?;
     let now = now_ms();
     let deliver_at = resolve_time(state, ask.deliver_at, ask.delay_ms, now)?;
-    for (channel, ns) in &ask.targets {
-        if ns.room && state.engine.room(channel).await?.is_none() {
-            return Err(crate::rooms::no_such_room());
-        }
-    }
+    crate::rooms::require_rooms(state, &ask.targets).await?;
     let names: Vec<ChannelName> = ask.targets.iter().map(|(c, _)| c.clone()).collect();
     let fp = schedule_fingerprint(&names, &ask);
     let scoped = ask.key.map(|k| ScopedKey::new(ask.scope, k));

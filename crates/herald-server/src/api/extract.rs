@@ -20,12 +20,10 @@ use axum::response::{IntoResponse, Response};
 use herald_core::NamespaceOptions;
 use herald_proto::{BodyError, ChannelName, ErrorCode, RequestBody};
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
 
-use crate::error::ApiError;
-use crate::listener::body::caused_by;
+use crate::error::{caused_by, ApiError, BodyTimeout};
 use crate::publish::validate_idempotency_key;
-use crate::AppState;
+use crate::state::AppState;
 
 /// `Authorization: Bearer <api key>` checked; holds the idempotency scope
 /// (`api:<key name>`, or `api:dev` in dev mode without a key).
@@ -148,11 +146,11 @@ pub(crate) fn parse_channel<'a>(
 }
 
 /// The body as read within `limit`, its failures mapped to stable codes.
-pub(crate) fn body_bytes(body: Result<Bytes, axum::Error>, limit: usize) -> Result<Bytes, ApiError> {
+fn body_bytes(body: Result<Bytes, axum::Error>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|e| {
         if caused_by::<http_body_util::LengthLimitError>(&e) {
             ApiError::new(ErrorCode::PayloadTooLarge, format!("request body is larger than {limit} bytes"))
-        } else if caused_by::<crate::listener::body::BodyTimeout>(&e) {
+        } else if caused_by::<BodyTimeout>(&e) {
             ApiError::new(ErrorCode::RequestTimeout, "the request body did not arrive in time")
         } else {
             ApiError::new(ErrorCode::BadRequest, format!("could not read the body: {e}"))
@@ -160,13 +158,7 @@ pub(crate) fn body_bytes(body: Result<Bytes, axum::Error>, limit: usize) -> Resu
     })
 }
 
-/// A JSON body of a shape not (yet) in `herald-proto`.
-#[allow(dead_code)]
-pub(crate) fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
-    herald_proto::parse_json(bytes).map_err(body_error)
-}
-
-pub(crate) fn body_error(e: BodyError) -> ApiError {
+fn body_error(e: BodyError) -> ApiError {
     ApiError::new(e.code, e.message)
 }
 

@@ -8,8 +8,6 @@
 //! version, and an illegal transition is 409. Both errors carry the room's
 //! current state in the problem's `current` field.
 
-use std::sync::Arc;
-
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -18,12 +16,11 @@ use herald_proto::{
     ChannelName, CreateRoomBody, ErrorCode, Member, PatchRoomBody, PresenceQuery, PresenceReply, RoomView,
 };
 
+use super::St;
+use crate::api::extract::{ApiKey, Body, Chan, RoomChan};
 use crate::error::ApiError;
-use crate::extract::{ApiKey, Body, Chan, RoomChan};
 use crate::rooms::{self, now_ms};
-use crate::AppState;
-
-type St = State<Arc<AppState>>;
+use crate::state::AppState;
 
 /// Longest grace period a room may ask for.
 const MAX_GRACE_SECS: u64 = 30 * 24 * 3600;

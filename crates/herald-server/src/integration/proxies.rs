@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
-use crate::AppState;
+use crate::state::AppState;
 
 /// `[proxies]`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -128,7 +128,7 @@ impl ProxyConfig {
         if self.namespaces.is_empty() {
             return Err(format!("{key}.namespaces must name at least one namespace"));
         }
-        if self.secret.len() < crate::webhooks::config::MIN_SECRET_BYTES {
+        if self.secret.len() < crate::integration::webhooks::config::MIN_SECRET_BYTES {
             return Err(format!("{key}.secret must be at least 32 bytes"));
         }
         Ok(())
@@ -291,7 +291,7 @@ async fn ask(
     which: &'static str,
 ) -> Result<bytes::Bytes, ApiError> {
     let t = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let signature = crate::webhooks::sign::signature(p.secret.as_bytes(), t, &body);
+    let signature = crate::integration::webhooks::sign::signature(p.secret.as_bytes(), t, &body);
     let started = std::time::Instant::now();
     let result = send(state, p, body, signature, channel, which).await;
     state.metrics.proxy_request_duration.observe(started.elapsed().as_secs_f64());
@@ -394,7 +394,7 @@ pub async fn connect(
     let user = a.user.unwrap_or_default();
     let device = a.device.or(device.map(str::to_owned)).filter(|d| !d.is_empty());
     let valid = herald_proto::check_id(&user).is_ok()
-        && !user.starts_with(crate::webhooks::RESERVED_USER_PREFIX)
+        && !user.starts_with(crate::auth::RESERVED_USER_PREFIX)
         && device.as_deref().is_none_or(|d| herald_proto::check_id(d).is_ok());
     if !valid {
         count(state, "connect", "fail");

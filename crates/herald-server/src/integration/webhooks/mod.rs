@@ -34,7 +34,6 @@
 //! - Volatile namespaces have no log and are never delivered.
 
 pub mod config;
-pub mod http;
 pub(crate) mod sign;
 
 use std::collections::{HashMap, HashSet};
@@ -48,7 +47,7 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 
 pub use config::{StartAt, WebhookConfig};
 
-use crate::AppState;
+use crate::state::AppState;
 
 /// Channels whose cursor is known to exist, per webhook, before the cache
 /// is cleared (a miss costs one cursor read).
@@ -69,9 +68,6 @@ const ERROR_TEXT: usize = 300;
 pub fn subscriber(name: &str) -> SubscriberId {
     SubscriberId::new(format!("herald:webhook:{name}"), None).expect("webhook names make valid ids")
 }
-
-/// The prefix of reserved user ids.
-pub const RESERVED_USER_PREFIX: &str = "herald:";
 
 /// A channel's last failed request, for the status API.
 #[derive(Debug, Clone)]
@@ -95,7 +91,7 @@ pub struct Hook {
     wake_tx: mpsc::Sender<ChannelName>,
     wake_rx: Mutex<Option<mpsc::Receiver<ChannelName>>>,
     workers: Mutex<HashMap<ChannelName, Arc<Worker>>>,
-    errors: Mutex<HashMap<ChannelName, LastError>>,
+    pub(crate) errors: Mutex<HashMap<ChannelName, LastError>>,
     permits: Semaphore,
 }
 

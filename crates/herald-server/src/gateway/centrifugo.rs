@@ -17,8 +17,8 @@ use serde::Deserialize;
 
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::session::Wire;
-use crate::AppState;
+use crate::gateway::session::Wire;
+use crate::state::AppState;
 
 /// The upgrade's query: `user` (dev mode, a `connect` without token) and
 /// `device` (as on `/ws`; a token's `device` claim wins).
@@ -33,7 +33,7 @@ pub async fn upgrade(
     query: Result<Query<UpgradeQuery>, axum::extract::rejection::QueryRejection>,
     req: Request,
 ) -> Response {
-    if let Err(e) = crate::ws::precheck(&state, req.headers()) {
+    if let Err(e) = crate::gateway::ws::precheck(&state, req.headers()) {
         return e.into_response();
     }
     let q = match query {
@@ -48,5 +48,5 @@ pub async fn upgrade(
     // Anonymous until `connect` sets the identity: it may do nothing.
     let nobody = Identity::granted("-", None, &[], &[], None);
     let headers = state.config.proxies.connect.is_some().then(|| Box::new(req.headers().clone()));
-    crate::ws::start_session(state, req, nobody, Wire::centrifugo(q.user, q.device, headers))
+    crate::gateway::ws::start_session(state, req, nobody, Wire::centrifugo(q.user, q.device, headers))
 }

@@ -20,7 +20,7 @@
 //!   the engine; at the bound the socket is not read (back-pressure: TCP
 //!   slows the publisher down, nothing is buffered beyond it);
 //! - any other frame first waits until every earlier publish is answered,
-//!   so it sees their effects, as when publishes were handled one by one;
+//!   so it sees their effects (frames act in the order they were sent);
 //!   so does the peer's close frame (the publishes sent before it are
 //!   appended, though their replies may no longer get through);
 //! - a publish of a namespace with the publish proxy is appended only after
@@ -139,7 +139,9 @@ impl Session {
                 // only), after the key's fingerprint of what the client sent
                 // and before the append; asked in frame order (proxies.rs).
                 let item = match q.publish {
-                    Ok(p) => crate::proxies::check_publish(&state, &user, device.as_deref(), p).await,
+                    Ok(p) => {
+                        crate::integration::proxies::check_publish(&state, &user, device.as_deref(), p).await
+                    }
                     Err(e) => Err(e),
                 };
                 items.push(item);

@@ -1,5 +1,5 @@
 //! The Centrifugo client protocol on a session (`GET /connection/websocket`,
-//! see `crate::centrifugo` and docs/centrifugo.md).
+//! see `crate::gateway::centrifugo` and docs/centrifugo.md).
 //!
 //! The same `Session` serves both protocols: hub registration, the delivery
 //! state machine, catch-up, presence, the publish pipeline, the frame budget
@@ -333,10 +333,10 @@ impl Session {
     fn identity_of(&mut self, token: &str) -> Result<Identity, ApiError> {
         let device = self.conn().device.clone();
         if !token.is_empty() {
-            crate::ws::verify_token(&self.state, token, device.as_deref())
+            crate::gateway::ws::verify_token(&self.state, token, device.as_deref())
         } else if self.state.config.dev {
             let user = self.conn().dev_user.clone().unwrap_or_else(|| self.conn().client.clone());
-            crate::ws::dev_identity(&user, device.as_deref())
+            crate::gateway::ws::dev_identity(&user, device.as_deref())
         } else {
             Err(ApiError::new(ErrorCode::Unauthorized, "missing token"))
         }
@@ -363,7 +363,7 @@ impl Session {
             // No token and a connect proxy: the backend decides, as on /ws.
             (Some(p), Some(headers)) if token.is_empty() && self.conn().dev_user.is_none() => {
                 let device = self.conn().device.clone();
-                Box::pin(crate::proxies::connect(&state, p, &headers, device.as_deref())).await
+                Box::pin(crate::integration::proxies::connect(&state, p, &headers, device.as_deref())).await
             }
             _ => self.identity_of(token),
         };

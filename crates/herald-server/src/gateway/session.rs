@@ -41,10 +41,10 @@ use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::hub::{Charge, ConnBytes, ConnHandle, Outgoing, Stop};
+use crate::hub::{Charge, ConnHandle, Mailbox, Outgoing, Stop};
 use crate::metrics::Protocol;
 use crate::rooms::MemberLease;
-use crate::AppState;
+use crate::state::AppState;
 
 mod budget;
 mod centrifugo;
@@ -183,7 +183,7 @@ impl Drop for Registrations {
 /// the hub entries go with `regs`.
 impl Drop for Session {
     fn drop(&mut self) {
-        self.handle.bytes.close_outbox();
+        self.handle.mailbox.close_outbox();
         self.state.sessions.remove(self.handle.id);
     }
 }
@@ -212,7 +212,7 @@ pub struct Session {
     liveness: liveness::Liveness,
     budget: budget::Budget,
     /// What this session holds in its write path, counted in its byte
-    /// bound (`held` bytes, in `handle.bytes`) and the server's (`batch`
+    /// bound (`held` bytes, in `handle.mailbox`) and the server's (`batch`
     /// keeps the outbox entries, `page` the catch-up page's charge) until
     /// the flush that writes it: a session blocked on a full socket keeps
     /// counting what it holds.
@@ -234,9 +234,9 @@ impl Session {
     /// connection task then holds the `Session` once, not also the pieces it
     /// was made from (an async fn keeps its arguments alive in its future).
     pub fn new(state: Arc<AppState>, ws: Ws, identity: Identity, conn_id: u64, wire: Wire) -> Self {
-        let bytes = Arc::new(ConnBytes::new(state.config.websocket.outbox_capacity));
-        state.sessions.add(conn_id, &bytes);
-        let handle = ConnHandle { id: conn_id, bytes };
+        let mailbox = Arc::new(Mailbox::new(state.config.websocket.outbox_capacity));
+        state.sessions.add(conn_id, &mailbox);
+        let handle = ConnHandle { id: conn_id, mailbox };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
         let protocol = wire.protocol();
@@ -296,7 +296,7 @@ impl Session {
         let mut period = self.tick_period();
         let mut tick = heartbeat(period);
         let mut expiry = self.expiry_timer();
-        let stops = self.handle.bytes.clone();
+        let stops = self.handle.mailbox.clone();
         loop {
             let has_catchup = !self.catchup.is_empty();
             // Back-pressure: with the pipeline full, the socket is not read.
@@ -304,11 +304,11 @@ impl Session {
             let step = async {
                 tokio::select! {
                     biased;
-                    msg = std::future::poll_fn(|cx| self.handle.bytes.poll_pop(cx)) => Box::pin(self.on_outbox(msg)).await,
+                    msg = std::future::poll_fn(|cx| self.handle.mailbox.poll_pop(cx)) => Box::pin(self.on_outbox(msg)).await,
                     answers = std::future::poll_fn(|cx| pipeline::poll_in_engine(&mut self.pipeline, cx)) => {
                         Box::pin(self.on_answers(answers)).await
                     }
-                    frame = std::future::poll_fn(|_| read_gate::poll_next(&self.handle.bytes, &mut self.ws)), if may_read => {
+                    frame = std::future::poll_fn(|_| read_gate::poll_next(&self.handle.mailbox, &mut self.ws)), if may_read => {
                         Box::pin(self.on_frames(frame)).await
                     }
                     () = std::future::poll_fn(|cx| poll_pause(&mut self.catchup_pause, cx)), if has_catchup => {
@@ -359,8 +359,8 @@ impl Session {
     }
 
     /// The heartbeat period: `heartbeat.ping_interval`, or the presence renew
-    /// period while this connection holds a member lease (so idle
-    /// connections without presence wake up no more often than before).
+    /// period while this connection holds a member lease (so connections
+    /// without presence wake up only every `heartbeat.ping_interval`).
     fn tick_period(&self) -> Duration {
         if self.regs.subs.values().any(|s| s.presence.is_some()) {
             self.state.presence_tick
@@ -415,7 +415,7 @@ impl Session {
             if !self.may_read() {
                 break;
             }
-            match read_gate::try_next(&self.handle.bytes, &mut self.ws) {
+            match read_gate::try_next(&self.handle.mailbox, &mut self.ws) {
                 Some(next) => frame = next,
                 None => break,
             }
@@ -496,8 +496,8 @@ impl Session {
             }
         };
         if !matches!(frame, ClientFrame::Publish { .. }) {
-            // Handled after every earlier publish is answered, as when
-            // publishes were handled one at a time.
+            // Every earlier publish is answered first: a frame acts after
+            // the publishes sent before it.
             Box::pin(self.settle_publishes()).await?;
         }
         match frame {

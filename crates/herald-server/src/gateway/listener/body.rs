@@ -21,33 +21,14 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
-use crate::error::ApiError;
+use crate::error::{ApiError, BodyTimeout};
 use crate::metrics::Metrics;
-use crate::AppState;
-
-/// The body of a request did not arrive within `http.body_read_timeout`.
-#[derive(Debug, thiserror::Error)]
-#[error("the request body did not arrive within http.body_read_timeout")]
-pub(crate) struct BodyTimeout;
-
-/// Whether `T` is in the chain of `e` and its sources: a body read that
-/// failed because of [`BodyTimeout`], or stopped at the size limit
-/// (`http_body_util::LengthLimitError`).
-pub(crate) fn caused_by<T: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if err.is::<T>() {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
-}
+use crate::state::AppState;
 
 /// The guard around the whole router (one service per connection, applied
 /// once per request, not per route): 413 before reading a body whose
 /// `Content-Length` is above `http.max_body_bytes` (a chunked body is cut
-/// at the limit while it is read, see `extract::Body`), then the body
+/// at the limit while it is read, see `api::extract::Body`), then the body
 /// deadline.
 #[derive(Clone)]
 pub(crate) struct Guard<S> {

@@ -12,10 +12,11 @@ use herald_proto::{
     WebhookStatus, WebhooksStatus,
 };
 
-use super::{now_ms, Hook};
+use crate::api::extract::ApiKey;
 use crate::error::ApiError;
-use crate::extract::ApiKey;
-use crate::AppState;
+use crate::integration::webhooks::Hook;
+use crate::rooms::now_ms;
+use crate::state::AppState;
 
 /// Channels reported per webhook.
 const STATUS_LIMIT: usize = 10_000;

@@ -26,7 +26,7 @@ use herald_proto::{ChannelName, FrameKind};
 use tokio::sync::Notify;
 
 use crate::rooms::now_ms;
-use crate::AppState;
+use crate::state::AppState;
 
 /// Longest sleep between two looks at the engine.
 pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
@@ -192,32 +192,5 @@ async fn cancel(state: &AppState, id: &str) {
         }
         Ok(None) => {}
         Err(e) => tracing::warn!(error = %e, "cancelling a schedule failed"),
-    }
-}
-
-/// Cancel every pending schedule of `channel` (its room closed). Bounded:
-/// pages of 256 until none is left or nothing could be cancelled.
-pub async fn cancel_channel(state: &AppState, channel: &ChannelName) {
-    for _ in 0..1024 {
-        let page = match state.engine.scheduled(channel, 256).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(channel = %channel, error = %e, "listing a closed room's schedules failed; they are cancelled when due");
-                return;
-            }
-        };
-        if page.is_empty() {
-            return;
-        }
-        let mut removed = 0;
-        for s in &page {
-            if let Ok(Some(_)) = state.engine.schedule_cancel(&s.id).await {
-                state.metrics.scheduled_cancelled.inc();
-                removed += 1;
-            }
-        }
-        if removed == 0 {
-            return;
-        }
     }
 }

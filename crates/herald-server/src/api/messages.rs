@@ -1,0 +1,274 @@
+//! A channel's messages: publish (`POST /api/v1/channels/{channel}/messages`
+//! and the batch `POST /api/v1/publish`, each immediate or scheduled) and
+//! history (`GET /api/v1/channels/{channel}/messages`).
+
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use herald_core::{NamespaceOptions, Receipt};
+use herald_proto::{
+    BatchBody, BatchItem, BatchProblem, BatchReply, ChannelName, ErrorCode, HistoryPage, HistoryQuery,
+    ItemError, Meta, PublishBody, Published, StoredFrame,
+};
+use serde_json::value::RawValue;
+
+use super::{json_bytes_response, json_response, scheduled, St};
+use crate::api::extract::{parse_channel, ApiKey, Body, Chan, IdempotencyKey, Q};
+use crate::error::ApiError;
+use crate::publish::{fingerprint, Publish, ScopedKey};
+use crate::state::AppState;
+
+/// The channels of a batch, each resolved to its namespace.
+type Targets<'a> = Vec<(ChannelName, &'a NamespaceOptions)>;
+
+fn published(r: &Receipt) -> Published {
+    Published {
+        channel: r.channel.to_string(),
+        seq: r.seq,
+        id: r.id.to_string(),
+        epoch: Some(r.epoch.to_string()),
+    }
+}
+
+/// Durable appends answer 201 Created; volatile broadcasts 202 Accepted
+/// (nothing is stored).
+fn publish_status(durable: bool) -> StatusCode {
+    if durable {
+        StatusCode::CREATED
+    } else {
+        StatusCode::ACCEPTED
+    }
+}
+
+/// `POST /api/v1/channels/{channel}/messages`
+pub async fn publish_one(
+    State(state): St,
+    ApiKey(scope): ApiKey,
+    Chan { channel, ns }: Chan,
+    key: Result<IdempotencyKey, ApiError>,
+    Body(PublishBody { data, meta, deliver_at, delay_ms }): Body<PublishBody>,
+) -> Result<Response, ApiError> {
+    let ns = &ns;
+    let IdempotencyKey(key) = key?;
+    if key.is_none() && ns.require_idempotency_key {
+        return Err(ApiError::new(
+            ErrorCode::IdempotencyKeyRequired,
+            format!("namespace `{}` requires an Idempotency-Key header", channel.namespace()),
+        ));
+    }
+    if scheduled::asked(deliver_at, delay_ms) {
+        let ask = scheduled::ScheduleAsk {
+            scope: &scope,
+            key: key.as_deref(),
+            targets: vec![(channel, ns)],
+            data,
+            meta,
+            deliver_at,
+            delay_ms,
+            batch: false,
+        };
+        return scheduled::schedule(&state, ask).await;
+    }
+    // The same comparison as a batch of one: see `publish::fingerprint`.
+    let dedup = key.map(|k| {
+        let fp = fingerprint(std::slice::from_ref(&channel), &data, meta.as_ref());
+        (ScopedKey::new(&scope, &k).anchor(), fp)
+    });
+    let receipt = state.publish(ns, Publish { channel, data, meta, dedup }).await?;
+    // The `Published` reply, written directly (`Published::encode_parts`).
+    let body = Published::encode_parts(
+        receipt.channel.as_str(),
+        receipt.seq,
+        &receipt.id,
+        Some(receipt.epoch.as_str()),
+    );
+    Ok(json_bytes_response(publish_status(ns.is_durable()), body, receipt.duplicate))
+}
+
+/// `POST /api/v1/publish`: one message to several channels. With an
+/// Idempotency-Key the batch is one request under the key (see
+/// [`append_batch`]). Every check runs before anything is stored or
+/// scheduled: the channels, `data`, the key, the rooms.
+pub async fn publish_batch(
+    State(state): St,
+    ApiKey(scope): ApiKey,
+    key: Result<IdempotencyKey, ApiError>,
+    Body(BatchBody { channels, data, meta, deliver_at, delay_ms }): Body<BatchBody>,
+) -> Result<Response, ApiError> {
+    let targets = batch_targets(&state, &channels)?;
+    state.check_publish_data(&data)?;
+    let IdempotencyKey(key) = key?;
+    if key.is_none() && targets.iter().any(|(_, ns)| ns.require_idempotency_key) {
+        return Err(ApiError::new(
+            ErrorCode::IdempotencyKeyRequired,
+            "a channel's namespace requires an Idempotency-Key header",
+        ));
+    }
+    if scheduled::asked(deliver_at, delay_ms) {
+        let ask = scheduled::ScheduleAsk {
+            scope: &scope,
+            key: key.as_deref(),
+            targets,
+            data,
+            meta,
+            deliver_at,
+            delay_ms,
+            batch: true,
+        };
+        return scheduled::schedule(&state, ask).await;
+    }
+    crate::rooms::require_rooms(&state, &targets).await?;
+    let outcomes = append_batch(&state, &scope, key.as_deref(), &targets, &data, &meta).await?;
+    Ok(batch_reply(&targets, &outcomes))
+}
+
+/// Validation: 1..=`publish.max_batch_channels` channels, each valid, in a
+/// namespace, and named once.
+fn batch_targets<'a>(state: &'a AppState, channels: &[String]) -> Result<Targets<'a>, ApiError> {
+    let max = state.config.publish.max_batch_channels;
+    if channels.is_empty() || channels.len() > max {
+        return Err(ApiError::new(ErrorCode::BadRequest, format!("`channels` must name 1..={max} channels")));
+    }
+    let mut targets = Vec::with_capacity(channels.len());
+    for name in channels {
+        let (channel, ns) = parse_channel(state, name)?;
+        if targets.iter().any(|(c, _)| c == &channel) {
+            return Err(ApiError::new(ErrorCode::BadRequest, format!("channel `{channel}` is named twice")));
+        }
+        targets.push((channel, ns));
+    }
+    Ok(targets)
+}
+
+/// The key protocol of a batch (see `publish::ScopedKey`), one outcome per
+/// target in order. Without a key, every channel goes to the engine as one
+/// submission (one group commit). With a key, the batch holds its anchor's
+/// in-flight claim throughout, and its first channel's append decides
+/// whether it is new, a replay or a mismatch before any other channel is
+/// appended: a mismatch there (another request under this key) appends
+/// nothing anywhere, and any other failure there leaves the rest to the
+/// retry. Each other channel's append is deduplicated on its own, so a
+/// retry of a partly failed batch completes it without doubling any
+/// channel.
+async fn append_batch(
+    state: &AppState,
+    scope: &str,
+    key: Option<&str>,
+    targets: &Targets<'_>,
+    data: &RawValue,
+    meta: &Option<Meta>,
+) -> Result<Vec<Result<Receipt, ApiError>>, ApiError> {
+    let names: Vec<ChannelName> = targets.iter().map(|(c, _)| c.clone()).collect();
+    let fp = fingerprint(&names, data, meta.as_ref());
+    let scoped = key.map(|k| ScopedKey::new(scope, k));
+    let _claim = match &scoped {
+        Some(s) => Some(state.in_flight.claim(&s.anchor())?),
+        None => None,
+    };
+    let message = |i: usize| {
+        let channel = &targets[i].0;
+        let dedup = scoped.as_ref().map(|s| {
+            let key = if i == 0 { s.anchor() } else { s.for_channel(channel) };
+            (key, fp)
+        });
+        Publish { channel: channel.clone(), data: data.to_owned(), meta: meta.clone(), dedup }
+    };
+    let publish_all =
+        |from: usize| state.publish_many((from..targets.len()).map(|i| Ok(message(i))).collect(), false);
+    let mut outcomes = Vec::with_capacity(targets.len());
+    if scoped.is_some() {
+        let first = state.publish_claimed(targets[0].1, message(0)).await;
+        let skipped = first.as_ref().err().map(|e| {
+            ApiError::new(e.code, format!("not attempted: the batch's first channel failed ({})", e.detail))
+        });
+        outcomes.push(first);
+        match skipped {
+            None => outcomes.extend(publish_all(1).await),
+            Some(e) => outcomes.extend((1..targets.len()).map(|_| Err(e.clone()))),
+        }
+    } else {
+        outcomes.extend(publish_all(0).await);
+    }
+    Ok(outcomes)
+}
+
+/// The reply: every channel's receipt (201, or 202 when no channel is
+/// durable; replayed when every channel was), or, when one failed, the
+/// first failure's problem document with every channel's outcome, so the
+/// caller knows what landed; a retry with the same key completes the rest.
+fn batch_reply(targets: &Targets<'_>, outcomes: &[Result<Receipt, ApiError>]) -> Response {
+    let mut results = Vec::with_capacity(outcomes.len());
+    let mut first_error: Option<ApiError> = None;
+    let mut all_replayed = true;
+    for ((channel, _), outcome) in targets.iter().zip(outcomes) {
+        match outcome {
+            Ok(r) => {
+                all_replayed &= r.duplicate;
+                results.push(BatchItem::from(published(r)));
+            }
+            Err(e) => {
+                first_error.get_or_insert_with(|| e.clone());
+                results.push(BatchItem {
+                    channel: channel.to_string(),
+                    seq: None,
+                    id: None,
+                    epoch: None,
+                    error: Some(ItemError { code: e.code.as_str().to_owned(), detail: e.detail.clone() }),
+                });
+            }
+        }
+    }
+    match first_error {
+        None => {
+            let durable = targets.iter().any(|(_, ns)| ns.is_durable());
+            json_response(publish_status(durable), &BatchReply { results }, all_replayed)
+        }
+        Some(err) => {
+            let problem =
+                BatchProblem { problem: herald_proto::Problem::new(err.code, err.detail.clone()), results };
+            let mut resp = err.into_response();
+            *resp.body_mut() = axum::body::Body::from(serde_json::to_vec(&problem).expect("serialises"));
+            resp
+        }
+    }
+}
+
+/// `GET /api/v1/channels/{channel}/messages?after=SEQ&limit=N`
+pub async fn history(
+    State(state): St,
+    _: ApiKey,
+    Chan { channel, ns }: Chan,
+    query: Result<Q<HistoryQuery>, ApiError>,
+) -> Result<Response, ApiError> {
+    let Q(q) = query?;
+    if !ns.is_durable() {
+        return Err(ApiError::new(ErrorCode::NotSupported, "volatile channels keep no history"));
+    }
+    let max = state.config.history.max_limit;
+    let limit = q.limit.unwrap_or(100.min(max));
+    if limit == 0 || limit > max {
+        return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={max}")));
+    }
+    let page = state.engine.read(&channel, q.after, limit).await?;
+    // Each message as stored, `data` as the publisher sent it: the frames
+    // are read in place and the page is written straight to bytes, never
+    // through a JSON value (which would reorder keys, round big numbers and
+    // refuse what it cannot represent).
+    let mut messages = Vec::with_capacity(page.messages.len());
+    for m in &page.messages {
+        let frame = StoredFrame::parse(&m.frame).map_err(|e| {
+            tracing::error!(channel = %channel, seq = ?m.seq, error = %e, "stored frame unreadable");
+            ApiError::new(ErrorCode::Internal, "a stored message is unreadable")
+        })?;
+        messages.push(frame);
+    }
+    let body = HistoryPage {
+        channel: channel.as_str(),
+        epoch: page.position.epoch.as_str(),
+        first: page.position.first,
+        head: page.position.head,
+        messages,
+    }
+    .encode();
+    Ok(([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], body).into_response())
+}

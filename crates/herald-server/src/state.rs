@@ -1,0 +1,55 @@
+//! The server's shared state: [`AppState`], held by `Arc` by every
+//! handler, session and background task. It sits at the bottom of the
+//! crate's layers, and names three types of the parts above it: the
+//! shared state of the webhooks, of the subscribe proxy's cache and of the
+//! scheduler's wake-up, which it holds for them.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::Arc;
+use std::time::Duration;
+
+use herald_core::Engine;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::{auth, browser, hub, metrics, publish};
+
+/// Shared server state. Sessions and handlers hold it by `Arc`.
+pub struct AppState {
+    pub config: Config,
+    pub engine: Arc<dyn Engine>,
+    pub hub: Arc<hub::Hub>,
+    pub metrics: Arc<metrics::Metrics>,
+    pub(crate) jwt: auth::JwtVerifier,
+    pub(crate) api_keys: auth::ApiKeys,
+    pub(crate) in_flight: publish::InFlight,
+    /// Cancelled when shutdown starts.
+    pub shutdown: CancellationToken,
+    /// Every socket session: shutdown tells each one through it
+    /// (`hub::Sessions`), not through `shutdown`.
+    pub sessions: hub::Sessions,
+    /// WebSocket tasks (axum/hyper do not track upgraded connections).
+    pub(crate) tasks: TaskTracker,
+    pub(crate) open_connections: AtomicUsize,
+    /// Effective WebSocket connection cap (config, lowered to fit the
+    /// open-files limit).
+    pub max_connections: usize,
+    /// Effective cap on connections that are not WebSocket sessions.
+    pub max_http_connections: usize,
+    /// `allowed_origins`, parsed.
+    pub(crate) ws_origins: browser::Origins,
+    /// `cors_origins`, parsed.
+    pub(crate) cors_origins: browser::Origins,
+    pub(crate) next_conn_id: AtomicU64,
+    /// Heartbeat period of a connection holding presence leases: pings,
+    /// idle and token checks, and lease renewals (at most a third of the
+    /// lease TTL). Other connections tick every `heartbeat.ping_interval`.
+    pub presence_tick: Duration,
+    /// Wakes the scheduler for an earlier schedule.
+    pub(crate) scheduler: crate::jobs::scheduler::Wake,
+    /// The configured webhooks and their deliverers' shared state.
+    pub webhooks: crate::integration::webhooks::Webhooks,
+    /// Answers of the subscribe proxy, when cached.
+    pub subscribe_cache: crate::integration::proxies::SubscribeCache,
+}
