@@ -7,10 +7,15 @@
 #
 #   bench/callgrind-idle.sh [--herald PATH] [--out DIR] [--port PORT]
 #
+# The binary: --herald, else $HERALD, else target/profiling/herald (the
+# release build with debug info: cargo build --profile profiling -p herald).
+#
 # Each bench run still verifies that every connection stayed open.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# Profile the release build with debug info (Cargo.toml's [profile.profiling]).
+HERALD=${HERALD:-$ROOT/target/profiling/herald}
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 trap stop_callgrind_herald EXIT

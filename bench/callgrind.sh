@@ -7,6 +7,9 @@
 #                      [--fanout "100 1000"] [--subs 200] [--fanout-rate max] [--reps 1]
 #                      [--out DIR] [--herald PATH]
 #
+# The binary: --herald, else $HERALD, else target/profiling/herald (the
+# release build with debug info: cargo build --profile profiling -p herald).
+#
 # For each namespace, four fresh servers run under
 # `valgrind --tool=callgrind`, each taking one fixed workload from
 # `herald bench` (which runs natively, with one pipelined WebSocket
@@ -47,6 +50,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# Profile the release build with debug info (Cargo.toml's [profile.profiling]).
+HERALD=${HERALD:-$ROOT/target/profiling/herald}
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 
@@ -72,12 +77,12 @@ while [ $# -gt 0 ]; do
     --reps) REPS=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --herald) HERALD=$2; shift 2 ;;
-    -h|--help) sed -n '2,45p' "$ROOT/bench/callgrind.sh"; exit 0 ;;
+    -h|--help) sed -n '2,49p' "$ROOT/bench/callgrind.sh"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
 command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
-[ -x "$HERALD" ] || { echo "no herald binary at $HERALD (cargo build --release -p herald)" >&2; exit 1; }
+require_herald
 read -r N_A N_B <<<"$P2P"
 read -r F_A F_B <<<"$FANOUT"
 if [ "$N_B" -le "$N_A" ] || [ "$F_B" -le "$F_A" ] || [ "$SUBS" -lt 2 ]; then

@@ -8,6 +8,10 @@
 # stop_server stops exactly the process start_server started.
 
 ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+# The binary under test: the release build, the one an operator ships. The
+# callgrind scripts set HERALD to the `profiling` build before sourcing
+# this file (the same code with debug info, so callgrind_annotate names
+# files and lines).
 HERALD=${HERALD:-$ROOT/target/release/herald}
 HERALD_PORT=${HERALD_PORT:-18700}
 WS_PORT=${WS_PORT:-18801}
@@ -163,4 +167,15 @@ callgrind_args() {
       *) echo "unknown option: $1" >&2; exit 2 ;;
     esac
   done
+  require_herald
+}
+
+# Exit with how to build it unless $HERALD is an executable.
+require_herald() {
+  [ -x "$HERALD" ] && return 0
+  case $HERALD in
+    */target/profiling/herald) echo "no herald binary at $HERALD (cargo build --profile profiling -p herald)" >&2 ;;
+    *) echo "no herald binary at $HERALD (cargo build --release -p herald)" >&2 ;;
+  esac
+  exit 1
 }

@@ -14,7 +14,8 @@
 # deliveries/s per run, Redis's CPU seconds per run (from /proc) and with
 # --callgrind the server's instructions per publish (the run under
 # valgrind --tool=callgrind, minus a run with a tenth of the messages,
-# divided by the difference). Defaults: the binary of this tree.
+# divided by the difference). Defaults: the release binary of this tree
+# (the one timed; --herald target/profiling/herald for line-level profiles).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -34,7 +35,7 @@ while [ $# -gt 0 ]; do
     --namespace) NS=$2; shift 2 ;;
     --callgrind) CALLGRIND=1; shift ;;
     --out) OUT=$2; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$ROOT/bench/redis-pipelined.sh"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$ROOT/bench/redis-pipelined.sh"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done

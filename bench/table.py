@@ -8,8 +8,8 @@ Default: one row per figure and parameter set, one column per server
 (Herald first), each cell the median over the repetitions that passed
 verification, then Herald/peer ratios.
 
-`--hot` (what `bench/run.sh` prints by default): the figures of issue 12's
-table side by side, Herald on durable `chat:` and volatile `live:` channels
+`--hot` (what `bench/run.sh` prints by default): the hot-paths table of
+docs/benchmarks.md, Herald on durable `chat:` and volatile `live:` channels
 in two columns, then NATS, `ws` and whatever else ran, then Herald/NATS
 ratios and the target each figure is judged against. Every row names its
 load shape.
@@ -186,7 +186,8 @@ def hot_rows(run):
         yield ("publish", run.get("publishers")), label, "publishes_per_s", "", "http"
 
 
-# What later work is judged against (issue 12), as a check on the medians.
+# The targets Herald's hot paths are judged against (docs/benchmarks.md),
+# as a check on the medians.
 # (kind, column) -> (text, needs a NATS median, check(herald, nats)).
 TARGETS = {
     ("p2p", "herald live:"): ("≥ 1.0 × NATS", True, lambda h, o: h >= o),

@@ -14,10 +14,10 @@ use herald_store::{EmbeddedEngine, StoreConfig};
 
 /// jemalloc rather than glibc's `malloc`: what the store's writer thread
 /// allocates for a publish the sessions' threads free (and the other way
-/// round), between small allocations come buffers of tens of KiB, and
-/// glibc answered both with arena locks and fastbin consolidation, a fifth
-/// of a publish's instructions. Measured, with what was tried instead, in
-/// docs/benchmarks.md (issue 12, sixth part).
+/// round), and buffers of tens of KiB come and go between the small
+/// allocations; glibc answers both with arena locks and fastbin
+/// consolidation, a fifth of a publish's instructions under
+/// `bench/callgrind.sh`.
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

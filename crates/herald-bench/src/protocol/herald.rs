@@ -131,8 +131,8 @@ pub fn decode(msg: &Message, pending: &mut VecDeque<Incoming>) -> anyhow::Result
 /// (`seq` on durable channels only) with `P` exactly as the bench's
 /// publisher writes it (`payload::decode_encoded`). The subscribers decode
 /// one frame per delivery, and serde_json's pass over the whole envelope
-/// was half of a worker's CPU in fan-out, where the NATS parser reads a
-/// line; with the client the bound, the figure measured the bench. Any
+/// is half of a worker's CPU in fan-out, where the NATS parser reads a
+/// line: with the client the bound, the figure would measure the bench. Any
 /// other frame (`meta`, a redelivery, an escape, another payload or kind):
 /// `None`, and serde_json reads it.
 fn read_delivery(frame: &[u8]) -> Option<(payload::Stamp, Option<u64>)> {

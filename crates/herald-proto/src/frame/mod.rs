@@ -7,6 +7,38 @@
 //! Client frames are parsed through a flat struct first so a malformed
 //! frame gets a precise error (and so `data` can stay raw JSON, which serde
 //! cannot do inside an internally tagged enum).
+//!
+//! # Stored frames are a durable format
+//!
+//! The frames of a channel's log — `message`, and `room` for a room's state
+//! changes, as [`server::encode_frame`] writes them — are stored, not only
+//! sent. The same bytes are
+//!
+//! - the value of each log entry of the embedded engine (fjall's `log`
+//!   keyspace, after a fixed header: herald-store's on-disk layout);
+//! - field `f` of each entry of the Redis engine's `p:{c}:log` stream,
+//!   built by a template that must give these bytes exactly
+//!   (herald-redis's `frame.rs`), and what its pub/sub fan-out carries
+//!   between nodes, which may run different versions during an upgrade;
+//! - each element of a webhook request's `messages`, signed as they are,
+//!   and what history pages ([`server::StoredFrame`]), resuming
+//!   subscribers and the clients read back.
+//!
+//! They outlive the binary that wrote them (for a channel's retention,
+//! without end on a channel that keeps everything), so changing a frame is
+//! a data migration. The rule:
+//!
+//! - A field may be added only as optional: old frames lack it, so every
+//!   reader takes its absence as the old meaning (`#[serde(default)]`), and
+//!   readers ignore fields they do not know (no `deny_unknown_fields` on a
+//!   server frame reader, here or in the clients).
+//! - A field is never renamed or removed, nor its type or meaning changed,
+//!   nor a `type` value, without a format version and a migration of the
+//!   stored data in both engines. A frame stays one JSON object ending in
+//!   `}` ([`server::mark_redelivered`] appends to the stored bytes).
+//! - Readers accept every frame an older version wrote. The tests that
+//!   compare `encode_frame` with serde_json's encoding, and the Redis
+//!   template with `encode_frame`, pin the bytes.
 
 use std::collections::BTreeMap;
 

@@ -2,6 +2,13 @@
 //! `disconnect`, `unsubscribed`, and the message frames encoded once at
 //! append and shared by every subscriber; [`MessageView`] reads any of them
 //! back (clients, tests).
+//!
+//! The frames [`encode_frame`] writes for a channel's log (`message`,
+//! `room`) are stored by both engines and sent in webhook bodies: they are
+//! a durable format, changed only as [the parent module](super#stored-frames-are-a-durable-format)
+//! says (optional fields added; nothing renamed, removed or changed in
+//! meaning without a format version and a migration; readers accept older
+//! frames).
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
