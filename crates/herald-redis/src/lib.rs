@@ -104,6 +104,8 @@ mod rooms;
 mod schedules;
 mod scripts;
 mod stats;
+#[cfg(feature = "test-util")]
+pub mod testing;
 
 pub use config::{
     RedisConfig, RedisSettings, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_FANOUT_QUEUE,

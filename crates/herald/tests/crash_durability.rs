@@ -1,15 +1,13 @@
 //! kill -9 the real binary in the middle of 1,000 concurrent publishes:
 //! after a restart every publish that got a 2xx is there, once, in order.
 
-mod common;
-
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::API_KEY;
+use herald_test_support::API_KEY;
 use serde_json::json;
 
 struct Proc {
@@ -199,7 +197,7 @@ async fn a_room_whose_node_died_still_closes_after_grace() {
         let r = api.get("/api/v1/rooms/room:k").await.unwrap();
         r.json().unwrap()["state"].as_str().unwrap().to_owned()
     };
-    common::assert_eventually("room is live", || {
+    herald_test_support::assert_eventually("room is live", || {
         let api = api.clone();
         async move { state(api).await == "live" }
     })
@@ -209,7 +207,7 @@ async fn a_room_whose_node_died_still_closes_after_grace() {
 
     let proc = spawn_with(&data, &args);
     let api = herald_client::HttpApi::new(&proc.url, API_KEY);
-    common::assert_eventually("room is closed", || {
+    herald_test_support::assert_eventually("room is closed", || {
         let api = api.clone();
         async move { state(api).await == "closed" }
     })

@@ -6,16 +6,13 @@
 
 mod webhook_backend;
 
-#[path = "../../herald-redis/tests/support/mod.rs"]
-mod support;
-
 use std::collections::{BTreeSet, HashMap};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use herald_test_support::RedisServer;
 use serde_json::json;
-use support::RedisServer;
 use webhook_backend::{check_order, Backend, Mode};
 
 const SECRET: &str = "webhook-failover-secret-0123456789abcdef";

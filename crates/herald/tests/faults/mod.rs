@@ -3,11 +3,8 @@
 //! network namespace), a network namespace with veth pairs whose Redis link
 //! can be cut (packets silently dropped), a client-side proxy that can go
 //! silent, and the clients (`clients.rs`) that feed the history checker
-//! (`support/history.rs`, shared with herald-redis's tests).
+//! (`herald_test_support::history`).
 #![allow(dead_code)]
-
-#[path = "../../../herald-redis/tests/support/mod.rs"]
-pub mod support;
 
 pub mod clients;
 
@@ -20,7 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use support::API_KEY;
+pub use herald_test_support::{signal, API_KEY};
 
 /// How a node is started.
 pub struct NodeOpts {
@@ -138,12 +135,6 @@ impl Drop for HeraldProc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-pub fn signal(pid: u32, sig: &str) {
-    let ok =
-        Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().is_ok_and(|s| s.success());
-    assert!(ok, "kill -{sig} {pid} failed");
 }
 
 fn run(args: &[&str]) -> Result<(), String> {
