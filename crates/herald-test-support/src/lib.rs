@@ -7,6 +7,7 @@
 //!   [`CrashableNode`], one that dies the way a process does;
 //! - reading a connection with a deadline ([`next_frame`], [`next_message`],
 //!   [`read_until_closed`], ...);
+//! - [`HeraldProcess`]: a `herald serve` process, to kill or freeze;
 //! - the history checker of the fault tests ([`history`]);
 //! - re-exported from below: the one bounded wait ([`assert_eventually`],
 //!   [`eventually`], [`WAIT`], from `herald_core::conformance`) and the
@@ -23,6 +24,7 @@ pub mod history;
 
 mod frames;
 mod node;
+mod process;
 mod server;
 
 pub use frames::{
@@ -34,4 +36,5 @@ pub use herald_redis::testing::{
     cli, engine_config, init_tracing, signal, RedisCluster, RedisProxy, RedisServer,
 };
 pub use node::{presence_config, CrashableNode, Node};
+pub use process::HeraldProcess;
 pub use server::{base_config, Resp, TestServer, API_KEY, API_KEY_2, JWT_SECRET};

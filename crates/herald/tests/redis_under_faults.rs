@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use faults::clients::{self, http, listing, log_tags, readyz, Member, Publisher, Subscriber};
-use faults::{within, HeraldProc, Netns, NodeOpts, SilentProxy};
+use faults::{spawn_herald, within, Netns, NodeOpts, SilentProxy};
 use herald_test_support::history::{History, Presence, Report};
 use herald_test_support::{RedisCluster, RedisServer};
 
@@ -57,8 +57,8 @@ async fn settle_and_check(history: &History, url: &str, channel: &str, subs: &[&
 async fn a_paused_node_brings_back_no_member_that_left() {
     herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let a = HeraldProc::spawn(NodeOpts::new(&redis.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let a = spawn_herald(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let (history, presence) = (Arc::new(History::new()), Arc::new(Presence::new()));
     let ch = "pres:lobby";
     let observer = Member::join(&b.url, ch, "bob", "b1", Some(presence.clone())).await;
@@ -146,13 +146,13 @@ async fn partition_for(len: Duration) {
         }
     };
     let redis = RedisServer::start_with(&["--bind", "127.0.0.1", &net.redis_ip()]);
-    let a = HeraldProc::spawn(NodeOpts {
+    let a = spawn_herald(NodeOpts {
         redis_url: format!("redis://{}:{}", net.redis_ip(), redis.port),
         listen: format!("{}:0", net.node_ip()),
         netns: Some(net.name.clone()),
         presence_ttl: TTL,
     });
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let (history, presence) = (Arc::new(History::new()), Arc::new(Presence::new()));
     let ch = "pres:cut";
     let observer = Member::join(&b.url, ch, "bob", "b1", Some(presence.clone())).await;
@@ -241,8 +241,8 @@ async fn a_node_partitioned_from_redis_for_5min_takes_writes_again_at_once() {
 async fn a_paused_redis_under_load_loses_and_repeats_nothing() {
     herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let a = HeraldProc::spawn(NodeOpts::new(&redis.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let a = spawn_herald(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let history = Arc::new(History::new());
     let _subs = [
         Subscriber::start("on-a", &a.url, "chat:frozen", history.clone()).await,
@@ -293,8 +293,8 @@ async fn a_paused_redis_under_load_loses_and_repeats_nothing() {
 async fn redis_restarted_empty_tells_busy_and_quiet_subscribers_at_once() {
     herald_test_support::init_tracing();
     let mut redis = RedisServer::start();
-    let a = HeraldProc::spawn(NodeOpts::new(&redis.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let a = spawn_herald(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let (busy, quiet) = (Arc::new(History::new()), Arc::new(History::new()));
     let _subs = [
         Subscriber::start("busy-a", &a.url, "chat:busy", busy.clone()).await,
@@ -359,8 +359,8 @@ async fn redis_restarted_empty_tells_busy_and_quiet_subscribers_at_once() {
 async fn a_cluster_failover_to_a_replica_loses_nothing_silently() {
     herald_test_support::init_tracing();
     let mut cluster = RedisCluster::start_with_replicas(1);
-    let a = HeraldProc::spawn(NodeOpts::new(&cluster.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&cluster.url()));
+    let a = spawn_herald(NodeOpts::new(&cluster.url()));
+    let b = spawn_herald(NodeOpts::new(&cluster.url()));
     let ch = "chat:failover";
     let history = Arc::new(History::new());
     let _subs = [

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use faults::clients::http;
-use faults::{signal, within, HeraldProc, NodeOpts, API_KEY};
-use herald_test_support::RedisServer;
+use faults::{spawn_herald, within, NodeOpts};
+use herald_test_support::{signal, RedisServer, API_KEY};
 use serde_json::{json, Value};
 
 const CHANNELS: usize = 8;
@@ -93,8 +93,8 @@ async fn wait_until(at: u64) {
 async fn a_node_killed_at_the_due_moment_leaves_each_schedule_delivered_once() {
     herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let a = HeraldProc::spawn(NodeOpts::new(&redis.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let a = spawn_herald(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let at = now_ms() + 3000;
     let expected = schedule_all(&a.url, "killed", at).await;
     wait_until(at + 5).await;
@@ -109,8 +109,8 @@ async fn a_node_killed_at_the_due_moment_leaves_each_schedule_delivered_once() {
 async fn a_node_frozen_at_the_due_moment_appends_nothing_late() {
     herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let a = HeraldProc::spawn(NodeOpts::new(&redis.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let a = spawn_herald(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let at = now_ms() + 3000;
     let expected = schedule_all(&a.url, "frozen", at).await;
     wait_until(at + 5).await;
