@@ -15,6 +15,11 @@
 //! expiry scenarios need the engine's expiry index to be private to the
 //! fixture (a fresh store, or a per-fixture key prefix): another run's
 //! concurrent sweeps on the same index would take their leases.
+//!
+//! The module also holds the one bounded wait every test in the workspace
+//! uses, [`eventually`] and [`assert_eventually`] under the deadline
+//! [`WAIT`]: the lowest crate every test depends on, so the engines' tests
+//! and the server harness (`herald-test-support`) share it.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -61,17 +66,39 @@ const EXPIRY_DEADLINE: Duration = Duration::from_secs(10);
 /// How far an engine's clock (Redis `TIME`) may be from the test's.
 const CLOCK_SLACK_MS: u64 = 5_000;
 
-/// Poll `check` every 10 ms until it holds; panics after [`EXPIRY_DEADLINE`].
+/// Upper bound for any single wait in a test: generous, so a loaded CI
+/// machine does not fail a test that only waits for something to happen.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Poll `check` every 10 ms until it returns `Some`; panics after [`WAIT`].
+/// The one bounded wait of every test in the workspace (real-time waits
+/// poll with a deadline instead of sleeping a fixed time).
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not within {WAIT:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Poll `check` until it holds; panics after [`WAIT`].
 pub async fn assert_eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + EXPIRY_DEADLINE;
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "not within {EXPIRY_DEADLINE:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(what, || {
+        let holds = check();
+        async move { holds.await.then_some(()) }
+    })
+    .await
 }
 
 /// A [`FanoutSink`] that keeps everything it is given, in delivery order.

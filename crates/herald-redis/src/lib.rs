@@ -117,6 +117,8 @@ mod schedules;
 mod scripts;
 mod state;
 mod stats;
+#[cfg(feature = "test-util")]
+pub mod testing;
 
 pub use config::{
     RedisConfig, RedisSettings, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECTIONS, DEFAULT_FANOUT_QUEUE,

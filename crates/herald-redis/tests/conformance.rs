@@ -2,22 +2,20 @@
 //! single instance, one test per scenario, each on its own `redis-server`
 //! (and its own key prefix, as on the shared cluster).
 
-mod support;
-
 use std::sync::Arc;
 
 use herald_core::conformance::{self, Fixture};
 use herald_core::Engine;
-use support::RedisServer;
+use herald_redis::testing::{self, RedisServer};
 
 macro_rules! conformance_tests {
     ($($name:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                support::init_tracing();
+                testing::init_tracing();
                 let redis = RedisServer::start();
-                let engine: Arc<dyn Engine> = support::fixture_engine(&redis.url()).await;
+                let engine: Arc<dyn Engine> = testing::fixture_engine(&redis.url()).await;
                 let fx = Fixture::new(engine);
                 conformance::$name(&fx).await;
                 fx.engine.close().await;

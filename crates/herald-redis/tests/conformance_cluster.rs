@@ -4,22 +4,20 @@
 //! and each engine its own key prefix, so its presence sweep index is its
 //! own).
 
-mod support;
-
 use std::sync::Arc;
 
 use herald_core::conformance;
 use herald_core::Engine;
-use support::RedisCluster;
+use herald_redis::testing::{self, RedisCluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_scenario_passes_on_a_cluster() {
-    support::init_tracing();
+    testing::init_tracing();
     let cluster = RedisCluster::start();
     let url = cluster.url();
     conformance::run_all(|| {
         let url = url.clone();
-        async move { support::fixture_engine(&url).await as Arc<dyn Engine> }
+        async move { testing::fixture_engine(&url).await as Arc<dyn Engine> }
     })
     .await;
 }

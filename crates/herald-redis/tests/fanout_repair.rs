@@ -3,21 +3,19 @@
 //! lost its tail under the same epoch gets a new epoch. Also the node's
 //! lease comes back after it was lost.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use herald_core::conformance::{request, RecordingSink};
+use herald_core::conformance::{eventually, request, RecordingSink, WAIT};
 use herald_core::{Lifecycle, Log};
 use herald_proto::ChannelName;
-use support::{eventually, RedisServer};
+use herald_redis::testing::{self, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_missing_from_pubsub_is_delivered_by_the_head_check() {
-    support::init_tracing();
+    testing::init_tracing();
     let redis = RedisServer::start();
-    let engine = support::engine(&redis.url()).await;
+    let engine = testing::engine(&redis.url()).await;
     let sink = Arc::new(RecordingSink::default());
     engine.set_sink(sink.clone());
     let ch = ChannelName::new("chat:quiet").unwrap();
@@ -41,9 +39,9 @@ async fn a_message_missing_from_pubsub_is_delivered_by_the_head_check() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_that_lost_its_tail_gets_a_new_epoch() {
-    support::init_tracing();
+    testing::init_tracing();
     let redis = RedisServer::start();
-    let engine = support::engine(&redis.url()).await;
+    let engine = testing::engine(&redis.url()).await;
     let sink = Arc::new(RecordingSink::default());
     engine.set_sink(sink.clone());
     let ch = ChannelName::new("chat:tail").unwrap();
@@ -84,9 +82,9 @@ async fn a_log_that_lost_its_tail_gets_a_new_epoch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lease_is_registered_again_and_released_on_close() {
-    support::init_tracing();
+    testing::init_tracing();
     let redis = RedisServer::start();
-    let mut config = support::engine_config(&redis.url());
+    let mut config = testing::engine_config(&redis.url());
     config.node_id = Some("node-a".into());
     config.lease_ttl = Duration::from_millis(600);
     let engine = herald_redis::RedisEngine::open(config).await.unwrap();
@@ -96,7 +94,7 @@ async fn a_lost_lease_is_registered_again_and_released_on_close() {
     assert_eq!(*events.borrow_and_update(), 0);
 
     redis.cli(&["DEL", key]);
-    tokio::time::timeout(support::WAIT, events.changed()).await.expect("re-registered in time").unwrap();
+    tokio::time::timeout(WAIT, events.changed()).await.expect("re-registered in time").unwrap();
     assert_eq!(*events.borrow(), 1);
     assert_eq!(redis.cli(&["EXISTS", key]).trim(), "1");
     let ttl: i64 = redis.cli(&["PTTL", key]).trim().parse().unwrap();
@@ -104,7 +102,7 @@ async fn a_lost_lease_is_registered_again_and_released_on_close() {
 
     // Someone else's value (a second process with this id) is taken over.
     redis.cli(&["SET", key, "impostor"]);
-    tokio::time::timeout(support::WAIT, events.changed()).await.expect("taken over in time").unwrap();
+    tokio::time::timeout(WAIT, events.changed()).await.expect("taken over in time").unwrap();
     assert_eq!(engine.stats().lease_reregistrations, 2);
 
     engine.close().await;
@@ -113,9 +111,9 @@ async fn a_lost_lease_is_registered_again_and_released_on_close() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_are_counted_so_a_late_unwatch_keeps_a_new_watch() {
-    support::init_tracing();
+    testing::init_tracing();
     let redis = RedisServer::start();
-    let engine = support::engine(&redis.url()).await;
+    let engine = testing::engine(&redis.url()).await;
     let sink = Arc::new(RecordingSink::default());
     engine.set_sink(sink.clone());
     let ch = ChannelName::new("chat:count").unwrap();

@@ -4,14 +4,12 @@
 //! and a channel whose index entry was lost is indexed again by its next
 //! join, after which its orphaned expired leases are swept.
 
-mod support;
-
 use std::time::Duration;
 
-use herald_core::conformance::LONG_TTL;
+use herald_core::conformance::{eventually, LONG_TTL};
 use herald_core::{Engine, Joined, Lease, Lifecycle, Member, Presence};
 use herald_proto::ChannelName;
-use support::{eventually, RedisServer};
+use herald_redis::testing::{self, RedisServer};
 
 const DUE: &str = "herald:presence:due";
 
@@ -29,9 +27,9 @@ async fn swept(engine: &dyn Engine, ch: &ChannelName, user: &str) -> Lease {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_join_replaces_a_sweepers_claim_so_its_lease_is_swept_on_time() {
-    support::init_tracing();
+    testing::init_tracing();
     let redis = RedisServer::start();
-    let engine = support::engine(&redis.url()).await;
+    let engine = testing::engine(&redis.url()).await;
     let ch = ChannelName::new("room:claimed").unwrap();
     engine.presence_join(&ch, &member("stays", "c"), LONG_TTL).await.unwrap();
     // Another node's sweeper holds a claim on the channel that runs out
@@ -52,9 +50,9 @@ async fn a_join_replaces_a_sweepers_claim_so_its_lease_is_swept_on_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_channel_missing_from_the_index_is_swept_after_its_next_join() {
-    support::init_tracing();
+    testing::init_tracing();
     let redis = RedisServer::start();
-    let engine = support::engine(&redis.url()).await;
+    let engine = testing::engine(&redis.url()).await;
     let ch = ChannelName::new("room:orphan").unwrap();
     let Joined::New(orphan) =
         engine.presence_join(&ch, &member("orphan", "c"), Duration::from_millis(200)).await.unwrap()

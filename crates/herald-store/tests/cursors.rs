@@ -7,13 +7,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{channel, eventually, open, req};
+use common::{channel, open, req};
+use herald_core::conformance::assert_eventually;
 use herald_core::{
     AckError, AppendRequest, Cursors, Engine, EngineError, Lifecycle, Log, Retention, SubscriberId,
 };
 use herald_proto::ChannelName;
-
-const DEADLINE: Duration = Duration::from_secs(20);
 
 fn sub(user: &str, device: Option<&str>) -> SubscriberId {
     SubscriberId::new(user, device.map(Arc::from)).unwrap()
@@ -84,7 +83,7 @@ async fn acks_cost_no_fsync_of_their_own() {
         engine.ack(&ch, &sub("g", None), seq).await.unwrap();
     }
     assert!(engine.stats().fsyncs <= base + 1, "at most the timer's fsync so far");
-    eventually("the ack-sync timer fsyncs", DEADLINE, || async { engine.stats().fsyncs == base + 1 }).await;
+    assert_eventually("the ack-sync timer fsyncs", || async { engine.stats().fsyncs == base + 1 }).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(engine.stats().fsyncs, base + 1, "no fsync while nothing waits for one");
     engine.close().await;
@@ -209,8 +208,7 @@ async fn unacked_messages_lost_to_max_age_are_counted() {
     engine.ack(&ch, &a, 1).await.unwrap();
     engine.ack(&ch, &b, 4).await.unwrap();
     engine.ack(&ch, &a, 2).await.unwrap(); // the lowest cursor moves to 2
-    eventually("all six expired", DEADLINE, || async { engine.position(&ch).await.unwrap().first == 7 })
-        .await;
+    assert_eventually("all six expired", || async { engine.position(&ch).await.unwrap().first == 7 }).await;
     let s = engine.stats();
     assert_eq!(s.expired, 6);
     assert_eq!(s.unacked_trimmed, 4, "3..=6 were unacked by `a`");

@@ -7,7 +7,8 @@ mod common;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::{channel, eventually, open};
+use common::{channel, open};
+use herald_core::conformance::assert_eventually;
 use herald_core::conformance::room_write;
 use herald_core::{
     Engine, EngineError, Joined, Lease, Lifecycle, Member, Presence, Renewed, Room, RoomReason, RoomStatus,
@@ -127,7 +128,7 @@ async fn presence_writes_cost_no_fsync_of_their_own() {
     let engine = open(dir.path(), |c| c.ack_sync_interval = Duration::from_millis(100));
     let base = engine.stats().fsyncs;
     join(&engine, &ch, &member("h", "c1"), LONG).await;
-    eventually("the ack-sync timer fsyncs", DEADLINE, || async { engine.stats().fsyncs == base + 1 }).await;
+    assert_eventually("the ack-sync timer fsyncs", || async { engine.stats().fsyncs == base + 1 }).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(engine.stats().fsyncs, base + 1, "no fsync while nothing waits for one");
     engine.close().await;

@@ -4,11 +4,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{channel, dedup, eventually, open, req};
+use common::{channel, dedup, open, req};
+use herald_core::conformance::assert_eventually;
 use herald_core::{AppendRequest, Lifecycle, Log, Retention};
 use herald_store::FsyncMode;
-
-const DEADLINE: Duration = Duration::from_secs(20);
 
 fn aged(ch: &herald_proto::ChannelName, data: &str, max_age: Duration) -> AppendRequest {
     AppendRequest { retention: Retention { max_len: 0, max_age: Some(max_age) }, ..req(ch, data) }
@@ -23,7 +22,7 @@ async fn sweeper_removes_messages_older_than_max_age() {
         engine.append(aged(&short, &i.to_string(), Duration::from_millis(100))).await.unwrap();
         engine.append(aged(&long, &i.to_string(), Duration::from_secs(3600))).await.unwrap();
     }
-    eventually("short channel expired", DEADLINE, || async {
+    assert_eventually("short channel expired", || async {
         engine.position(&short).await.unwrap().first == 4
     })
     .await;
@@ -64,7 +63,7 @@ async fn large_backlog_expires_in_bounded_slices() {
     for t in tasks {
         t.await.unwrap();
     }
-    eventually("the whole backlog expired", DEADLINE, || async {
+    assert_eventually("the whole backlog expired", || async {
         // One snapshot: the sweeper runs concurrently, so a separate
         // `position` call may already be older than the read.
         let page = engine.read(&ch, 0, 10).await.unwrap();
@@ -89,7 +88,7 @@ async fn expired_receipts_no_longer_dedup_and_are_swept() {
     let first = engine.append(keyed()).await.unwrap();
     let retry = engine.append(keyed()).await.unwrap();
     assert!(retry.duplicate && retry.seq == first.seq, "within the TTL: a duplicate");
-    eventually("receipt swept", DEADLINE, || async { engine.stats().receipts_expired == 1 }).await;
+    assert_eventually("receipt swept", || async { engine.stats().receipts_expired == 1 }).await;
     let after = engine.append(keyed()).await.unwrap();
     assert!(!after.duplicate, "after the TTL the key is free again");
     assert_eq!(after.seq, Some(2));
@@ -105,10 +104,8 @@ async fn an_expired_receipt_is_absent_before_the_sweep() {
     let keyed =
         || AppendRequest { dedup: Some(dedup("order-10", Duration::from_millis(50))), ..req(&ch, "1") };
     engine.append(keyed()).await.unwrap();
-    eventually("a retry appends again", DEADLINE, || async {
-        !engine.append(keyed()).await.unwrap().duplicate
-    })
-    .await;
+    assert_eventually("a retry appends again", || async { !engine.append(keyed()).await.unwrap().duplicate })
+        .await;
     assert_eq!(engine.position(&ch).await.unwrap().head, 2, "exactly one more append");
     assert_eq!(engine.stats().receipts_expired, 0);
     engine.close().await;

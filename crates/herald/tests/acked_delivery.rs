@@ -1,13 +1,11 @@
 //! Acked delivery: redelivery with backoff, the offline inbox, per-device
 //! cursors, flow control, retention, ack errors, receipts.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
 use herald_client::{ConnectOptions, Connection};
 use herald_core::{Delivery, NamespaceOptions};
+use herald_test_support::*;
 use serde_json::json;
 
 fn acked(tweak: impl FnOnce(&mut NamespaceOptions)) -> NamespaceOptions {

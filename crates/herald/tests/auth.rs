@@ -1,10 +1,8 @@
 //! WebSocket authentication: checked before the upgrade, JWT algorithms,
 //! claims, and channel permissions.
 
-mod common;
-
-use common::*;
 use herald_client::{ConnectOptions, Connection};
+use herald_test_support::*;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::json;
 

@@ -7,14 +7,13 @@
 //! permissions; a refusal is the HTTP status before the upgrade; a timeout
 //! is 503.
 
-mod common;
 mod webhook_backend;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{next_frame, TestServer};
 use herald_server::proxies::{ProxiesConfig, ProxyConfig};
+use herald_test_support::{next_frame, TestServer};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;

@@ -2,13 +2,11 @@
 //! batching of commands, newline framing, close codes, recovery, acked
 //! inboxes, and delivery across both protocols with the same seqs.
 
-mod common;
-
 use std::collections::VecDeque;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::*;
 use futures_util::{SinkExt, StreamExt};
+use herald_test_support::*;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::{json, Value};
 use tokio_websockets::{MaybeTlsStream, Message, WebSocketStream};

@@ -2,10 +2,8 @@
 //! (`auto` = with dev mode), never otherwise; its session endpoint needs the
 //! API key outside dev mode; the page may only talk to its own origin.
 
-mod common;
-
-use common::{TestServer, API_KEY};
 use herald_server::config::ConsoleSetting;
+use herald_test_support::{TestServer, API_KEY};
 
 async fn get(url: &str, bearer: Option<&str>) -> reqwest::Response {
     let client = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none()).build().unwrap();

@@ -1,53 +1,27 @@
 //! kill -9 the real binary in the middle of 1,000 concurrent publishes:
 //! after a restart every publish that got a 2xx is there, once, in order.
 
-mod common;
-
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::API_KEY;
+use herald_test_support::{HeraldProcess, API_KEY};
 use serde_json::json;
 
-struct Proc {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn(dir: &std::path::Path) -> Proc {
+fn spawn(dir: &std::path::Path) -> HeraldProcess {
     spawn_with(dir, &[])
 }
 
-fn spawn_with(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> Proc {
-    let child = Command::new(env!("CARGO_BIN_EXE_herald"))
-        .args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"])
+fn spawn_with(dir: &std::path::Path, extra: &[&std::ffi::OsStr]) -> HeraldProcess {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    cmd.args(["serve", "--dev", "--listen", "127.0.0.1:0", "--data-dir"])
         .arg(dir)
         .args(extra)
         .env("HERALD_API_KEYS", API_KEY)
         .env("HERALD_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn herald");
-    // Owned by the guard first, so a failed read below still kills it.
-    let mut proc = Proc { child, url: String::new() };
-    let stdout = proc.child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    let first = lines.next().expect("a line").expect("read stdout");
-    proc.url = first.strip_prefix("herald listening on ").expect("listening line").trim().to_owned();
-    // Keep draining stdout so the child never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    proc
+        .stderr(Stdio::inherit());
+    HeraldProcess::spawn(&mut cmd, None)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,8 +62,7 @@ async fn every_acknowledged_publish_survives_kill_9() {
         assert!(std::time::Instant::now() < deadline, "publishes too slow");
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    proc.child.kill().unwrap(); // SIGKILL
-    proc.child.wait().unwrap();
+    proc.kill9();
     for t in tasks {
         t.await.unwrap();
     }
@@ -199,7 +172,7 @@ async fn a_room_whose_node_died_still_closes_after_grace() {
         let r = api.get("/api/v1/rooms/room:k").await.unwrap();
         r.json().unwrap()["state"].as_str().unwrap().to_owned()
     };
-    common::assert_eventually("room is live", || {
+    herald_test_support::assert_eventually("room is live", || {
         let api = api.clone();
         async move { state(api).await == "live" }
     })
@@ -209,7 +182,7 @@ async fn a_room_whose_node_died_still_closes_after_grace() {
 
     let proc = spawn_with(&data, &args);
     let api = herald_client::HttpApi::new(&proc.url, API_KEY);
-    common::assert_eventually("room is closed", || {
+    herald_test_support::assert_eventually("room is closed", || {
         let api = api.clone();
         async move { state(api).await == "closed" }
     })

@@ -1,11 +1,9 @@
 //! SIGTERM-style shutdown: stop accepting, close sockets with 1001 and a
 //! disconnect frame, flush the engine, within the grace period.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use herald_test_support::*;
 use serde_json::json;
 
 #[tokio::test]

@@ -1,11 +1,9 @@
 //! Server pings, idle timeout and token expiry while connected.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use herald_client::{ConnectOptions, Connection, ServerEvent};
+use herald_test_support::*;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::json;
 

@@ -1,8 +1,6 @@
 //! HTTP API errors (problem+json with stable codes), history, operations.
 
-mod common;
-
-use common::*;
+use herald_test_support::*;
 use serde_json::json;
 
 #[tokio::test]

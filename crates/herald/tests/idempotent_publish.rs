@@ -1,8 +1,6 @@
 //! Every Idempotency-Key case of the HTTP API and the socket publish.
 
-mod common;
-
-use common::*;
+use herald_test_support::*;
 use serde_json::json;
 
 #[tokio::test]

@@ -1,11 +1,9 @@
 //! Total order per channel and no gap or duplicate at the catch-up/live seam,
 //! with publishes racing the subscribes.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use herald_test_support::*;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,13 +4,11 @@
 //! middle never reorders, and a connection that closes with publishes in
 //! flight leaves nothing a retry under the same keys would duplicate.
 
-mod common;
-
 use std::collections::HashSet;
 
-use common::*;
 use herald_client::{Connection, ServerEvent};
 use herald_proto::MessageView;
+use herald_test_support::*;
 use serde_json::json;
 
 /// Frames back to back: the default frame budget (100/s) would refuse

@@ -4,7 +4,7 @@
 //! frozen with SIGSTOP, Redis frozen with SIGSTOP under load, Redis
 //! restarted empty, and a Redis Cluster master killed so its replica takes
 //! over. Every scenario runs publishers and subscribers on two nodes and
-//! ends with the history checker (`support/history.rs`): no subscriber
+//! ends with the history checker (`herald_test_support::history`): no subscriber
 //! lost, duplicated or reordered an acknowledged message (a message Redis
 //! lost counts only if the subscriber was never told to resync), and no
 //! presence listing or `join` brought back a member that left.
@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use faults::clients::{self, http, listing, log_tags, readyz, Member, Publisher, Subscriber};
-use faults::support::history::{History, Presence, Report};
-use faults::support::{RedisCluster, RedisServer};
-use faults::{within, HeraldProc, Netns, NodeOpts, SilentProxy};
+use faults::{spawn_herald, within, Netns, NodeOpts, SilentProxy};
+use herald_test_support::history::{History, Presence, Report};
+use herald_test_support::{RedisCluster, RedisServer};
 
 const TTL: Duration = Duration::from_secs(3);
 
@@ -55,10 +55,10 @@ async fn settle_and_check(history: &History, url: &str, channel: &str, subs: &[&
 /// meanwhile through the other node all reach both nodes' subscribers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_node_brings_back_no_member_that_left() {
-    faults::support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let a = HeraldProc::spawn(NodeOpts::new(&redis.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let a = spawn_herald(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let (history, presence) = (Arc::new(History::new()), Arc::new(Presence::new()));
     let ch = "pres:lobby";
     let observer = Member::join(&b.url, ch, "bob", "b1", Some(presence.clone())).await;
@@ -133,7 +133,7 @@ async fn a_paused_node_brings_back_no_member_that_left() {
 /// its member is announced again, and every subscriber has every
 /// acknowledged message once, in order.
 async fn partition_for(len: Duration) {
-    faults::support::init_tracing();
+    herald_test_support::init_tracing();
     if let Some(why) = faults::netns_unavailable() {
         eprintln!("SKIPPED: a network partition needs root and `ip netns`: {why}");
         return;
@@ -146,13 +146,13 @@ async fn partition_for(len: Duration) {
         }
     };
     let redis = RedisServer::start_with(&["--bind", "127.0.0.1", &net.redis_ip()]);
-    let a = HeraldProc::spawn(NodeOpts {
+    let a = spawn_herald(NodeOpts {
         redis_url: format!("redis://{}:{}", net.redis_ip(), redis.port),
         listen: format!("{}:0", net.node_ip()),
         netns: Some(net.name.clone()),
         presence_ttl: TTL,
     });
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let (history, presence) = (Arc::new(History::new()), Arc::new(Presence::new()));
     let ch = "pres:cut";
     let observer = Member::join(&b.url, ch, "bob", "b1", Some(presence.clone())).await;
@@ -239,10 +239,10 @@ async fn a_node_partitioned_from_redis_for_5min_takes_writes_again_at_once() {
 /// subscriber has everything acknowledged, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_under_load_loses_and_repeats_nothing() {
-    faults::support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let a = HeraldProc::spawn(NodeOpts::new(&redis.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let a = spawn_herald(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let history = Arc::new(History::new());
     let _subs = [
         Subscriber::start("on-a", &a.url, "chat:frozen", history.clone()).await,
@@ -291,10 +291,10 @@ async fn a_paused_redis_under_load_loses_and_repeats_nothing() {
 /// publish), and loses nothing it was not told of.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_empty_tells_busy_and_quiet_subscribers_at_once() {
-    faults::support::init_tracing();
+    herald_test_support::init_tracing();
     let mut redis = RedisServer::start();
-    let a = HeraldProc::spawn(NodeOpts::new(&redis.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let a = spawn_herald(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let (busy, quiet) = (Arc::new(History::new()), Arc::new(History::new()));
     let _subs = [
         Subscriber::start("busy-a", &a.url, "chat:busy", busy.clone()).await,
@@ -357,10 +357,10 @@ async fn redis_restarted_empty_tells_busy_and_quiet_subscribers_at_once() {
 /// skipped silently.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_failover_to_a_replica_loses_nothing_silently() {
-    faults::support::init_tracing();
+    herald_test_support::init_tracing();
     let mut cluster = RedisCluster::start_with_replicas(1);
-    let a = HeraldProc::spawn(NodeOpts::new(&cluster.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&cluster.url()));
+    let a = spawn_herald(NodeOpts::new(&cluster.url()));
+    let b = spawn_herald(NodeOpts::new(&cluster.url()));
     let ch = "chat:failover";
     let history = Arc::new(History::new());
     let _subs = [

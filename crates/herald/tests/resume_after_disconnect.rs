@@ -1,9 +1,7 @@
 //! Publish over HTTP, receive over WebSocket, disconnect, publish more,
 //! resume with the last seq and get exactly the missed ones, then live.
 
-mod common;
-
-use common::*;
+use herald_test_support::*;
 use serde_json::json;
 
 #[tokio::test]

@@ -2,13 +2,11 @@
 //! API. Lease TTLs are short (about a second) so expiry is tested for real;
 //! every wait is bounded.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
 use herald_client::Connection;
 use herald_proto::MessageView;
+use herald_test_support::*;
 use serde_json::{json, Value};
 
 /// A server with short leases: TTL `ttl`, renewals every ttl/3, sweeps

@@ -11,8 +11,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use faults::clients::http;
-use faults::support::RedisServer;
-use faults::{signal, within, HeraldProc, NodeOpts, API_KEY};
+use faults::{spawn_herald, within, NodeOpts};
+use herald_test_support::{signal, RedisServer, API_KEY};
 use serde_json::{json, Value};
 
 const CHANNELS: usize = 8;
@@ -91,10 +91,10 @@ async fn wait_until(at: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_at_the_due_moment_leaves_each_schedule_delivered_once() {
-    faults::support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let a = HeraldProc::spawn(NodeOpts::new(&redis.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let a = spawn_herald(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let at = now_ms() + 3000;
     let expected = schedule_all(&a.url, "killed", at).await;
     wait_until(at + 5).await;
@@ -107,10 +107,10 @@ async fn a_node_killed_at_the_due_moment_leaves_each_schedule_delivered_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_frozen_at_the_due_moment_appends_nothing_late() {
-    faults::support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let a = HeraldProc::spawn(NodeOpts::new(&redis.url()));
-    let b = HeraldProc::spawn(NodeOpts::new(&redis.url()));
+    let a = spawn_herald(NodeOpts::new(&redis.url()));
+    let b = spawn_herald(NodeOpts::new(&redis.url()));
     let at = now_ms() + 3000;
     let expected = schedule_all(&a.url, "frozen", at).await;
     wait_until(at + 5).await;

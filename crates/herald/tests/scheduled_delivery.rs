@@ -4,13 +4,11 @@
 //! whose server was killed (`kill -9`) before the due time goes out once
 //! at the next start.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{assert_eventually, TestServer, API_KEY};
+use herald_test_support::{assert_eventually, TestServer, API_KEY};
 use serde_json::{json, Value};
 
 fn now_ms() -> u64 {
@@ -41,7 +39,7 @@ async fn a_schedule_is_absent_before_its_time_and_present_once_after() {
 
     let mut sub = s.connect("u").await;
     sub.subscribe("chat:later", None).await.expect("subscribe");
-    let live = common::next_messages(&mut sub, 1).await;
+    let live = herald_test_support::next_messages(&mut sub, 1).await;
     assert!(now_ms() >= at, "not before its time");
     assert_eq!(live[0].data.as_ref().unwrap().get(), r#"{"n":1}"#);
     let h = s.history("chat:later").await;
@@ -72,7 +70,7 @@ async fn a_retried_scheduling_request_schedules_once() {
     assert_eq!(other.status, 422, "{:?}", other.body);
     // The batch endpoint, with a marker scheduled after the rest.
     let batch = json!({"channels": ["chat:retry", "chat:retry2"], "data": "both", "delay_ms": 600});
-    let resp = |r: common::Resp| (r.status, r.body);
+    let resp = |r: herald_test_support::Resp| (r.status, r.body);
     let x = resp(s.call("POST", "/api/v1/publish", Some(batch.clone()), &[("Idempotency-Key", "k2")]).await);
     let y = resp(s.call("POST", "/api/v1/publish", Some(batch), &[("Idempotency-Key", "k2")]).await);
     assert_eq!(x.0, 202, "{:?}", x.1);

@@ -1,11 +1,9 @@
 //! A subscriber that stops reading is disconnected with 4008 and loses
 //! nothing: it resumes from its last seq.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use herald_test_support::*;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,7 @@
 //! Frame size, bad frames, connection cap, pings.
 
-mod common;
-
-use common::*;
 use herald_client::{ConnectOptions, Connection};
+use herald_test_support::*;
 use serde_json::json;
 
 #[tokio::test]

@@ -1,9 +1,7 @@
 //! A storage error makes the engine fail-stop: publishes get 503 (never a
 //! 2xx), readiness fails, sockets stay up, and a restart recovers.
 
-mod common;
-
-use common::*;
+use herald_test_support::*;
 use serde_json::json;
 
 #[tokio::test]

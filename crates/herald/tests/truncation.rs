@@ -1,8 +1,6 @@
 //! Retention and resume: truncated and epoch-changed replies are explicit.
 
-mod common;
-
-use common::*;
+use herald_test_support::*;
 use serde_json::json;
 
 async fn server() -> TestServer {

@@ -3,15 +3,14 @@
 //! clients publish over sockets and HTTP and the backend fails in every
 //! way it can; an operator's skip moves past a poison message.
 
-mod common;
 mod webhook_backend;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_eventually, TestServer, API_KEY};
 use herald_server::webhooks::WebhookConfig;
+use herald_test_support::{assert_eventually, TestServer, API_KEY};
 use serde_json::json;
 use webhook_backend::{check_order, Backend, Mode};
 
@@ -203,7 +202,7 @@ async fn no_client_can_take_a_webhooks_subscriber_id() {
     let token = encode(
         &Header::new(Algorithm::HS256),
         &claims,
-        &EncodingKey::from_secret(common::JWT_SECRET.as_bytes()),
+        &EncodingKey::from_secret(herald_test_support::JWT_SECRET.as_bytes()),
     )
     .unwrap();
     let Err(err) = Connection::connect(&ConnectOptions::token(&srv.url, &token)).await else {

@@ -6,43 +6,24 @@
 
 mod webhook_backend;
 
-#[path = "../../herald-redis/tests/support/mod.rs"]
-mod support;
-
 use std::collections::{BTreeSet, HashMap};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use herald_test_support::{HeraldProcess, RedisServer};
 use serde_json::json;
-use support::RedisServer;
 use webhook_backend::{check_order, Backend, Mode};
 
 const SECRET: &str = "webhook-failover-secret-0123456789abcdef";
 const API_KEY: &str = "failover-api-key-0123456789";
 const WAIT: Duration = Duration::from_secs(30);
 
-struct Node {
-    child: Child,
-    url: String,
-    pid: u32,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-CONT", &self.pid.to_string()]).stderr(Stdio::null()).status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Node {
-    /// `engine`: `embedded` in `data_dir`, or `redis` at a URL.
-    fn spawn(engine_lines: &str, backend_url: &str) -> Node {
-        let dir = tempfile::tempdir().unwrap();
-        let config = format!(
-            r#"{engine_lines}
+/// A `herald serve` process with the backend's webhook. `engine_lines`:
+/// `embedded` in a `data_dir`, or `redis` at a URL.
+fn spawn_node(engine_lines: &str, backend_url: &str) -> HeraldProcess {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        r#"{engine_lines}
 dev = true
 api_keys = ["{API_KEY}"]
 
@@ -57,39 +38,15 @@ max_backoff = "300ms"
 lease_ttl = "2s"
 poll_interval = "200ms"
 "#
-        );
-        let path = dir.path().join("herald.toml");
-        std::fs::write(&path, config).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_herald"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&path)
-            .env("HERALD_LOG", "warn")
-            .env_remove("HERALD_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn herald");
-        let pid = child.id();
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = lines.next().expect("a line").expect("stdout");
-        let url = first.strip_prefix("herald listening on ").expect("listening line").trim().to_owned();
-        std::thread::spawn(move || for _ in lines {});
-        Node { child, url, pid, _dir: dir }
-    }
-
-    fn signal(&self, sig: &str) {
-        assert!(Command::new("kill")
-            .args([&format!("-{sig}"), &self.pid.to_string()])
-            .status()
-            .unwrap()
-            .success());
-    }
-
-    fn kill9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
+    );
+    let path = dir.path().join("herald.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&path)
+        .env("HERALD_LOG", "warn")
+        .stderr(Stdio::inherit());
+    HeraldProcess::spawn(&mut cmd, Some(dir))
 }
 
 async fn publish(http: &reqwest::Client, node: &str, ch: &str, n: u64) -> u64 {
@@ -136,7 +93,7 @@ async fn kill_9_and_restart_skips_nothing() {
     backend.set(Mode::Slow); // a backlog to be cut by the kill
     let data = tempfile::tempdir().unwrap();
     let engine = format!("engine = \"embedded\"\ndata_dir = {:?}", data.path().to_str().unwrap());
-    let mut node = Node::spawn(&engine, &backend.url);
+    let mut node = spawn_node(&engine, &backend.url);
     let http = reqwest::Client::new();
     let mut heads = HashMap::new();
     for i in 0..40 {
@@ -155,7 +112,7 @@ async fn kill_9_and_restart_skips_nothing() {
     assert!(delivered_before < heads["chat:k1"], "killed mid-delivery");
     backend.set(Mode::Ok);
 
-    let node = Node::spawn(&engine, &backend.url);
+    let node = spawn_node(&engine, &backend.url);
     delivered(&backend, &heads).await;
     check_all(&backend, &heads);
     let after = backend.with_seen(|s| s.iter().map(|r| r.token).max().unwrap());
@@ -168,8 +125,8 @@ async fn two_nodes_on_redis_take_over_a_paused_or_killed_node_and_skip_nothing()
     let redis = RedisServer::start();
     let backend = Backend::start(SECRET).await;
     let engine = format!("engine = \"redis\"\nredis_url = \"{}\"", redis.url());
-    let mut a = Node::spawn(&engine, &backend.url);
-    let b = Node::spawn(&engine, &backend.url);
+    let mut a = spawn_node(&engine, &backend.url);
+    let b = spawn_node(&engine, &backend.url);
     let http = reqwest::Client::new();
     let channels: Vec<String> = (0..6).map(|i| format!("chat:f{i}")).collect();
     let mut heads: HashMap<String, u64> = HashMap::new();
@@ -181,11 +138,11 @@ async fn two_nodes_on_redis_take_over_a_paused_or_killed_node_and_skip_nothing()
     let tokens_before: HashMap<String, u64> = token_max(&backend, &channels);
 
     // Pause a past its lease; b goes on alone.
-    a.signal("STOP");
+    a.sigstop();
     heads.extend(round(&http, &channels, &mut n, vec![b.url.clone()], 5).await);
     backend.set(Mode::Ok);
     delivered(&backend, &heads).await;
-    a.signal("CONT");
+    a.sigcont();
     tokio::time::sleep(Duration::from_millis(500)).await;
     heads.extend(round(&http, &channels, &mut n, vec![a.url.clone(), b.url.clone()], 5).await);
     delivered(&backend, &heads).await;

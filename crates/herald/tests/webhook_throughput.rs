@@ -2,13 +2,12 @@
 //! `cargo test -p herald --test webhook_throughput -- --ignored --nocapture`
 //! (add `--release` for meaningful numbers).
 
-mod common;
 mod webhook_backend;
 
 use std::time::{Duration, Instant};
 
-use common::{assert_eventually, TestServer};
 use herald_server::webhooks::WebhookConfig;
+use herald_test_support::{assert_eventually, TestServer};
 use serde_json::json;
 use webhook_backend::{check_order, Backend};
 

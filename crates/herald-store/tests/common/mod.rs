@@ -1,7 +1,6 @@
 //! Helpers shared by the embedded engine's integration tests.
 #![allow(dead_code)] // each test file uses a subset
 
-use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
@@ -31,17 +30,4 @@ pub fn req(channel: &ChannelName, data: &str) -> AppendRequest {
 
 pub fn dedup(key: &str, ttl: Duration) -> Dedup {
     Dedup { key: key.into(), fingerprint: [1; 32], ttl }
-}
-
-/// Poll `check` every 10 ms until it returns true; panic after `within`.
-pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::*;
+use herald_test_support::*;
 
 /// An HTTP response read off a raw socket.
 #[derive(Debug)]

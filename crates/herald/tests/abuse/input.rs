@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::common::*;
+use herald_test_support::*;
 
 fn nested(n: usize) -> String {
     "[".repeat(n) + &"]".repeat(n)

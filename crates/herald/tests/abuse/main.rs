@@ -1,11 +1,8 @@
-//! Abuse tests (issue 10, "Hardening"): what one hostile or careless client
+//! Abuse tests: what one hostile or careless client
 //! can do to a real server through real sockets, and what it cannot. One
 //! binary, one module per area: connections (timeouts, caps, origins),
 //! input (hostile data, identities, idempotency keys), session (floods,
 //! slow consumers, token expiry).
-
-#[path = "../common/mod.rs"]
-mod common;
 
 mod connections;
 mod input;

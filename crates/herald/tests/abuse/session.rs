@@ -10,7 +10,7 @@ use herald_server::Config;
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 use serde_json::json;
 
-use crate::common::*;
+use herald_test_support::*;
 
 /// A metric's value from `/metrics` text (`name` with its labels, if any).
 fn metric(srv: &TestServer, name: &str) -> i64 {

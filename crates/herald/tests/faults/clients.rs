@@ -15,8 +15,8 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::support::history::{History, Presence};
-use super::API_KEY;
+use herald_test_support::history::{History, Presence};
+use herald_test_support::API_KEY;
 
 /// One HTTP client for a test.
 pub fn http() -> reqwest::Client {

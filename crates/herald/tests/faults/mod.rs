@@ -1,18 +1,14 @@
 //! Support of the Redis fault suite (`redis_under_faults.rs`): Herald nodes
 //! as real `herald` processes (so they can be SIGSTOPped, and run inside a
-//! network namespace), a network namespace with veth pairs whose Redis link
+//! network namespace: [`spawn_herald`]), a network namespace with veth pairs whose Redis link
 //! can be cut (packets silently dropped), a client-side proxy that can go
 //! silent, and the clients (`clients.rs`) that feed the history checker
-//! (`support/history.rs`, shared with herald-redis's tests).
+//! (`herald_test_support::history`).
 #![allow(dead_code)]
-
-#[path = "../../../herald-redis/tests/support/mod.rs"]
-pub mod support;
 
 pub mod clients;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,7 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use support::API_KEY;
+use herald_test_support::{HeraldProcess, API_KEY};
 
 /// How a node is started.
 pub struct NodeOpts {
@@ -43,23 +39,14 @@ impl NodeOpts {
     }
 }
 
-/// A `herald serve` process on the Redis engine. Killed on drop (after a
-/// SIGCONT, in case it was stopped).
-pub struct HeraldProc {
-    child: Child,
-    pub url: String,
-    pub pid: u32,
-    dir: tempfile::TempDir,
-}
-
-impl HeraldProc {
-    /// Namespaces `chat` (durable) and `pres` (durable, presence); the
-    /// Redis settings are the defaults (command timeout 2 s, head checks
-    /// every second), so what the suite measures is what production gets.
-    pub fn spawn(opts: NodeOpts) -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let config = format!(
-            r#"engine = "redis"
+/// A `herald serve` process on the Redis engine, its config and log in a
+/// temp dir. Namespaces `chat` (durable) and `pres` (durable, presence);
+/// the Redis settings are the defaults (command timeout 2 s, head checks
+/// every second), so what the suite measures is what production gets.
+pub fn spawn_herald(opts: NodeOpts) -> HeraldProcess {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = format!(
+        r#"engine = "redis"
 redis_url = "{url}"
 dev = true
 api_keys = ["{key}"]
@@ -75,75 +62,28 @@ delivery = "durable"
 delivery = "durable"
 presence = true
 "#,
-            url = opts.redis_url,
-            key = API_KEY,
-            ttl = opts.presence_ttl.as_millis(),
-        );
-        let config_path = dir.path().join("herald.toml");
-        std::fs::write(&config_path, config).expect("write config");
-        let log = std::fs::File::create(dir.path().join("herald.log")).expect("log file");
-        let bin = env!("CARGO_BIN_EXE_herald");
-        let mut cmd = match &opts.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, bin]);
-                c
-            }
-            None => Command::new(bin),
-        };
-        cmd.args(["serve", "--config"])
-            .arg(&config_path)
-            .args(["--listen", &opts.listen])
-            .env("HERALD_LOG", "info,herald_redis=debug")
-            .env_remove("HERALD_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log);
-        let mut child = cmd.spawn().expect("spawn herald");
-        let pid = child.id();
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let first = match lines.next() {
-            Some(Ok(l)) => l,
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                let log = std::fs::read_to_string(dir.path().join("herald.log")).unwrap_or_default();
-                panic!("herald did not start:\n{log}");
-            }
-        };
-        let url = first.strip_prefix("herald listening on ").expect("listening line").trim().to_owned();
-        // Keep draining stdout so the child never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        HeraldProc { child, url, pid, dir }
-    }
-
-    pub fn sigstop(&self) {
-        signal(self.pid, "STOP");
-    }
-
-    pub fn sigcont(&self) {
-        signal(self.pid, "CONT");
-    }
-
-    /// The node's log so far (stderr).
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("herald.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for HeraldProc {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-CONT", &self.pid.to_string()]).status();
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-pub fn signal(pid: u32, sig: &str) {
-    let ok =
-        Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().is_ok_and(|s| s.success());
-    assert!(ok, "kill -{sig} {pid} failed");
+        url = opts.redis_url,
+        key = API_KEY,
+        ttl = opts.presence_ttl.as_millis(),
+    );
+    let config_path = dir.path().join("herald.toml");
+    std::fs::write(&config_path, config).expect("write config");
+    let log = std::fs::File::create(HeraldProcess::log_path(&dir)).expect("log file");
+    let bin = env!("CARGO_BIN_EXE_herald");
+    let mut cmd = match &opts.netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, bin]);
+            c
+        }
+        None => Command::new(bin),
+    };
+    cmd.args(["serve", "--config"])
+        .arg(&config_path)
+        .args(["--listen", &opts.listen])
+        .env("HERALD_LOG", "info,herald_redis=debug")
+        .stderr(log);
+    HeraldProcess::spawn(&mut cmd, Some(dir))
 }
 
 fn run(args: &[&str]) -> Result<(), String> {

@@ -1,11 +1,9 @@
-//! The fault tests' history checker (`support/history.rs`) catches what it
-//! must: loss, duplicates, reorders, silent data loss, presence ghosts.
-
-mod support;
+//! The checker catches what it must: loss, duplicates, reorders, silent
+//! data loss, presence ghosts.
 
 use std::collections::{BTreeSet, HashSet};
 
-use support::history::{History, Presence, PresenceReport, SubscriberReport};
+use super::{History, Presence, PresenceReport, SubscriberReport};
 
 fn log(tags: &[&str]) -> HashSet<String> {
     tags.iter().map(|t| t.to_string()).collect()

@@ -4,15 +4,13 @@
 //! sockets stay up, everything recovers by itself, and subscribers get
 //! every acknowledged message in order or are told to resync.
 
-mod support;
-
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use herald_client::ServerEvent;
+use herald_test_support::{data, eventually, next_event, next_message, Node, RedisServer, Resp, WAIT};
 use serde_json::{json, Value};
-use support::{data, eventually, next_event, next_message, Node, RedisServer, WAIT};
 use tokio::sync::Mutex;
 
 /// Publishers hammering one channel until `stop`: `(status, data, elapsed)`
@@ -43,7 +41,7 @@ impl Load {
                     let started = Instant::now();
                     let r = http
                         .post(format!("{url}/api/v1/channels/{channel}/messages"))
-                        .bearer_auth(support::API_KEY)
+                        .bearer_auth(herald_test_support::API_KEY)
                         .timeout(WAIT)
                         .json(&json!({ "data": d }))
                         .send()
@@ -96,20 +94,20 @@ async fn assert_nothing_acked_lost(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_redis_fails_publishes_fast_and_everything_recovers() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let mut config = support::engine_config(&redis.url());
+    let mut config = herald_test_support::engine_config(&redis.url());
     config.command_timeout = Duration::from_millis(500);
-    let node = Node::start_with(config, |_| {}).await;
+    let node = Node::on_redis_with(config, |_| {}).await;
     let mut c = node.connect("watcher").await;
     c.subscribe("chat:pause", None).await.unwrap();
     let load = Load::start(&node, "chat:pause", 4);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     redis.sigstop();
-    let (status, _) = eventually("readyz to fail", || async {
+    let Resp { status, .. } = eventually("readyz to fail", || async {
         let r = node.get("/readyz").await;
-        (r.0 == 503).then_some(r)
+        (r.status == 503).then_some(r)
     })
     .await;
     assert_eq!(status, 503);
@@ -119,7 +117,7 @@ async fn paused_redis_fails_publishes_fast_and_everything_recovers() {
     assert_eq!(c.ping().await.unwrap().kind, "pong");
     redis.sigcont();
 
-    eventually("readyz to pass", || async { (node.get("/readyz").await.0 == 200).then_some(()) }).await;
+    eventually("readyz to pass", || async { (node.get("/readyz").await.status == 200).then_some(()) }).await;
     let before = node.history("chat:pause").await.len();
     eventually("publishes to succeed again", || async {
         (node.history("chat:pause").await.len() > before + 20).then_some(())
@@ -139,9 +137,9 @@ async fn paused_redis_fails_publishes_fast_and_everything_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_and_restarted_from_its_aof_loses_nothing_acknowledged() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let mut redis = RedisServer::start();
-    let node = Node::start(&redis.url()).await;
+    let node = Node::on_redis(&redis.url()).await;
     let mut c = node.connect("watcher").await;
     let ok = c.subscribe("chat:crash", None).await.unwrap();
     let epoch = ok.epoch.clone().unwrap();
@@ -160,14 +158,14 @@ async fn redis_killed_and_restarted_from_its_aof_loses_nothing_acknowledged() {
     let results = load.finish().await;
     assert!(results.iter().all(|r| r.0 == 201 || r.0 == 503), "only 201 and 503");
     // The AOF kept the channel's meta: same epoch, no resync.
-    let (_, body) = node.get("/api/v1/channels/chat:crash/messages?after=0&limit=1").await;
+    let Resp { body, .. } = node.get("/api/v1/channels/chat:crash/messages?after=0&limit=1").await;
     assert_eq!(body["epoch"].as_str(), Some(epoch.as_str()));
     assert_nothing_acked_lost(&node, "chat:crash", &results, &mut c).await;
     assert_eq!(node.engine.stats().data_loss_detected, 0);
     // Pub/sub itself is back (not only the head checks' fills).
     let before = node.engine.stats().fanout_delivered;
     for i in 0..5 {
-        assert_eq!(node.publish("chat:crash", json!({ "after": i }), None).await.0, 201);
+        assert_eq!(node.publish("chat:crash", json!({ "after": i })).await.status, 201);
         assert_eq!(data(&next_message(&mut c).await), json!({ "after": i }));
     }
     assert!(node.engine.stats().fanout_delivered >= before + 4, "live over pub/sub again");
@@ -175,14 +173,14 @@ async fn redis_killed_and_restarted_from_its_aof_loses_nothing_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restarted_empty_starts_a_new_epoch_and_clients_resync() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let mut redis = RedisServer::start();
-    let (a, b) = (Node::start(&redis.url()).await, Node::start(&redis.url()).await);
+    let (a, b) = (Node::on_redis(&redis.url()).await, Node::on_redis(&redis.url()).await);
     let mut c = a.connect("watcher").await;
     let ok = c.subscribe("chat:empty", None).await.unwrap();
     let old_epoch = ok.epoch.clone().unwrap();
     for i in 1..=5 {
-        assert_eq!(b.publish("chat:empty", json!(i), None).await.0, 201);
+        assert_eq!(b.publish("chat:empty", json!(i)).await.status, 201);
     }
     for seq in 1..=5 {
         assert_eq!(next_message(&mut c).await.seq, Some(seq));
@@ -190,7 +188,7 @@ async fn redis_restarted_empty_starts_a_new_epoch_and_clients_resync() {
 
     redis.restart_empty();
     let receipt = eventually("a publish after the restart", || async {
-        let (status, body) = b.publish("chat:empty", json!("after"), None).await;
+        let Resp { status, body, .. } = b.publish("chat:empty", json!("after")).await;
         (status == 201).then_some(body)
     })
     .await;
@@ -223,15 +221,15 @@ async fn redis_restarted_empty_starts_a_new_epoch_and_clients_resync() {
 /// head check of a quiet channel), not with the next message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quiet_channel_hears_of_lost_data_without_a_publish() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let mut redis = RedisServer::start();
-    let (a, b) = (Node::start(&redis.url()).await, Node::start(&redis.url()).await);
+    let (a, b) = (Node::on_redis(&redis.url()).await, Node::on_redis(&redis.url()).await);
     let mut on_a = a.connect("watcher").await;
     let mut on_b = b.connect("watcher").await;
     on_a.subscribe("chat:quiet", None).await.unwrap();
     on_b.subscribe("chat:quiet", None).await.unwrap();
     for i in 1..=3 {
-        assert_eq!(b.publish("chat:quiet", json!(i), None).await.0, 201);
+        assert_eq!(b.publish("chat:quiet", json!(i)).await.status, 201);
     }
     for c in [&mut on_a, &mut on_b] {
         for seq in 1..=3 {
@@ -261,10 +259,10 @@ async fn a_quiet_channel_hears_of_lost_data_without_a_publish() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_pubsub_connections_lose_no_message() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     const N: u64 = 300;
     let redis = RedisServer::start();
-    let (a, b) = (Node::start(&redis.url()).await, Node::start(&redis.url()).await);
+    let (a, b) = (Node::on_redis(&redis.url()).await, Node::on_redis(&redis.url()).await);
     let mut c = b.connect("watcher").await;
     c.subscribe("chat:kill", None).await.unwrap();
     let publisher = {
@@ -274,7 +272,7 @@ async fn killed_pubsub_connections_lose_no_message() {
             for i in 1..=N {
                 let r = http
                     .post(format!("{url}/api/v1/channels/chat:kill/messages"))
-                    .bearer_auth(support::API_KEY)
+                    .bearer_auth(herald_test_support::API_KEY)
                     .json(&json!({ "data": i }))
                     .send()
                     .await
@@ -295,38 +293,4 @@ async fn killed_pubsub_connections_lose_no_message() {
     }
     publisher.await.unwrap();
     assert!(b.engine.stats().pubsub_disconnects >= 1);
-}
-
-/// Every socket the engine opens to Redis (each command connection and the
-/// pub/sub connection) has TCP keepalive on, so a peer that vanished is
-/// noticed even on an idle connection (`TCP_USER_TIMEOUT` is set with it;
-/// `ss` does not show that one).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_redis_socket_has_keepalive() {
-    support::init_tracing();
-    if std::process::Command::new("ss").arg("-V").output().is_err() {
-        eprintln!("SKIPPED: `ss` (iproute2) is not installed");
-        return;
-    }
-    let redis = RedisServer::start();
-    let config = support::engine_config(&redis.url());
-    let expected = config.connections + 1;
-    let engine = herald_redis::RedisEngine::open(config).await.unwrap();
-    let sockets = || {
-        let out = std::process::Command::new("ss")
-            .args(["-tno", "state", "established", "dst", &format!("127.0.0.1:{}", redis.port)])
-            .output()
-            .expect("run ss");
-        let out = String::from_utf8_lossy(&out.stdout).into_owned();
-        out.lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
-    };
-    // A socket with a request in flight shows its retransmission timer
-    // instead: sampled until every one is idle.
-    eventually("every engine socket idle with a keepalive timer", || async {
-        let l = sockets();
-        (l.len() == expected && l.iter().all(|l| l.contains("timer:(keepalive"))).then_some(())
-    })
-    .await;
-    use herald_core::Lifecycle;
-    engine.close().await;
 }

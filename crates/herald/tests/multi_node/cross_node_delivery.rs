@@ -2,20 +2,21 @@
 //! reaches subscribers on every node, in seq order, without gap or
 //! duplicate, also with publishers on several nodes at once.
 
-mod support;
-
 use std::collections::{HashMap, HashSet};
 
+use herald_test_support::{data, next_message, Node, RedisServer, Resp, API_KEY};
 use serde_json::json;
-use support::{data, next_message, Node, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_publishers_on_two_nodes_reach_subscribers_on_three_in_one_order() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     const PER_PUBLISHER: u64 = 100;
     let redis = RedisServer::start();
-    let nodes =
-        [Node::start(&redis.url()).await, Node::start(&redis.url()).await, Node::start(&redis.url()).await];
+    let nodes = [
+        Node::on_redis(&redis.url()).await,
+        Node::on_redis(&redis.url()).await,
+        Node::on_redis(&redis.url()).await,
+    ];
     let mut subs = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
         let mut c = node.connect(&format!("u{i}")).await;
@@ -31,7 +32,7 @@ async fn concurrent_publishers_on_two_nodes_reach_subscribers_on_three_in_one_or
             for i in 0..PER_PUBLISHER {
                 let r = http
                     .post(format!("{url}/api/v1/channels/chat:x/messages"))
-                    .bearer_auth(support::API_KEY)
+                    .bearer_auth(herald_test_support::API_KEY)
                     .json(&json!({ "data": { "p": p, "i": i } }))
                     .send()
                     .await
@@ -73,39 +74,45 @@ async fn concurrent_publishers_on_two_nodes_reach_subscribers_on_three_in_one_or
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_idempotency_key_through_two_nodes_at_once_appends_once() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let (a, b) = (Node::start(&redis.url()).await, Node::start(&redis.url()).await);
+    let (a, b) = (Node::on_redis(&redis.url()).await, Node::on_redis(&redis.url()).await);
     let mut watcher = b.connect("w").await;
     watcher.subscribe("chat:idem", None).await.unwrap();
     for round in 0..10 {
         let key = format!("order-{round}");
         let body = json!({ "round": round });
+        let body = json!({ "data": body });
         let (ra, rb) = tokio::join!(
-            a.publish("chat:idem", body.clone(), Some(&key)),
-            b.publish("chat:idem", body, Some(&key))
+            a.publish_with("chat:idem", body.clone(), Some(&key), Some(API_KEY)),
+            b.publish_with("chat:idem", body, Some(&key), Some(API_KEY))
         );
-        assert_eq!((ra.0, rb.0), (201, 201), "{ra:?} {rb:?}");
-        assert_eq!((&ra.1["seq"], &ra.1["id"]), (&rb.1["seq"], &rb.1["id"]), "one message, one receipt");
+        assert_eq!((ra.status, rb.status), (201, 201), "{ra:?} {rb:?}");
+        assert_eq!(
+            (&ra.body["seq"], &ra.body["id"]),
+            (&rb.body["seq"], &rb.body["id"]),
+            "one message, one receipt"
+        );
         let m = next_message(&mut watcher).await;
         assert_eq!(m.seq, Some(round + 1));
     }
     assert_eq!(a.history("chat:idem").await.len(), 10, "each key appended once");
     // The same key on another channel is another request: refused on both.
-    let (status, body) = b.publish("chat:other", json!({ "round": 0 }), Some("order-0")).await;
+    let body = json!({ "data": { "round": 0 } });
+    let Resp { status, body, .. } = b.publish_with("chat:other", body, Some("order-0"), Some(API_KEY)).await;
     assert_eq!((status, body["code"].as_str()), (422, Some("idempotency_key_reused")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_resumes_on_another_node_after_its_node_is_gone() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let (a, b) = (Node::start(&redis.url()).await, Node::start(&redis.url()).await);
+    let (a, b) = (Node::on_redis(&redis.url()).await, Node::on_redis(&redis.url()).await);
     let mut c = a.connect("roamer").await;
     let ok = c.subscribe("chat:roam", None).await.unwrap();
     let epoch = ok.epoch.clone().unwrap();
     for i in 1..=5 {
-        assert_eq!(b.publish("chat:roam", json!(i), None).await.0, 201);
+        assert_eq!(b.publish("chat:roam", json!(i)).await.status, 201);
     }
     let mut last = 0;
     for _ in 0..5 {
@@ -115,7 +122,7 @@ async fn a_client_resumes_on_another_node_after_its_node_is_gone() {
     // Node A dies; meanwhile more is published through B.
     a.kill();
     for i in 6..=12 {
-        assert_eq!(b.publish("chat:roam", json!(i), None).await.0, 201);
+        assert_eq!(b.publish("chat:roam", json!(i)).await.status, 201);
     }
     let mut c = b.connect("roamer").await;
     let ok = c.subscribe("chat:roam", Some((last, &epoch))).await.unwrap();
@@ -127,16 +134,16 @@ async fn a_client_resumes_on_another_node_after_its_node_is_gone() {
         assert!(seen.insert(seq));
     }
     // And live from there, published through B itself.
-    assert_eq!(b.publish("chat:roam", json!(13), None).await.0, 201);
+    assert_eq!(b.publish("chat:roam", json!(13)).await.status, 201);
     assert_eq!(next_message(&mut c).await.seq, Some(13));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_on_a_cluster_deliver_every_channel_in_order() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     const PER_NODE: u64 = 30;
-    let cluster = support::RedisCluster::start();
-    let (a, b) = (Node::start(&cluster.url()).await, Node::start(&cluster.url()).await);
+    let cluster = herald_test_support::RedisCluster::start();
+    let (a, b) = (Node::on_redis(&cluster.url()).await, Node::on_redis(&cluster.url()).await);
     // Channels spread over the cluster's slots (and so its three masters).
     let channels: Vec<String> = (0..6).map(|i| format!("chat:c{i}")).collect();
     let mut subs = Vec::new();
@@ -155,7 +162,7 @@ async fn two_nodes_on_a_cluster_deliver_every_channel_in_order() {
                 for i in 0..PER_NODE {
                     let r = http
                         .post(format!("{url}/api/v1/channels/{ch}/messages"))
-                        .bearer_auth(support::API_KEY)
+                        .bearer_auth(herald_test_support::API_KEY)
                         .json(&json!({ "data": i }))
                         .send()
                         .await

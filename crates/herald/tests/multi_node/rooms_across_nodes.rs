@@ -2,23 +2,21 @@
 //! died goes to grace and closes, driven by the surviving node's keeper;
 //! compare-and-set writers on two nodes make one chain of versions.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-use support::{
+use herald_test_support::{
     create_room, engine_config, join, next_frame, next_room_event, presence_config, CrashableNode, Node,
-    RedisServer,
+    RedisServer, Resp,
 };
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_room_whose_hosts_node_crashed_closes_after_grace() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
     let ttl = Duration::from_secs(1);
-    let mut a = CrashableNode::start_with(engine_config(&redis.url()), presence_config(ttl)).await;
-    let b = Node::start_with(engine_config(&redis.url()), presence_config(ttl)).await;
+    let mut a = CrashableNode::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await;
+    let b = Node::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await;
     create_room(&b, "room:stage", "host", 1).await;
     let mut watcher = b.connect("watcher").await;
     watcher.subscribe("room:stage", Some((0, ""))).await.unwrap();
@@ -49,9 +47,9 @@ async fn a_room_whose_hosts_node_crashed_closes_after_grace() {
         ("unsubscribed", Some("room_closed"))
     );
 
-    let (status, room) = b.get("/api/v1/rooms/room:stage").await;
+    let Resp { status, body: room, .. } = b.get("/api/v1/rooms/room:stage").await;
     assert_eq!((status, room["state"].as_str(), room["version"].as_u64()), (200, Some("closed"), Some(4)));
-    let (status, body) = b.publish("room:stage", json!("late"), None).await;
+    let Resp { status, body, .. } = b.publish("room:stage", json!("late")).await;
     assert_eq!((status, body["code"].as_str()), (410, Some("channel_closed")));
     drop(host);
     b.stop().await;
@@ -59,13 +57,13 @@ async fn a_room_whose_hosts_node_crashed_closes_after_grace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_cas_writers_through_two_nodes_make_one_chain_of_versions() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     const WRITERS: u64 = 50;
     let redis = RedisServer::start();
     let ttl = Duration::from_secs(30);
     let nodes = [
-        Node::start_with(engine_config(&redis.url()), presence_config(ttl)).await,
-        Node::start_with(engine_config(&redis.url()), presence_config(ttl)).await,
+        Node::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await,
+        Node::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await,
     ];
     create_room(&nodes[0], "room:race", "host", 60).await;
     let path = "/api/v1/rooms/room:race";
@@ -75,12 +73,13 @@ async fn fifty_cas_writers_through_two_nodes_make_one_chain_of_versions() {
             // Bounded: each round some writer wins, so at most WRITERS
             // rounds lose.
             for _ in 0..4 * WRITERS {
-                let (status, room) = node.get(path).await;
+                let Resp { status, body: room, .. } = node.get(path).await;
                 assert_eq!(status, 200, "{room}");
                 let version = room["version"].as_u64().expect("version");
                 let if_match = format!("\"{version}\"");
                 let body = json!({ "attributes": { "writer": i } });
-                let (status, room) = node.call("PATCH", path, Some(body), &[("If-Match", &if_match)]).await;
+                let Resp { status, body: room, .. } =
+                    node.call("PATCH", path, Some(body), &[("If-Match", &if_match)]).await;
                 match status {
                     200 => {
                         assert_eq!(room["version"].as_u64(), Some(version + 1), "{room}");
@@ -109,7 +108,7 @@ async fn fifty_cas_writers_through_two_nodes_make_one_chain_of_versions() {
         .collect();
     assert_eq!(events, (1..=WRITERS + 1).collect::<Vec<_>>());
     for node in &nodes {
-        assert_eq!(node.get(path).await.1["version"].as_u64(), Some(WRITERS + 1));
+        assert_eq!(node.get(path).await.body["version"].as_u64(), Some(WRITERS + 1));
     }
     for node in nodes {
         node.stop().await;

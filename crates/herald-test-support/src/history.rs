@@ -287,3 +287,6 @@ impl Presence {
         r
     }
 }
+
+#[cfg(test)]
+mod tests;

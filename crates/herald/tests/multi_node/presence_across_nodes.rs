@@ -4,13 +4,11 @@
 //! Redis long enough to lose its node lease asserts its members again
 //! when it is back.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
-use support::{
+use herald_test_support::{
     create_room, engine_config, join, next_presence, presence_config, CrashableNode, Node, RedisProxy,
-    RedisServer,
+    RedisServer, Resp,
 };
 
 fn event(kind: &str, user: &str, client: &str) -> (String, String, String) {
@@ -19,11 +17,11 @@ fn event(kind: &str, user: &str, client: &str) -> (String, String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_and_leave_are_pushed_across_nodes() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
     let ttl = Duration::from_secs(30);
-    let a = Node::start_with(engine_config(&redis.url()), presence_config(ttl)).await;
-    let b = Node::start_with(engine_config(&redis.url()), presence_config(ttl)).await;
+    let a = Node::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await;
+    let b = Node::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await;
     create_room(&a, "room:lobby", "host", 60).await;
 
     let mut watcher = b.connect("watcher").await;
@@ -35,9 +33,9 @@ async fn join_and_leave_are_pushed_across_nodes() {
     assert_eq!(next_presence(&mut watcher).await, event("join", "alice", "a1"), "pushed from node A");
     assert_eq!(next_presence(&mut alice).await, event("join", "alice", "a1"));
 
-    let (status, body) = b.get("/api/v1/channels/room:lobby/presence").await;
+    let Resp { status, body, .. } = b.get("/api/v1/channels/room:lobby/presence").await;
     assert_eq!((status, body["count"].as_u64()), (200, Some(2)), "{body}");
-    let (_, body) = a.get("/api/v1/channels/room:lobby/presence").await;
+    let Resp { body, .. } = a.get("/api/v1/channels/room:lobby/presence").await;
     let mut users: Vec<&str> =
         body["members"].as_array().unwrap().iter().map(|m| m["user"].as_str().unwrap()).collect();
     users.sort();
@@ -48,18 +46,18 @@ async fn join_and_leave_are_pushed_across_nodes() {
     alice.close(Some(1000), "bye").await.unwrap();
     assert_eq!(next_presence(&mut watcher).await, event("leave", "alice", "a1"));
     assert!(started.elapsed() < Duration::from_secs(10));
-    assert_eq!(b.get("/api/v1/channels/room:lobby/presence?count=1").await.1["count"], 1);
+    assert_eq!(b.get("/api/v1/channels/room:lobby/presence?count=1").await.body["count"], 1);
     a.stop().await;
     b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_of_a_crashed_node_leave_when_their_leases_run_out() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
     let ttl = Duration::from_millis(1500);
-    let mut a = CrashableNode::start_with(engine_config(&redis.url()), presence_config(ttl)).await;
-    let b = Node::start_with(engine_config(&redis.url()), presence_config(ttl)).await;
+    let mut a = CrashableNode::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await;
+    let b = Node::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await;
     create_room(&b, "room:crash", "host", 60).await;
     let mut watcher = b.connect("watcher").await;
     join(&mut watcher, "room:crash", "w").await;
@@ -82,22 +80,22 @@ async fn members_of_a_crashed_node_leave_when_their_leases_run_out() {
     let heartbeat = ttl / 3;
     assert!(after >= ttl - heartbeat - Duration::from_millis(100), "left by expiry, not at once ({after:?})");
     assert!(after <= ttl + heartbeat + Duration::from_secs(1), "within TTL + one heartbeat ({after:?})");
-    assert_eq!(b.get("/api/v1/channels/room:crash/presence?count=1").await.1["count"], 1);
+    assert_eq!(b.get("/api/v1/channels/room:crash/presence?count=1").await.body["count"], 1);
     drop((alice, bob));
     b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cut_off_from_redis_asserts_its_members_again_when_back() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
     let proxy = RedisProxy::start(redis.port).await;
     let ttl = Duration::from_secs(1);
     let mut cut_config = engine_config(&proxy.url());
     cut_config.lease_ttl = Duration::from_secs(1);
     cut_config.command_timeout = Duration::from_millis(500);
-    let a = Node::start_with(cut_config, presence_config(ttl)).await;
-    let b = Node::start_with(engine_config(&redis.url()), presence_config(ttl)).await;
+    let a = Node::on_redis_with(cut_config, presence_config(ttl)).await;
+    let b = Node::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await;
     create_room(&b, "room:cut", "host", 60).await;
     let mut watcher = b.connect("watcher").await;
     join(&mut watcher, "room:cut", "w").await;
@@ -107,7 +105,7 @@ async fn a_node_cut_off_from_redis_asserts_its_members_again_when_back() {
     assert_eq!(next_presence(&mut watcher).await, event("join", "alice", "a1"));
     // Alice's client answers pings: her lease is asked back only once she
     // answers one sent after it was found gone.
-    let alice = support::keep_reading(alice);
+    let alice = herald_test_support::keep_reading(alice);
     let mut reregistered = a.engine.lease_reregistrations();
     assert_eq!(*reregistered.borrow_and_update(), 0);
 
@@ -121,12 +119,12 @@ async fn a_node_cut_off_from_redis_asserts_its_members_again_when_back() {
     // Back: the node lease is found lost and registered again, and alice's
     // next renewal finds her lease gone and joins again.
     proxy.restore();
-    tokio::time::timeout(support::WAIT, reregistered.changed())
+    tokio::time::timeout(herald_test_support::WAIT, reregistered.changed())
         .await
         .expect("the node lease is registered again in time")
         .unwrap();
     assert_eq!(next_presence(&mut watcher).await, event("join", "alice", "a1"), "asserted again");
-    assert_eq!(b.get("/api/v1/channels/room:cut/presence?count=1").await.1["count"], 2);
+    assert_eq!(b.get("/api/v1/channels/room:cut/presence?count=1").await.body["count"], 2);
     assert!(a.engine.stats().lease_reregistrations >= 1);
     alice.abort();
     a.stop().await;

@@ -5,14 +5,12 @@
 //! order, one effect per idempotency key, and order across a script cache
 //! that Redis lost (`NOSCRIPT`).
 
-mod support;
-
 use std::collections::HashMap;
 
 use herald_client::{Connection, ServerEvent};
 use herald_proto::MessageView;
+use herald_test_support::{engine_config, next_message, Node, RedisServer, WAIT};
 use serde_json::json;
-use support::{engine_config, next_message, Node, RedisServer, WAIT};
 
 const CHANNELS: [&str; 3] = ["chat:pa", "chat:pb", "chat:pc"];
 
@@ -85,9 +83,9 @@ async fn pipeline(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_publishes_on_redis_keep_frame_order_and_dedup() {
-    support::init_tracing();
+    herald_test_support::init_tracing();
     let redis = RedisServer::start();
-    let node = Node::start_with(engine_config(&redis.url()), pipelining).await;
+    let node = Node::on_redis_with(engine_config(&redis.url()), pipelining).await;
     let mut subs = Vec::new();
     for ch in CHANNELS {
         let mut s = node.connect("reader").await;
@@ -111,7 +109,7 @@ async fn pipelined_publishes_on_redis_keep_frame_order_and_dedup() {
         for (n, want) in expected.iter().enumerate() {
             let m = next_message(&mut subs[k]).await;
             assert_eq!(
-                (m.seq, support::data(&m)),
+                (m.seq, herald_test_support::data(&m)),
                 (Some(n as u64 + 1), json!(want)),
                 "{ch}: delivered in order"
             );

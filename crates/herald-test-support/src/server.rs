@@ -1,16 +1,19 @@
-//! Test harness: a real server on 127.0.0.1:0 with the embedded engine in a
-//! temp dir, plus HTTP and WebSocket helpers. Every wait is bounded.
-#![allow(dead_code)]
+//! The server harness: a real Herald server in this process on
+//! `127.0.0.1:0`, over any engine, with HTTP helpers. Every wait is
+//! bounded ([`WAIT`]).
+//!
+//! Everything this crate knows of herald-server is here: [`Config`] and the
+//! fields [`base_config`] sets, and [`Server`]'s `bind`, `local_addr`,
+//! `state` and `run`.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use herald_client::{ConnectOptions, Connection, ServerEvent};
-use herald_proto::MessageView;
-use herald_server::{Config, Server};
+use herald_client::{ConnectOptions, Connection};
+use herald_core::conformance::{eventually, WAIT};
+use herald_core::Engine;
+use herald_server::{AppState, Config, Server};
 use herald_store::{EmbeddedEngine, StoreConfig};
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -19,24 +22,13 @@ use tokio::task::JoinHandle;
 pub const API_KEY: &str = "test-api-key-0123456789";
 pub const API_KEY_2: &str = "other-api-key-9876543210";
 pub const JWT_SECRET: &str = "test-jwt-secret-0123456789abcdef0123456789";
-/// Upper bound for any single wait in a test.
-pub const WAIT: Duration = Duration::from_secs(20);
 
-pub struct TestServer {
-    pub addr: SocketAddr,
-    pub url: String,
-    pub state: Arc<herald_server::AppState>,
-    pub engine: Arc<EmbeddedEngine>,
-    pub data_dir: PathBuf,
-    _tmp: Option<tempfile::TempDir>,
-    stop_tx: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<std::io::Result<()>>>,
-    http: reqwest::Client,
-}
-
+/// What every harness server starts from: `127.0.0.1:0`, dev mode (dev
+/// users connect without a token), [`API_KEY`] and [`API_KEY_2`], HS256
+/// tokens signed with [`JWT_SECRET`].
 pub fn base_config() -> Config {
     let mut c = Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
+        listen: "127.0.0.1:0".parse().expect("an address"),
         dev: true,
         api_keys: vec![API_KEY.into(), API_KEY_2.into()],
         ..Default::default()
@@ -45,7 +37,24 @@ pub fn base_config() -> Config {
     c
 }
 
-impl TestServer {
+/// A running server over engine `E`: the embedded engine in a temp dir
+/// ([`TestServer::start`]) or a Redis node ([`Node`](crate::Node)). It
+/// stops (without waiting) when dropped.
+pub struct TestServer<E = EmbeddedEngine> {
+    pub addr: SocketAddr,
+    /// `http://{addr}`.
+    pub url: String,
+    pub state: Arc<AppState>,
+    pub engine: Arc<E>,
+    pub data_dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    stop_tx: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+    http: reqwest::Client,
+}
+
+impl TestServer<EmbeddedEngine> {
+    /// [`base_config`] with the embedded engine in a temp dir.
     pub async fn start() -> Self {
         Self::start_with(|_| {}).await
     }
@@ -58,12 +67,22 @@ impl TestServer {
         s
     }
 
+    /// The embedded engine in `data_dir` (kept after the server stops: a
+    /// restart test starts another server in it).
     pub async fn start_in(data_dir: PathBuf, tweak: impl FnOnce(&mut Config)) -> Self {
         let mut config = base_config();
         config.data_dir = data_dir.clone();
         tweak(&mut config);
-        config.validate().expect("test config is valid");
         let engine = Arc::new(EmbeddedEngine::open(StoreConfig::new(&data_dir)).expect("open store"));
+        Self::serve(config, engine).await
+    }
+}
+
+impl<E: Engine + 'static> TestServer<E> {
+    /// Validate `config`, bind and run a server over `engine`.
+    pub async fn serve(config: Config, engine: Arc<E>) -> Self {
+        config.validate().expect("test config is valid");
+        let data_dir = config.data_dir.clone();
         let server = Server::bind(config, engine.clone()).await.expect("bind");
         let addr = server.local_addr();
         let state = server.state().clone();
@@ -98,15 +117,26 @@ impl TestServer {
         }
     }
 
+    /// Drop the server without a graceful shutdown: its task is aborted
+    /// (its sockets close), the engine's tasks stop with the engine.
+    pub fn kill(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+
+    /// A WebSocket connection as dev user `user`.
     pub async fn connect(&self, user: &str) -> Connection {
         Connection::connect(&ConnectOptions::dev_user(&self.url, user)).await.expect("connect")
     }
 
-    /// `POST /api/v1/channels/{channel}/messages` with the first API key.
+    /// `POST /api/v1/channels/{channel}/messages` with [`API_KEY`].
     pub async fn publish(&self, channel: &str, data: Value) -> Resp {
         self.publish_with(channel, serde_json::json!({ "data": data }), None, Some(API_KEY)).await
     }
 
+    /// A publish with the whole `body`, an `Idempotency-Key` and an API key
+    /// of the caller's choice.
     pub async fn publish_with(
         &self,
         channel: &str,
@@ -121,7 +151,7 @@ impl TestServer {
         if let Some(a) = api_key {
             req = req.bearer_auth(a);
         }
-        Resp::from(req.send().await.expect("http request")).await
+        Resp::from(req).await
     }
 
     pub async fn post_raw(&self, path: &str, body: Vec<u8>, headers: &[(&str, &str)]) -> Resp {
@@ -129,10 +159,10 @@ impl TestServer {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        Resp::from(req.send().await.expect("http request")).await
+        Resp::from(req).await
     }
 
-    /// Any API call with the first API key, a JSON body and extra headers.
+    /// Any API call with [`API_KEY`], a JSON body and extra headers.
     pub async fn call(
         &self,
         method: &str,
@@ -148,32 +178,35 @@ impl TestServer {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        Resp::from(req.send().await.expect("http request")).await
+        Resp::from(req).await
     }
 
     pub async fn get(&self, path: &str) -> Resp {
-        let req = self.http.get(format!("{}{path}", self.url)).bearer_auth(API_KEY);
-        Resp::from(req.send().await.expect("http request")).await
+        Resp::from(self.http.get(format!("{}{path}", self.url)).bearer_auth(API_KEY)).await
     }
 
-    /// The channel's stored seqs (via the history API), ascending.
+    /// Every stored message of `channel` (the history API), ascending. A
+    /// 503 (the engine unavailable: Redis coming back) is retried.
     pub async fn history(&self, channel: &str) -> Vec<Value> {
         let mut out = Vec::new();
         let mut after = 0;
         loop {
-            let r = self.get(&format!("/api/v1/channels/{channel}/messages?after={after}&limit=1000")).await;
-            assert_eq!(r.status, 200, "{:?}", r.body);
-            let msgs = r.body["messages"].as_array().unwrap().clone();
-            if msgs.is_empty() {
-                return out;
-            }
-            after = msgs.last().unwrap()["seq"].as_u64().unwrap();
+            let path = format!("/api/v1/channels/{channel}/messages?after={after}&limit=1000");
+            let body = eventually("a history page", || async {
+                let r = self.get(&path).await;
+                assert!(r.status == 200 || r.status == 503, "{} {:?}", r.status, r.body);
+                (r.status == 200).then_some(r.body)
+            })
+            .await;
+            let msgs = body["messages"].as_array().expect("messages").clone();
+            let Some(last) = msgs.last() else { return out };
+            after = last["seq"].as_u64().expect("seq");
             out.extend(msgs);
         }
     }
 }
 
-impl Drop for TestServer {
+impl<E> Drop for TestServer<E> {
     fn drop(&mut self) {
         if let Some(tx) = self.stop_tx.take() {
             let _ = tx.send(());
@@ -181,6 +214,9 @@ impl Drop for TestServer {
     }
 }
 
+/// An HTTP response: status, headers and the body as JSON (a body that is
+/// not JSON is a JSON string).
+#[derive(Debug)]
 pub struct Resp {
     pub status: u16,
     pub headers: reqwest::header::HeaderMap,
@@ -188,7 +224,9 @@ pub struct Resp {
 }
 
 impl Resp {
-    async fn from(r: reqwest::Response) -> Self {
+    /// Send `req` (bounded by [`WAIT`]) and read the whole response.
+    async fn from(req: reqwest::RequestBuilder) -> Self {
+        let r = req.timeout(WAIT).send().await.expect("http request");
         let status = r.status().as_u16();
         let headers = r.headers().clone();
         let bytes = r.bytes().await.expect("body");
@@ -197,6 +235,7 @@ impl Resp {
         Resp { status, headers, body }
     }
 
+    /// The problem's `code`, or `""`.
     pub fn code(&self) -> &str {
         self.body["code"].as_str().unwrap_or("")
     }
@@ -204,63 +243,4 @@ impl Resp {
     pub fn is_problem(&self) -> bool {
         self.headers.get("content-type").and_then(|v| v.to_str().ok()) == Some("application/problem+json")
     }
-}
-
-/// The next text frame, with a deadline.
-pub async fn next_frame(conn: &mut Connection) -> MessageView {
-    match tokio::time::timeout(WAIT, conn.next_frame()).await.expect("frame in time").expect("read") {
-        Some(ServerEvent::Frame(v)) => v,
-        other => panic!("expected a frame, got {other:?}"),
-    }
-}
-
-/// The next `message` frames, `n` of them, skipping nothing.
-pub async fn next_messages(conn: &mut Connection, n: usize) -> Vec<MessageView> {
-    let mut out = Vec::with_capacity(n);
-    while out.len() < n {
-        let f = next_frame(conn).await;
-        assert_eq!(f.kind, "message", "expected a message, got {f:?}");
-        out.push(f);
-    }
-    out
-}
-
-/// Read until the socket closes; returns the frames before it and the close code.
-pub async fn read_until_closed(conn: &mut Connection) -> (Vec<MessageView>, Option<u16>) {
-    let mut frames = Vec::new();
-    loop {
-        match tokio::time::timeout(WAIT, conn.next_frame()).await.expect("close in time") {
-            Ok(Some(ServerEvent::Frame(v))) => frames.push(v),
-            Ok(Some(ServerEvent::Closed { code, .. })) => return (frames, code),
-            Ok(None) => return (frames, None),
-            Err(e) => panic!("read failed before close: {e}"),
-        }
-    }
-}
-
-/// Assert that no frame arrives within `d`.
-pub async fn assert_silent(conn: &mut Connection, d: Duration) {
-    if let Ok(r) = tokio::time::timeout(d, conn.next_frame()).await {
-        panic!("expected silence, got {r:?}");
-    }
-}
-
-/// Poll `f` until it returns true, or panic at the deadline.
-pub async fn assert_eventually<F, Fut>(what: &str, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while tokio::time::Instant::now() < deadline {
-        if f().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for: {what}");
-}
-
-pub fn seqs(msgs: &[MessageView]) -> Vec<u64> {
-    msgs.iter().map(|m| m.seq.expect("durable message has a seq")).collect()
 }
