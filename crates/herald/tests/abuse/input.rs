@@ -1,6 +1,7 @@
-//! Hostile input (issue 10, items 1, 4 and 8): `data` that used to break a
-//! channel's history, one `Idempotency-Key` sent to both publish endpoints,
-//! and identity fields with control characters.
+//! Hostile input: `data` that could break a channel's history if it were
+//! stored unchecked (deep nesting, lone surrogates), one `Idempotency-Key`
+//! sent to both publish endpoints, and identity fields with control
+//! characters.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -201,7 +201,8 @@ async fn stuck_client(srv: &TestServer, user: &str, channel: &str) -> (Connectio
     (c, ok.epoch.unwrap())
 }
 
-/// About 60 KB of `data`, as in the measurement.
+/// About 60 KB of `data`: large enough that a few frames fill an outbox's
+/// byte bound.
 fn big(i: u64) -> serde_json::Value {
     json!({ "i": i, "blob": "x".repeat(60_000) })
 }
