@@ -48,7 +48,10 @@
 
 use std::time::Duration;
 
-use herald_core::{member_key, EngineError, FenceToken, Joined, Lease, Member, Rejoined, Renewed};
+use herald_core::{
+    member_key, EngineError, Joined, Lease, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, Member, Rejoined,
+    Renewed,
+};
 use herald_proto::ChannelName;
 
 use crate::config::SWEEP_CHANNELS;
@@ -58,7 +61,6 @@ use crate::scripts::{
     PresenceLeave, PresenceList, PresenceRejoin, PresenceRenew, PresenceSweep,
 };
 use crate::state::{ms, EngineState};
-use crate::stats::add;
 
 /// A lease record: `<token> <expires_at_ms> <member JSON>`.
 fn parse_lease(rec: &str) -> Result<Lease, EngineError> {
@@ -102,24 +104,24 @@ impl EngineState {
         self.run("presence index", &args).await.map(drop)
     }
 
-    pub async fn presence_join(
-        &self,
-        ch: &ChannelName,
-        member: &Member,
-        ttl: Duration,
-    ) -> Result<Joined, EngineError> {
+    /// Three round trips: the sweep index is lowered before and after the
+    /// join script (see the module docs).
+    pub async fn lease_join(&self, join: LeaseJoin) -> Result<Joined, EngineError> {
+        self.refuse_when_closing()?;
+        let LeaseJoin { channel: ch, member, ttl } = join;
+        let ch = &ch;
         // Indexed before the lease exists: a node dying after the script
         // still leaves the channel where a sweep finds it.
         self.index_lower(ch, None, ttl).await?;
         let k = &self.keys;
-        let json = serde_json::to_string(member).expect("members serialise");
+        let json = serde_json::to_string(&member).expect("members serialise");
         let args = PresenceJoin {
             meta: k.meta(ch),
             presence: k.presence(ch),
             presence_exp: k.presence_exp(ch),
             presence_keys: k.presence_keys(ch),
             presence_token: k.presence_token(ch),
-            member_key: &member_key(member),
+            member_key: &member_key(&member),
             member: &json,
             ttl_ms: ms(ttl),
         };
@@ -136,7 +138,7 @@ impl EngineState {
         if let Err(e) = self.index_lower(ch, Some(expires_at_ms), ttl).await {
             tracing::warn!(channel = %ch, error = %e, "presence index not lowered after a join; the earlier write covers it");
         }
-        let lease = Lease { member: member.clone(), token, expires_at_ms };
+        let lease = Lease { member, token, expires_at_ms };
         match kind.as_str() {
             "new" => Ok(Joined::New(lease)),
             "reclaimed" => Ok(Joined::Reclaimed(lease)),
@@ -144,17 +146,13 @@ impl EngineState {
         }
     }
 
-    pub async fn presence_renew(
-        &self,
-        ch: &ChannelName,
-        key: &str,
-        token: FenceToken,
-        ttl: Duration,
-    ) -> Result<Renewed, EngineError> {
+    pub async fn lease_renew(&self, renew: LeaseRenew) -> Result<Renewed, EngineError> {
+        let LeaseRenew { channel: ch, key, token, ttl } = renew;
+        let ch = &ch;
         let args = PresenceRenew {
             presence: self.keys.presence(ch),
             presence_exp: self.keys.presence_exp(ch),
-            member_key: key,
+            member_key: &key,
             token,
             ttl_ms: ms(ttl),
         };
@@ -167,12 +165,9 @@ impl EngineState {
         }
     }
 
-    pub async fn presence_leave(
-        &self,
-        ch: &ChannelName,
-        key: &str,
-        token: FenceToken,
-    ) -> Result<Option<Lease>, EngineError> {
+    pub async fn lease_leave(&self, leave: LeaseLeave) -> Result<Option<Lease>, EngineError> {
+        let LeaseLeave { channel: ch, key, token } = leave;
+        let ch = &ch;
         let k = &self.keys;
         let args = PresenceLeave {
             presence: k.presence(ch),
@@ -181,7 +176,7 @@ impl EngineState {
             presence_gone: k.presence_gone(ch),
             presence_gone_exp: k.presence_gone_exp(ch),
             meta: k.meta(ch),
-            member_key: key,
+            member_key: &key,
             token,
         };
         let mut r = self.run("presence leave", &args).await?.fields("reply")?;
@@ -192,18 +187,15 @@ impl EngineState {
         }
     }
 
-    /// Indexed like a join (before and after the script): a lease that
-    /// comes back must be swept like any other.
-    pub async fn presence_rejoin(
-        &self,
-        ch: &ChannelName,
-        member: &Member,
-        token: FenceToken,
-        ttl: Duration,
-    ) -> Result<Rejoined, EngineError> {
+    /// Three round trips, indexed like a join (before and after the
+    /// script): a lease that comes back must be swept like any other.
+    pub async fn lease_rejoin(&self, rejoin: LeaseRejoin) -> Result<Rejoined, EngineError> {
+        self.refuse_when_closing()?;
+        let LeaseRejoin { channel: ch, member, token, ttl } = rejoin;
+        let ch = &ch;
         self.index_lower(ch, None, ttl).await?;
         let k = &self.keys;
-        let json = serde_json::to_string(member).expect("members serialise");
+        let json = serde_json::to_string(&member).expect("members serialise");
         let args = PresenceRejoin {
             meta: k.meta(ch),
             presence: k.presence(ch),
@@ -211,7 +203,7 @@ impl EngineState {
             presence_keys: k.presence_keys(ch),
             presence_gone: k.presence_gone(ch),
             presence_gone_exp: k.presence_gone_exp(ch),
-            member_key: &member_key(member),
+            member_key: &member_key(&member),
             member: &json,
             token,
             ttl_ms: ms(ttl),
@@ -226,7 +218,7 @@ impl EngineState {
             }
             "back" => {
                 let expires_at_ms = r.int("expires_at")?;
-                (Rejoined::Back(Lease { member: member.clone(), token, expires_at_ms }), expires_at_ms)
+                (Rejoined::Back(Lease { member, token, expires_at_ms }), expires_at_ms)
             }
             _ => return Err(r.unexpected()),
         };
@@ -309,7 +301,7 @@ impl EngineState {
                 }
             }
         }
-        add(&self.counters.presence_expired, out.len() as u64);
+        self.counters.presence_expired.add(out.len() as u64);
         match first_err {
             // Leases removed by the channels that worked must reach the
             // caller (nobody else gets them): the failure waits for the
