@@ -191,13 +191,10 @@ impl EngineState {
             };
             run.message(AppendMessage {
                 durable: req.durable,
-                max_len: req.retention.max_len,
-                max_age_ms: req.retention.max_age.map_or(0, ms),
+                retention: &req.retention,
                 fingerprint,
                 receipt_ttl_ms,
-                head: &tpl.head,
-                middle: &tpl.middle,
-                tail: &tpl.tail,
+                frame: &tpl,
                 id,
                 closes: req.durable && req.closes,
                 receipt,

@@ -169,16 +169,7 @@ impl EngineState {
         let LeaseLeave { channel: ch, key, token } = leave;
         let ch = &ch;
         let k = &self.keys;
-        let args = PresenceLeave {
-            presence: k.presence(ch),
-            presence_exp: k.presence_exp(ch),
-            presence_keys: k.presence_keys(ch),
-            presence_gone: k.presence_gone(ch),
-            presence_gone_exp: k.presence_gone_exp(ch),
-            meta: k.meta(ch),
-            member_key: &key,
-            token,
-        };
+        let args = PresenceLeave { leases: k.leases(ch), meta: k.meta(ch), member_key: &key, token };
         let mut r = self.run("presence leave", &args).await?.fields("reply")?;
         match r.status()?.as_str() {
             "none" => Ok(None),
@@ -198,11 +189,7 @@ impl EngineState {
         let json = serde_json::to_string(&member).expect("members serialise");
         let args = PresenceRejoin {
             meta: k.meta(ch),
-            presence: k.presence(ch),
-            presence_exp: k.presence_exp(ch),
-            presence_keys: k.presence_keys(ch),
-            presence_gone: k.presence_gone(ch),
-            presence_gone_exp: k.presence_gone_exp(ch),
+            leases: k.leases(ch),
             member_key: &member_key(&member),
             member: &json,
             token,
@@ -319,14 +306,7 @@ impl EngineState {
         claim: &str,
     ) -> Result<Vec<Lease>, EngineError> {
         let k = &self.keys;
-        let args = PresenceSweep {
-            presence: k.presence(ch),
-            presence_exp: k.presence_exp(ch),
-            presence_keys: k.presence_keys(ch),
-            presence_gone: k.presence_gone(ch),
-            presence_gone_exp: k.presence_gone_exp(ch),
-            limit,
-        };
+        let args = PresenceSweep { leases: k.leases(ch), limit };
         let swept = self.run("presence sweep", &args).await;
         let (next, leases) = match swept {
             Ok(reply) => {

@@ -120,15 +120,12 @@ impl EngineState {
         ch: &'a ChannelName,
         tpl: &'a FrameTemplate,
         id: &'a str,
-        retention: &Retention,
+        retention: &'a Retention,
     ) -> Event<'a> {
         Event {
             epoch: new_epoch(),
-            max_len: retention.max_len,
-            max_age_ms: retention.max_age.map_or(0, ms),
-            head: &tpl.head,
-            middle: &tpl.middle,
-            tail: &tpl.tail,
+            retention,
+            frame: tpl,
             id,
             channel: ch.as_str(),
             fan: self.keys.fan(ch),
