@@ -46,6 +46,7 @@
 //! clock: a channel on another master is swept late (or early, then
 //! re-scored) by the difference between the two clocks.
 
+use std::future::Future;
 use std::time::Duration;
 
 use herald_core::{
@@ -104,46 +105,65 @@ impl EngineState {
         self.run("presence index", &args).await.map(drop)
     }
 
-    /// Three round trips: the sweep index is lowered before and after the
-    /// join script (see the module docs).
+    /// Run `script`, a write that may store a lease of `ch` until now +
+    /// `ttl`, with the channel indexed before and after it (see the module
+    /// docs): before, so a node dying after the script still leaves the
+    /// channel where a sweep finds it; after, exactly at the lease's
+    /// expiry, so a sweep that settled the channel between the first index
+    /// write and the script cannot leave the lease unindexed. `script`
+    /// answers its outcome and the expiry of the lease it stored (`None`:
+    /// none). Three round trips.
+    async fn indexed<T>(
+        &self,
+        ch: &ChannelName,
+        ttl: Duration,
+        what: &'static str,
+        script: impl Future<Output = Result<(T, Option<u64>), EngineError>>,
+    ) -> Result<T, EngineError> {
+        self.index_lower(ch, None, ttl).await?;
+        let (outcome, expires_at_ms) = script.await?;
+        if let Some(exp) = expires_at_ms {
+            if let Err(e) = self.index_lower(ch, Some(exp), ttl).await {
+                tracing::warn!(channel = %ch, error = %e, "presence index not lowered after a {what}; the earlier write covers it");
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Indexed before and after the join script ([`Self::indexed`]).
     pub async fn lease_join(&self, join: LeaseJoin) -> Result<Joined, EngineError> {
         self.refuse_when_closing()?;
         let LeaseJoin { channel: ch, member, ttl } = join;
         let ch = &ch;
-        // Indexed before the lease exists: a node dying after the script
-        // still leaves the channel where a sweep finds it.
-        self.index_lower(ch, None, ttl).await?;
-        let k = &self.keys;
-        let json = serde_json::to_string(&member).expect("members serialise");
-        let args = PresenceJoin {
-            meta: k.meta(ch),
-            presence: k.presence(ch),
-            presence_exp: k.presence_exp(ch),
-            presence_keys: k.presence_keys(ch),
-            presence_token: k.presence_token(ch),
-            member_key: &member_key(&member),
-            member: &json,
-            ttl_ms: ms(ttl),
+        let script = async {
+            let k = &self.keys;
+            let json = serde_json::to_string(&member).expect("members serialise");
+            let args = PresenceJoin {
+                meta: k.meta(ch),
+                presence: k.presence(ch),
+                presence_exp: k.presence_exp(ch),
+                presence_keys: k.presence_keys(ch),
+                presence_token: k.presence_token(ch),
+                member_key: &member_key(&member),
+                member: &json,
+                ttl_ms: ms(ttl),
+            };
+            let mut r = self.run("presence join", &args).await?.fields("reply")?;
+            let kind = r.status()?;
+            if kind == "closed" {
+                return Err(self.refuse_closed());
+            }
+            let token = r.int("token")?;
+            let expires_at_ms = r.int("expires_at")?;
+            let lease = Lease { member, token, expires_at_ms };
+            let joined = match kind.as_str() {
+                "new" => Ok(Joined::New(lease)),
+                "reclaimed" => Ok(Joined::Reclaimed(lease)),
+                _ => Err(r.unexpected()),
+            };
+            Ok((joined, Some(expires_at_ms)))
         };
-        let mut r = self.run("presence join", &args).await?.fields("reply")?;
-        let kind = r.status()?;
-        if kind == "closed" {
-            return Err(self.refuse_closed());
-        }
-        let token = r.int("token")?;
-        let expires_at_ms = r.int("expires_at")?;
-        // Exact, and after the script: a sweep that settled the channel
-        // between the first index write and the script cannot have left
-        // this lease unindexed.
-        if let Err(e) = self.index_lower(ch, Some(expires_at_ms), ttl).await {
-            tracing::warn!(channel = %ch, error = %e, "presence index not lowered after a join; the earlier write covers it");
-        }
-        let lease = Lease { member, token, expires_at_ms };
-        match kind.as_str() {
-            "new" => Ok(Joined::New(lease)),
-            "reclaimed" => Ok(Joined::Reclaimed(lease)),
-            _ => Err(r.unexpected()),
-        }
+        self.indexed(ch, ttl, "join", script).await?
     }
 
     pub async fn lease_renew(&self, renew: LeaseRenew) -> Result<Renewed, EngineError> {
@@ -178,41 +198,39 @@ impl EngineState {
         }
     }
 
-    /// Three round trips, indexed like a join (before and after the
-    /// script): a lease that comes back must be swept like any other.
+    /// Indexed like a join ([`Self::indexed`]): a lease that comes back
+    /// must be swept like any other.
     pub async fn lease_rejoin(&self, rejoin: LeaseRejoin) -> Result<Rejoined, EngineError> {
         self.refuse_when_closing()?;
         let LeaseRejoin { channel: ch, member, token, ttl } = rejoin;
         let ch = &ch;
-        self.index_lower(ch, None, ttl).await?;
-        let k = &self.keys;
-        let json = serde_json::to_string(&member).expect("members serialise");
-        let args = PresenceRejoin {
-            meta: k.meta(ch),
-            leases: k.leases(ch),
-            member_key: &member_key(&member),
-            member: &json,
-            token,
-            ttl_ms: ms(ttl),
-        };
-        let mut r = self.run("presence rejoin", &args).await?.fields("reply")?;
-        let (rejoined, exp) = match r.status()?.as_str() {
-            "closed" => return Err(self.refuse_closed()),
-            "fenced" => return Ok(Rejoined::Fenced),
-            "held" => {
-                let until = r.int("expires_at")?;
-                (Rejoined::Held(until), until)
+        let script = async {
+            let k = &self.keys;
+            let json = serde_json::to_string(&member).expect("members serialise");
+            let args = PresenceRejoin {
+                meta: k.meta(ch),
+                leases: k.leases(ch),
+                member_key: &member_key(&member),
+                member: &json,
+                token,
+                ttl_ms: ms(ttl),
+            };
+            let mut r = self.run("presence rejoin", &args).await?.fields("reply")?;
+            match r.status()?.as_str() {
+                "closed" => Err(self.refuse_closed()),
+                "fenced" => Ok((Rejoined::Fenced, None)),
+                "held" => {
+                    let until = r.int("expires_at")?;
+                    Ok((Rejoined::Held(until), Some(until)))
+                }
+                "back" => {
+                    let expires_at_ms = r.int("expires_at")?;
+                    Ok((Rejoined::Back(Lease { member, token, expires_at_ms }), Some(expires_at_ms)))
+                }
+                _ => Err(r.unexpected()),
             }
-            "back" => {
-                let expires_at_ms = r.int("expires_at")?;
-                (Rejoined::Back(Lease { member, token, expires_at_ms }), expires_at_ms)
-            }
-            _ => return Err(r.unexpected()),
         };
-        if let Err(e) = self.index_lower(ch, Some(exp), ttl).await {
-            tracing::warn!(channel = %ch, error = %e, "presence index not lowered after a rejoin; the earlier write covers it");
-        }
-        Ok(rejoined)
+        self.indexed(ch, ttl, "rejoin", script).await
     }
 
     pub async fn presence(&self, ch: &ChannelName, limit: usize) -> Result<Vec<Lease>, EngineError> {
