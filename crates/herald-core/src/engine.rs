@@ -75,15 +75,15 @@ mod presence;
 mod rooms;
 mod schedules;
 
-pub use cursors::{AckError, CursorState, Cursors, UserCursor};
+pub use cursors::{AckError, CursorAck, CursorState, Cursors, UserCursor};
 pub use error::EngineError;
 pub use lifecycle::{Health, Lifecycle};
 pub use log::{
     AppendRequest, Dedup, Epoch, FanoutSink, Log, Message, Page, Position, Receipt, Retention, Seq,
 };
-pub use metrics::EngineMetric;
+pub use metrics::{Counter, EngineMetric};
 pub use ownership::{Owned, Ownership};
-pub use presence::Presence;
+pub use presence::{LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, Presence};
 pub use rooms::{RoomWrite, RoomWritten, Rooms};
 pub use schedules::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 

@@ -21,9 +21,10 @@ pub mod room;
 pub mod conformance;
 
 pub use engine::{
-    AckError, AppendRequest, CursorState, Cursors, Dedup, Engine, EngineError, EngineMetric, Epoch,
-    FanoutSink, Health, InvalidSubscriber, Lifecycle, Log, Message, Owned, Ownership, Page, Position,
-    Presence, Receipt, Retention, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
+    AckError, AppendRequest, CursorAck, CursorState, Cursors, Dedup, Engine, EngineError, EngineMetric,
+    Epoch, FanoutSink, Health, InvalidSubscriber, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, Lifecycle,
+    Log, Message, Owned, Ownership, Page, Position, Presence, Receipt, Retention, RoomWrite, RoomWritten,
+    Rooms, Seq, SubscriberId, UserCursor,
 };
 pub use engine::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};

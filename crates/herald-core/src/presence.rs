@@ -3,14 +3,14 @@
 //! A member is a lease `{member, token, expires_at_ms}` stored by the engine
 //! under the member's [`key`](member_key) (user + client id). Invariants every
 //! engine keeps:
-//! - **fencing**: each [`Presence::presence_join`](crate::Presence::presence_join)
+//! - **fencing**: each [`Presence::lease_join`](crate::Presence::lease_join)
 //!   gives the lease a token greater than every token the channel handed out
 //!   before (monotonic per channel, so per member too). Renew and leave carry
 //!   the token they were given and have no effect unless it is the stored
 //!   one: a paused node that wakes up cannot extend, remove or resurrect a
 //!   lease that was taken over or swept meanwhile;
 //! - **no resurrection**: renew never creates a lease; join does, and
-//!   [`rejoin`](crate::Presence::presence_rejoin) re-creates a removed lease
+//!   [`rejoin`](crate::Presence::lease_rejoin) re-creates a removed lease
 //!   only for the holder of its token, and only while the engine can tell
 //!   that nothing newer happened to the member: no later token was handed
 //!   to it and its holder did not leave (see [`Rejoined`]);
@@ -29,7 +29,7 @@ pub type FenceToken = u64;
 
 /// How long an engine at least remembers that a member's lease was removed
 /// (by a leave or a sweep), and with which token: the window in which a
-/// late [`presence_rejoin`](crate::Presence::presence_rejoin) is still told
+/// late [`lease_rejoin`](crate::Presence::lease_rejoin) is still told
 /// apart from a legitimate one. Rejoins come within a renewal period or two
 /// of the removal (the holder must first show it is alive); this is far
 /// beyond that.
@@ -91,7 +91,7 @@ pub enum Renewed {
     Superseded,
     /// The lease is gone (expired and swept, or left): its `leave` was
     /// announced. A holder still connected may ask for it back with
-    /// [`presence_rejoin`](crate::Presence::presence_rejoin) (announcing a
+    /// [`lease_rejoin`](crate::Presence::lease_rejoin) (announcing a
     /// `join`).
     Gone,
 }

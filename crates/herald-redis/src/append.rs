@@ -17,7 +17,6 @@ use crate::frame::FrameTemplate;
 use crate::reply::{Fields, Reply};
 use crate::scripts::{Append, AppendMessage};
 use crate::state::{hex, ms, new_epoch, EngineState};
-use crate::stats::bump;
 
 impl EngineState {
     pub async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
@@ -38,7 +37,7 @@ impl EngineState {
         }
         let mut out: Vec<Option<Result<Receipt, EngineError>>> = reqs.iter().map(|_| None).collect();
         if let Err(e) = self.claim_keys(&reqs, &mut out).await {
-            bump(&self.counters.unavailable);
+            self.counters.unavailable.bump();
             return reqs.iter().map(|_| Err(e.clone())).collect();
         }
         // The channels in order of first appearance, each with its
@@ -87,7 +86,7 @@ impl EngineState {
             .map(|r| {
                 let r = r.unwrap_or_else(|| Err(EngineError::Unavailable("redis append: no reply".into())));
                 if matches!(r, Err(EngineError::Unavailable(_))) {
-                    bump(&self.counters.unavailable);
+                    self.counters.unavailable.bump();
                 }
                 r
             })
@@ -158,7 +157,7 @@ impl EngineState {
         for (i, req) in reqs.iter().enumerate() {
             let Some(d) = &req.dedup else { continue };
             if owner.get(&*d.key).is_some_and(|o| *o != req.channel.as_str()) {
-                bump(&self.counters.dedup_mismatches);
+                self.counters.dedup_mismatches.bump();
                 out[i] = Some(Err(EngineError::IdempotencyMismatch));
             }
         }
@@ -192,13 +191,10 @@ impl EngineState {
             };
             run.message(AppendMessage {
                 durable: req.durable,
-                max_len: req.retention.max_len,
-                max_age_ms: req.retention.max_age.map_or(0, ms),
+                retention: &req.retention,
                 fingerprint,
                 receipt_ttl_ms,
-                head: &tpl.head,
-                middle: &tpl.middle,
-                tail: &tpl.tail,
+                frame: &tpl,
                 id,
                 closes: req.durable && req.closes,
                 receipt,
@@ -261,20 +257,20 @@ impl EngineState {
             "ok" => {
                 let receipt = self.receipt(ch, id, entry.appended()?);
                 if req.durable {
-                    bump(&self.counters.appends);
+                    self.counters.appends.bump();
                 } else {
-                    bump(&self.counters.volatile);
+                    self.counters.volatile.bump();
                 }
                 Ok(receipt)
             }
             "dup" => {
                 let (seq, id) = (entry.seq("seq")?, entry.string("id")?);
                 let (ts, epoch) = (entry.int("ts")?, entry.epoch("epoch")?);
-                bump(&self.counters.dedup_hits);
+                self.counters.dedup_hits.bump();
                 Ok(Receipt { channel: ch.clone(), seq, id: Arc::from(id), epoch, ts, duplicate: true })
             }
             "mismatch" => {
-                bump(&self.counters.dedup_mismatches);
+                self.counters.dedup_mismatches.bump();
                 Err(EngineError::IdempotencyMismatch)
             }
             "closed" => Err(self.refuse_closed()),

@@ -2,25 +2,22 @@
 //! cursor hash, raised by the `ACK` script; the first ack of a subscriber
 //! on a channel first writes its entry in the user's index (another slot).
 
-use std::sync::atomic::Ordering;
-
-use herald_core::{AckError, CursorState, EngineError, Seq, SubscriberId, UserCursor};
+use herald_core::{AckError, CursorAck, CursorState, EngineError, Seq, SubscriberId, UserCursor};
 use herald_proto::ChannelName;
 
 use crate::keys;
 use crate::scripts::Ack;
 use crate::state::EngineState;
-use crate::stats::bump;
 
 /// Most entries of the "user index entry is written" cache; past it the
 /// cache starts over (it only saves a round trip per first ack).
 const INDEXED_CACHE_CAP: usize = 65_536;
 
 impl EngineState {
-    pub async fn ack(&self, ch: &ChannelName, sub: &SubscriberId, seq: Seq) -> Result<CursorState, AckError> {
-        if self.closing.load(Ordering::Acquire) {
-            return Err(EngineError::ShuttingDown.into());
-        }
+    pub async fn cursor_ack(&self, ack: CursorAck) -> Result<CursorState, AckError> {
+        self.refuse_when_closing()?;
+        let CursorAck { channel: ch, subscriber: sub, seq } = ack;
+        let (ch, sub) = (&ch, &sub);
         let sk = sub.key();
         let cache_key = (ch.clone(), sk.clone());
         let mut indexed = self.indexed.lock().unwrap_or_else(|e| e.into_inner()).contains(&cache_key);
@@ -49,7 +46,7 @@ impl EngineState {
                     }
                     cache.insert(cache_key);
                     if state.seq == seq {
-                        bump(&self.counters.acks);
+                        self.counters.acks.bump();
                     }
                     return Ok(state);
                 }

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_core::{
-    AckError, AppendRequest, CursorState, Cursors, EngineError, EngineMetric, FanoutSink, FenceToken, Health,
-    Joined, Lease, Lifecycle, Log, Member, Page, Position, Presence, Receipt, Rejoined, Renewed, Room,
-    RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
+    AckError, AppendRequest, CursorAck, CursorState, Cursors, EngineError, EngineMetric, FanoutSink, Health,
+    Joined, Lease, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, Lifecycle, Log, Page, Position, Presence,
+    Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
 use herald_core::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 use herald_proto::ChannelName;
@@ -139,13 +139,8 @@ impl Cursors for RedisEngine {
     /// One script (compare-and-raise, refusing seqs beyond the head); the
     /// first ack of a subscriber on a channel writes its user-index entry
     /// first. Durability is Redis's `appendfsync` (see docs/guarantees.md).
-    async fn ack(
-        &self,
-        channel: &ChannelName,
-        subscriber: &SubscriberId,
-        seq: Seq,
-    ) -> Result<CursorState, AckError> {
-        self.inner.ack(channel, subscriber, seq).await
+    async fn cursor_ack(&self, ack: CursorAck) -> Result<CursorState, AckError> {
+        self.inner.cursor_ack(ack).await
     }
 
     async fn cursor(
@@ -173,51 +168,22 @@ impl Cursors for RedisEngine {
 
 #[async_trait]
 impl Presence for RedisEngine {
-    /// Three round trips: the sweep index is lowered before and after the
-    /// join script (see `presence.rs`).
-    async fn presence_join(
-        &self,
-        channel: &ChannelName,
-        member: &Member,
-        ttl: Duration,
-    ) -> Result<Joined, EngineError> {
-        if self.inner.closing.load(Ordering::Acquire) {
-            return Err(EngineError::ShuttingDown);
-        }
-        self.inner.presence_join(channel, member, ttl).await
+    /// Three round trips (see `presence.rs`).
+    async fn lease_join(&self, join: LeaseJoin) -> Result<Joined, EngineError> {
+        self.inner.lease_join(join).await
     }
 
-    async fn presence_renew(
-        &self,
-        channel: &ChannelName,
-        key: &str,
-        token: FenceToken,
-        ttl: Duration,
-    ) -> Result<Renewed, EngineError> {
-        self.inner.presence_renew(channel, key, token, ttl).await
+    async fn lease_renew(&self, renew: LeaseRenew) -> Result<Renewed, EngineError> {
+        self.inner.lease_renew(renew).await
     }
 
-    async fn presence_leave(
-        &self,
-        channel: &ChannelName,
-        key: &str,
-        token: FenceToken,
-    ) -> Result<Option<Lease>, EngineError> {
-        self.inner.presence_leave(channel, key, token).await
+    async fn lease_leave(&self, leave: LeaseLeave) -> Result<Option<Lease>, EngineError> {
+        self.inner.lease_leave(leave).await
     }
 
     /// Three round trips, indexed like a join.
-    async fn presence_rejoin(
-        &self,
-        channel: &ChannelName,
-        member: &Member,
-        token: FenceToken,
-        ttl: Duration,
-    ) -> Result<Rejoined, EngineError> {
-        if self.inner.closing.load(Ordering::Acquire) {
-            return Err(EngineError::ShuttingDown);
-        }
-        self.inner.presence_rejoin(channel, member, token, ttl).await
+    async fn lease_rejoin(&self, rejoin: LeaseRejoin) -> Result<Rejoined, EngineError> {
+        self.inner.lease_rejoin(rejoin).await
     }
 
     async fn presence(&self, channel: &ChannelName, limit: usize) -> Result<Vec<Lease>, EngineError> {

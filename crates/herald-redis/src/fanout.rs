@@ -62,7 +62,6 @@ use crate::keys::Keys;
 use crate::reply;
 use crate::scripts::{BumpEpoch, Check};
 use crate::state::EngineState;
-use crate::stats::{add, bump};
 
 /// Locks serializing (un)subscribe calls per channel (striped).
 const STRIPES: usize = 64;
@@ -329,7 +328,7 @@ pub(crate) async fn run_dispatcher(inner: Arc<EngineState>, mut rx: mpsc::Receiv
             p = rx.recv() => match p { Some(p) => p, None => return },
         };
         if fan.overflow.swap(false, Ordering::AcqRel) {
-            bump(&inner.counters.fanout_queue_full);
+            inner.counters.fanout_queue_full.bump();
             tracing::warn!("fan-out queue full: pub/sub messages dropped; checking every channel");
             mark_all_suspect(&inner);
         }
@@ -348,7 +347,7 @@ pub(crate) async fn run_dispatcher(inner: Arc<EngineState>, mut rx: mpsc::Receiv
                 }
             }
             PushKind::Disconnection => {
-                bump(&inner.counters.pubsub_disconnects);
+                inner.counters.pubsub_disconnects.bump();
                 tracing::info!("pub/sub connection lost; resubscribing, then checking every watched channel");
                 mark_all_suspect(&inner);
             }
@@ -403,7 +402,7 @@ fn on_message(inner: &Arc<EngineState>, ch: &ChannelName, p: Payload) {
             frame: p.frame,
             closes: false,
         };
-        bump(&inner.counters.fanout_delivered);
+        inner.counters.fanout_delivered.bump();
         deliver(inner, Arc::new(msg));
         return;
     };
@@ -421,13 +420,13 @@ fn on_message(inner: &Arc<EngineState>, ch: &ChannelName, p: Payload) {
                 frame: p.frame,
                 closes: p.closes,
             };
-            bump(&inner.counters.fanout_delivered);
+            inner.counters.fanout_delivered.bump();
             deliver(inner, Arc::new(msg));
         }
         Offered::Skip => {}
         Offered::Repair { gap } => {
             if gap {
-                bump(&inner.counters.fanout_gaps);
+                inner.counters.fanout_gaps.bump();
             }
             spawn_repair(inner, &feed);
         }
@@ -475,9 +474,9 @@ async fn run_repair(inner: &Arc<EngineState>, feed: &Arc<ChannelFeed>) {
             match st.feed.on_page(&round, pos, &page.messages, |m| deliver(inner, m.clone())) {
                 Step::Started | Step::Stale => None,
                 Step::NewEpoch { epoch, previous, lost } => {
-                    bump(&inner.counters.epoch_changes);
+                    inner.counters.epoch_changes.bump();
                     if lost {
-                        bump(&inner.counters.data_loss_detected);
+                        inner.counters.data_loss_detected.bump();
                         tracing::warn!(channel = %ch, old_epoch = %previous, new_epoch = %epoch, delivered = round.last(),
                             head = pos.head, "redis lost data of a watched channel; clients resync to the new epoch");
                     } else {
@@ -490,7 +489,7 @@ async fn run_repair(inner: &Arc<EngineState>, feed: &Arc<ChannelFeed>) {
                 }
                 Step::Lost { epoch, head } => Some((epoch, head)),
                 Step::Released { count, done } => {
-                    add(&inner.counters.fanout_filled, count);
+                    inner.counters.fanout_filled.add(count);
                     st.active_at = Instant::now();
                     st.suspect = false;
                     if done {
@@ -503,7 +502,7 @@ async fn run_repair(inner: &Arc<EngineState>, feed: &Arc<ChannelFeed>) {
         let Some((epoch, head)) = lost else { continue };
         // The log lost what was handed out, under the same epoch: start a
         // new one so nobody trusts the old seqs.
-        bump(&inner.counters.data_loss_detected);
+        inner.counters.data_loss_detected.bump();
         let new = Uuid::now_v7().hyphenated().to_string();
         let args = BumpEpoch { meta: inner.keys.meta(ch), expected: epoch.as_str(), new: &new };
         let r = inner.redis.run_unchecked("bump epoch", &args).await.and_then(|r| {
@@ -526,7 +525,7 @@ async fn run_repair(inner: &Arc<EngineState>, feed: &Arc<ChannelFeed>) {
         if !current.is_empty() {
             // Follow the epoch that now stands (ours or another node's) and
             // hand out its head message.
-            bump(&inner.counters.epoch_changes);
+            inner.counters.epoch_changes.bump();
             let current = Epoch::new(current);
             let mut st = feed.lock();
             st.feed.follow(current.clone(), head);
@@ -626,7 +625,7 @@ async fn check(inner: &Arc<EngineState>, feed: &Arc<ChannelFeed>, last: Seq) {
         }
         HeadCheck::Differs { gap, start } => {
             if gap {
-                bump(&inner.counters.fanout_gaps);
+                inner.counters.fanout_gaps.bump();
             }
             if start {
                 spawn_repair(inner, feed);

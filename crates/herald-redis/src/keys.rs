@@ -16,6 +16,8 @@
 //! | `p:{c}:presence:exp` | sorted set | member key, scored by `expires_at_ms` |
 //! | `p:{c}:presence:keys` | sorted set (score 0) | member key (lex order: listing, and a user's leases by prefix) |
 //! | `p:{c}:presence:token` | string | the channel's last fencing token (never deleted) |
+//! | `p:{c}:presence:gone` | hash | member key → `<token> <l|s>`: its last removal (left or swept), for rejoins |
+//! | `p:{c}:presence:gone:exp` | sorted set | member key of `presence:gone`, scored by when it is forgotten (ms) |
 //! | `p:{c}:room` | hash | `version`, `record` (the room as JSON) |
 //! | `p:idem:{<key>}` | string, TTL | the channel that owns a dedup key (cross-channel reuse is a mismatch) |
 //! | `p:user:{<user prefix>}:cursors` | sorted set (score 0) | `<subscriber key>\0<channel>` for every cursor of the user |
@@ -34,6 +36,20 @@
 use std::sync::Arc;
 
 use herald_proto::ChannelName;
+
+/// The keys of a channel's leases that every script removing a lease
+/// changes together: the leases, their expiries, their key index, and the
+/// remembered removals with their expiries.
+pub(crate) struct LeaseKeys {
+    pub presence: String,
+    pub presence_exp: String,
+    pub presence_keys: String,
+    /// Removed leases, for rejoins: member key → `<token> <l|s>` (left or
+    /// swept).
+    pub presence_gone: String,
+    /// When each entry of `presence_gone` is forgotten (ms).
+    pub presence_gone_exp: String,
+}
 
 /// Names every key under one prefix. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -116,15 +132,15 @@ impl Keys {
         self.channel_key(ch, "presence:token")
     }
 
-    /// Removed leases, for rejoins: member key → `<token> <l|s>` (left or
-    /// swept).
-    pub fn presence_gone(&self, ch: &ChannelName) -> String {
-        self.channel_key(ch, "presence:gone")
-    }
-
-    /// When each entry of `presence_gone` is forgotten (ms).
-    pub fn presence_gone_exp(&self, ch: &ChannelName) -> String {
-        self.channel_key(ch, "presence:gone:exp")
+    /// The lease keys of `ch` that removals change together.
+    pub fn leases(&self, ch: &ChannelName) -> LeaseKeys {
+        LeaseKeys {
+            presence: self.presence(ch),
+            presence_exp: self.presence_exp(ch),
+            presence_keys: self.presence_keys(ch),
+            presence_gone: self.channel_key(ch, "presence:gone"),
+            presence_gone_exp: self.channel_key(ch, "presence:gone:exp"),
+        }
     }
 
     pub fn room(&self, ch: &ChannelName) -> String {

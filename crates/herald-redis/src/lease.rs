@@ -15,7 +15,6 @@ use tokio::sync::watch;
 use crate::keys::Keys;
 use crate::scripts::{NodeLeaseKeep, NodeLeaseRelease};
 use crate::state::EngineState;
-use crate::stats::bump;
 
 pub(crate) struct NodeLease {
     pub key: String,
@@ -57,7 +56,7 @@ pub(crate) async fn keep_alive(
                 tracing::info!(lease = %lease.key, "node lease registered");
             }
             Ok(code) => {
-                bump(&inner.counters.lease_reregistrations);
+                inner.counters.lease_reregistrations.bump();
                 lease.events.send_modify(|n| *n += 1);
                 if code == 2 {
                     tracing::error!(lease = %lease.key, "node lease held by another process (same node id?); registered again");

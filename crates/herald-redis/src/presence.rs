@@ -46,9 +46,13 @@
 //! clock: a channel on another master is swept late (or early, then
 //! re-scored) by the difference between the two clocks.
 
+use std::future::Future;
 use std::time::Duration;
 
-use herald_core::{member_key, EngineError, FenceToken, Joined, Lease, Member, Rejoined, Renewed};
+use herald_core::{
+    member_key, EngineError, Joined, Lease, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, Member, Rejoined,
+    Renewed,
+};
 use herald_proto::ChannelName;
 
 use crate::config::SWEEP_CHANNELS;
@@ -58,7 +62,6 @@ use crate::scripts::{
     PresenceLeave, PresenceList, PresenceRejoin, PresenceRenew, PresenceSweep,
 };
 use crate::state::{ms, EngineState};
-use crate::stats::add;
 
 /// A lease record: `<token> <expires_at_ms> <member JSON>`.
 fn parse_lease(rec: &str) -> Result<Lease, EngineError> {
@@ -102,59 +105,74 @@ impl EngineState {
         self.run("presence index", &args).await.map(drop)
     }
 
-    pub async fn presence_join(
+    /// Run `script`, a write that may store a lease of `ch` until now +
+    /// `ttl`, with the channel indexed before and after it (see the module
+    /// docs): before, so a node dying after the script still leaves the
+    /// channel where a sweep finds it; after, exactly at the lease's
+    /// expiry, so a sweep that settled the channel between the first index
+    /// write and the script cannot leave the lease unindexed. `script`
+    /// answers its outcome and the expiry of the lease it stored (`None`:
+    /// none). Three round trips.
+    async fn indexed<T>(
         &self,
         ch: &ChannelName,
-        member: &Member,
         ttl: Duration,
-    ) -> Result<Joined, EngineError> {
-        // Indexed before the lease exists: a node dying after the script
-        // still leaves the channel where a sweep finds it.
+        what: &'static str,
+        script: impl Future<Output = Result<(T, Option<u64>), EngineError>>,
+    ) -> Result<T, EngineError> {
         self.index_lower(ch, None, ttl).await?;
-        let k = &self.keys;
-        let json = serde_json::to_string(member).expect("members serialise");
-        let args = PresenceJoin {
-            meta: k.meta(ch),
-            presence: k.presence(ch),
-            presence_exp: k.presence_exp(ch),
-            presence_keys: k.presence_keys(ch),
-            presence_token: k.presence_token(ch),
-            member_key: &member_key(member),
-            member: &json,
-            ttl_ms: ms(ttl),
-        };
-        let mut r = self.run("presence join", &args).await?.fields("reply")?;
-        let kind = r.status()?;
-        if kind == "closed" {
-            return Err(self.refuse_closed());
+        let (outcome, expires_at_ms) = script.await?;
+        if let Some(exp) = expires_at_ms {
+            if let Err(e) = self.index_lower(ch, Some(exp), ttl).await {
+                tracing::warn!(channel = %ch, error = %e, "presence index not lowered after a {what}; the earlier write covers it");
+            }
         }
-        let token = r.int("token")?;
-        let expires_at_ms = r.int("expires_at")?;
-        // Exact, and after the script: a sweep that settled the channel
-        // between the first index write and the script cannot have left
-        // this lease unindexed.
-        if let Err(e) = self.index_lower(ch, Some(expires_at_ms), ttl).await {
-            tracing::warn!(channel = %ch, error = %e, "presence index not lowered after a join; the earlier write covers it");
-        }
-        let lease = Lease { member: member.clone(), token, expires_at_ms };
-        match kind.as_str() {
-            "new" => Ok(Joined::New(lease)),
-            "reclaimed" => Ok(Joined::Reclaimed(lease)),
-            _ => Err(r.unexpected()),
-        }
+        Ok(outcome)
     }
 
-    pub async fn presence_renew(
-        &self,
-        ch: &ChannelName,
-        key: &str,
-        token: FenceToken,
-        ttl: Duration,
-    ) -> Result<Renewed, EngineError> {
+    /// Indexed before and after the join script ([`Self::indexed`]).
+    pub async fn lease_join(&self, join: LeaseJoin) -> Result<Joined, EngineError> {
+        self.refuse_when_closing()?;
+        let LeaseJoin { channel: ch, member, ttl } = join;
+        let ch = &ch;
+        let script = async {
+            let k = &self.keys;
+            let json = serde_json::to_string(&member).expect("members serialise");
+            let args = PresenceJoin {
+                meta: k.meta(ch),
+                presence: k.presence(ch),
+                presence_exp: k.presence_exp(ch),
+                presence_keys: k.presence_keys(ch),
+                presence_token: k.presence_token(ch),
+                member_key: &member_key(&member),
+                member: &json,
+                ttl_ms: ms(ttl),
+            };
+            let mut r = self.run("presence join", &args).await?.fields("reply")?;
+            let kind = r.status()?;
+            if kind == "closed" {
+                return Err(self.refuse_closed());
+            }
+            let token = r.int("token")?;
+            let expires_at_ms = r.int("expires_at")?;
+            let lease = Lease { member, token, expires_at_ms };
+            let joined = match kind.as_str() {
+                "new" => Ok(Joined::New(lease)),
+                "reclaimed" => Ok(Joined::Reclaimed(lease)),
+                _ => Err(r.unexpected()),
+            };
+            Ok((joined, Some(expires_at_ms)))
+        };
+        self.indexed(ch, ttl, "join", script).await?
+    }
+
+    pub async fn lease_renew(&self, renew: LeaseRenew) -> Result<Renewed, EngineError> {
+        let LeaseRenew { channel: ch, key, token, ttl } = renew;
+        let ch = &ch;
         let args = PresenceRenew {
             presence: self.keys.presence(ch),
             presence_exp: self.keys.presence_exp(ch),
-            member_key: key,
+            member_key: &key,
             token,
             ttl_ms: ms(ttl),
         };
@@ -167,23 +185,11 @@ impl EngineState {
         }
     }
 
-    pub async fn presence_leave(
-        &self,
-        ch: &ChannelName,
-        key: &str,
-        token: FenceToken,
-    ) -> Result<Option<Lease>, EngineError> {
+    pub async fn lease_leave(&self, leave: LeaseLeave) -> Result<Option<Lease>, EngineError> {
+        let LeaseLeave { channel: ch, key, token } = leave;
+        let ch = &ch;
         let k = &self.keys;
-        let args = PresenceLeave {
-            presence: k.presence(ch),
-            presence_exp: k.presence_exp(ch),
-            presence_keys: k.presence_keys(ch),
-            presence_gone: k.presence_gone(ch),
-            presence_gone_exp: k.presence_gone_exp(ch),
-            meta: k.meta(ch),
-            member_key: key,
-            token,
-        };
+        let args = PresenceLeave { leases: k.leases(ch), meta: k.meta(ch), member_key: &key, token };
         let mut r = self.run("presence leave", &args).await?.fields("reply")?;
         match r.status()?.as_str() {
             "none" => Ok(None),
@@ -192,48 +198,39 @@ impl EngineState {
         }
     }
 
-    /// Indexed like a join (before and after the script): a lease that
-    /// comes back must be swept like any other.
-    pub async fn presence_rejoin(
-        &self,
-        ch: &ChannelName,
-        member: &Member,
-        token: FenceToken,
-        ttl: Duration,
-    ) -> Result<Rejoined, EngineError> {
-        self.index_lower(ch, None, ttl).await?;
-        let k = &self.keys;
-        let json = serde_json::to_string(member).expect("members serialise");
-        let args = PresenceRejoin {
-            meta: k.meta(ch),
-            presence: k.presence(ch),
-            presence_exp: k.presence_exp(ch),
-            presence_keys: k.presence_keys(ch),
-            presence_gone: k.presence_gone(ch),
-            presence_gone_exp: k.presence_gone_exp(ch),
-            member_key: &member_key(member),
-            member: &json,
-            token,
-            ttl_ms: ms(ttl),
-        };
-        let mut r = self.run("presence rejoin", &args).await?.fields("reply")?;
-        let (rejoined, exp) = match r.status()?.as_str() {
-            "closed" => return Err(self.refuse_closed()),
-            "fenced" => return Ok(Rejoined::Fenced),
-            "held" => {
-                let until = r.int("expires_at")?;
-                (Rejoined::Held(until), until)
+    /// Indexed like a join ([`Self::indexed`]): a lease that comes back
+    /// must be swept like any other.
+    pub async fn lease_rejoin(&self, rejoin: LeaseRejoin) -> Result<Rejoined, EngineError> {
+        self.refuse_when_closing()?;
+        let LeaseRejoin { channel: ch, member, token, ttl } = rejoin;
+        let ch = &ch;
+        let script = async {
+            let k = &self.keys;
+            let json = serde_json::to_string(&member).expect("members serialise");
+            let args = PresenceRejoin {
+                meta: k.meta(ch),
+                leases: k.leases(ch),
+                member_key: &member_key(&member),
+                member: &json,
+                token,
+                ttl_ms: ms(ttl),
+            };
+            let mut r = self.run("presence rejoin", &args).await?.fields("reply")?;
+            match r.status()?.as_str() {
+                "closed" => Err(self.refuse_closed()),
+                "fenced" => Ok((Rejoined::Fenced, None)),
+                "held" => {
+                    let until = r.int("expires_at")?;
+                    Ok((Rejoined::Held(until), Some(until)))
+                }
+                "back" => {
+                    let expires_at_ms = r.int("expires_at")?;
+                    Ok((Rejoined::Back(Lease { member, token, expires_at_ms }), Some(expires_at_ms)))
+                }
+                _ => Err(r.unexpected()),
             }
-            "back" => {
-                let expires_at_ms = r.int("expires_at")?;
-                (Rejoined::Back(Lease { member: member.clone(), token, expires_at_ms }), expires_at_ms)
-            }
-            _ => return Err(r.unexpected()),
         };
-        if let Err(e) = self.index_lower(ch, Some(exp), ttl).await {
-            tracing::warn!(channel = %ch, error = %e, "presence index not lowered after a rejoin; the earlier write covers it");
-        }
-        Ok(rejoined)
+        self.indexed(ch, ttl, "rejoin", script).await
     }
 
     pub async fn presence(&self, ch: &ChannelName, limit: usize) -> Result<Vec<Lease>, EngineError> {
@@ -309,7 +306,7 @@ impl EngineState {
                 }
             }
         }
-        add(&self.counters.presence_expired, out.len() as u64);
+        self.counters.presence_expired.add(out.len() as u64);
         match first_err {
             // Leases removed by the channels that worked must reach the
             // caller (nobody else gets them): the failure waits for the
@@ -327,14 +324,7 @@ impl EngineState {
         claim: &str,
     ) -> Result<Vec<Lease>, EngineError> {
         let k = &self.keys;
-        let args = PresenceSweep {
-            presence: k.presence(ch),
-            presence_exp: k.presence_exp(ch),
-            presence_keys: k.presence_keys(ch),
-            presence_gone: k.presence_gone(ch),
-            presence_gone_exp: k.presence_gone_exp(ch),
-            limit,
-        };
+        let args = PresenceSweep { leases: k.leases(ch), limit };
         let swept = self.run("presence sweep", &args).await;
         let (next, leases) = match swept {
             Ok(reply) => {

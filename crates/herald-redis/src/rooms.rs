@@ -13,8 +13,6 @@
 //! write; until then it is `open` and waits for its host, which needs no
 //! timer: the host's join writes it (`live`).
 
-use std::sync::atomic::Ordering;
-
 use herald_core::{EngineError, Room, RoomStatus, RoomWrite, RoomWritten};
 use herald_proto::ChannelName;
 use uuid::Uuid;
@@ -22,7 +20,6 @@ use uuid::Uuid;
 use crate::frame::FrameTemplate;
 use crate::scripts::{self, OrEmpty};
 use crate::state::EngineState;
-use crate::stats::bump;
 
 fn malformed(what: impl std::fmt::Display) -> EngineError {
     EngineError::Unavailable(format!("redis room: malformed {what}"))
@@ -45,9 +42,7 @@ impl EngineState {
     }
 
     pub async fn room_write(&self, write: RoomWrite) -> Result<RoomWritten, EngineError> {
-        if self.closing.load(Ordering::Acquire) {
-            return Err(EngineError::ShuttingDown);
-        }
+        self.refuse_when_closing()?;
         let RoomWrite { expected_version, room, event } = write;
         let ch = event.channel.clone();
         let closing = room.state == RoomStatus::Closed;
@@ -62,11 +57,7 @@ impl EngineState {
             meta: k.meta(&ch),
             log: k.log(&ch),
             room: k.room(&ch),
-            presence: k.presence(&ch),
-            presence_exp: k.presence_exp(&ch),
-            presence_keys: k.presence_keys(&ch),
-            presence_gone: k.presence_gone(&ch),
-            presence_gone_exp: k.presence_gone_exp(&ch),
+            leases: k.leases(&ch),
             expected_version: OrEmpty(expected_version),
             version: room.version,
             record: &record,
@@ -76,7 +67,7 @@ impl EngineState {
         let mut r = self.run("room write", &args).await?.fields("reply")?;
         match r.status()?.as_str() {
             "conflict" => {
-                bump(&self.counters.room_conflicts);
+                self.counters.room_conflicts.bump();
                 let current = r.string("current")?;
                 let current = if current.is_empty() { None } else { Some(parse_room(&current)?) };
                 Ok(RoomWritten::Conflict { current })
@@ -84,8 +75,8 @@ impl EngineState {
             "closed" => Err(self.refuse_closed()),
             "ok" => {
                 let receipt = self.receipt(&ch, &id, r.appended()?);
-                bump(&self.counters.room_writes);
-                bump(&self.counters.appends);
+                self.counters.room_writes.bump();
+                self.counters.appends.bump();
                 self.index_room(&ch, closing).await;
                 Ok(RoomWritten::Written { room, receipt })
             }

@@ -20,7 +20,6 @@
 //! channel's slot (`SCHED_CLAIM`): a claim is a lease (`<token> <until>`)
 //! and a new claim after it ran out takes the next token.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,7 +30,6 @@ use uuid::Uuid;
 use crate::frame::FrameTemplate;
 use crate::scripts::{SchedAdd, SchedCancel, SchedClaim, SchedDeliver};
 use crate::state::{hex, ms, EngineState};
-use crate::stats::bump;
 
 /// How overdue (ms) a global entry without a stored schedule must be
 /// before a claim removes it (see the module docs).
@@ -57,13 +55,6 @@ fn now_ms() -> u64 {
 }
 
 impl EngineState {
-    fn refuse_when_closing(&self) -> Result<(), EngineError> {
-        if self.closing.load(Ordering::Acquire) {
-            return Err(EngineError::ShuttingDown);
-        }
-        Ok(())
-    }
-
     /// Add the global entries of a schedule (idempotent).
     async fn index_schedule(&self, id: &str, ch: &ChannelName, deliver_at: u64) -> Result<(), EngineError> {
         let (due, wh, m, id, c) =
@@ -139,7 +130,7 @@ impl EngineState {
                 })
                 .await?;
             if prev.is_some_and(|p| p != ch.as_str()) {
-                bump(&self.counters.dedup_mismatches);
+                self.counters.dedup_mismatches.bump();
                 return Err(EngineError::IdempotencyMismatch);
             }
         }
@@ -178,12 +169,12 @@ impl EngineState {
             }),
             "dup" => {
                 let (orig, at) = (r.string("id")?, r.int("deliver_at")?);
-                bump(&self.counters.dedup_hits);
+                self.counters.dedup_hits.bump();
                 self.unindex_schedule(&id, &ch).await;
                 Ok(ScheduleReceipt { id: Arc::from(orig), channel: ch, deliver_at: at, duplicate: true })
             }
             "mismatch" => {
-                bump(&self.counters.dedup_mismatches);
+                self.counters.dedup_mismatches.bump();
                 self.unindex_schedule(&id, &ch).await;
                 Err(EngineError::IdempotencyMismatch)
             }
@@ -332,9 +323,9 @@ impl EngineState {
             "ok" => {
                 let receipt = self.receipt(ch, &id, r.appended()?);
                 if req.durable {
-                    bump(&self.counters.appends);
+                    self.counters.appends.bump();
                 } else {
-                    bump(&self.counters.volatile);
+                    self.counters.volatile.bump();
                 }
                 self.unindex_schedule(&s.id, &s.channel).await;
                 Ok(Delivered::Appended(receipt))

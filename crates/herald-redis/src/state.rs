@@ -6,7 +6,7 @@
 //! `presence.rs`, `rooms.rs` and `schedules.rs`.
 
 use std::collections::HashSet;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use herald_core::{EngineError, FanoutSink, Receipt, Retention};
@@ -19,7 +19,7 @@ use crate::frame::FrameTemplate;
 use crate::keys::Keys;
 use crate::reply::{Appended, Reply};
 use crate::scripts::{Event, ScriptArgs};
-use crate::stats::{bump, Counters};
+use crate::stats::Counters;
 
 /// Everything the engine's handle and its background tasks share.
 pub(crate) struct EngineState {
@@ -78,7 +78,7 @@ impl EngineState {
     /// Count a failed call (`unavailable`).
     pub fn failed<T>(&self, r: Result<T, EngineError>) -> Result<T, EngineError> {
         if r.is_err() {
-            bump(&self.counters.unavailable);
+            self.counters.unavailable.bump();
         }
         r
     }
@@ -88,16 +88,24 @@ impl EngineState {
         self.failed(self.redis.run(what, args).await)
     }
 
+    /// Refuse a write once `close` has begun.
+    pub fn refuse_when_closing(&self) -> Result<(), EngineError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        Ok(())
+    }
+
     /// A write refused because the channel is closed, counted.
     pub fn refuse_closed(&self) -> EngineError {
-        bump(&self.counters.closed_refused);
+        self.counters.closed_refused.bump();
         EngineError::Closed
     }
 
     /// Log and count a loss the scripts noticed (a meta missing while its
     /// log exists).
     pub fn note_lost_meta(&self, channel: &ChannelName, epoch: &str) {
-        bump(&self.counters.data_loss_detected);
+        self.counters.data_loss_detected.bump();
         tracing::warn!(
             channel = %channel,
             new_epoch = epoch,
@@ -112,15 +120,12 @@ impl EngineState {
         ch: &'a ChannelName,
         tpl: &'a FrameTemplate,
         id: &'a str,
-        retention: &Retention,
+        retention: &'a Retention,
     ) -> Event<'a> {
         Event {
             epoch: new_epoch(),
-            max_len: retention.max_len,
-            max_age_ms: retention.max_age.map_or(0, ms),
-            head: &tpl.head,
-            middle: &tpl.middle,
-            tail: &tpl.tail,
+            retention,
+            frame: tpl,
             id,
             channel: ch.as_str(),
             fan: self.keys.fan(ch),

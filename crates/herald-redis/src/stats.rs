@@ -1,9 +1,8 @@
-//! Counters for the server's metrics, defined once in the table below: the
-//! snapshot [`RedisStats`], the live relaxed atomics and the `/metrics`
-//! names come from it. Monotonic since open; cheap enough to read on every
+//! Counters for the server's metrics, defined once in the table below
+//! ([`herald_core::engine_counters!`]): the snapshot [`RedisStats`], the
+//! live [`Counter`](herald_core::engine::Counter)s and the `/metrics` names
+//! come from it. Monotonic since open; cheap enough to read on every
 //! scrape.
-
-use std::sync::atomic::{AtomicU64, Ordering};
 
 herald_core::engine_counters! {
     /// A snapshot of the engine's counters.
@@ -54,16 +53,6 @@ herald_core::engine_counters! {
     }
 }
 
-pub(crate) fn bump(c: &AtomicU64) {
-    c.fetch_add(1, Ordering::Relaxed);
-}
-
-pub(crate) fn add(c: &AtomicU64, n: u64) {
-    if n > 0 {
-        c.fetch_add(n, Ordering::Relaxed);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,8 +60,8 @@ mod tests {
     #[test]
     fn exported_figures_are_the_documented_ones_in_order() {
         let live = Counters::default();
-        bump(&live.fanout_gaps);
-        add(&live.fanout_filled, 5);
+        live.fanout_gaps.bump();
+        live.fanout_filled.add(5);
         let figures: Vec<_> =
             live.snapshot().metrics().into_iter().map(|m| (m.name, m.value, m.gauge)).collect();
         // docs/configuration.md, "Metrics".

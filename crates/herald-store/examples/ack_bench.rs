@@ -13,19 +13,19 @@
 //! appends, then every subscriber acks seqs 1..=messages. Writes to a fresh
 //! temp dir (removed at exit); the ack phase stops after 120 s at most.
 
+mod common;
+
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use herald_core::{AppendRequest, Cursors, Lifecycle, Log, Retention, SubscriberId};
+use common::{message, open_engine, print_latency, Positional, READ_SAMPLES, TIME_LIMIT};
+use herald_core::{Cursors, Lifecycle, Log, SubscriberId};
 use herald_proto::ChannelName;
-use herald_store::{EmbeddedEngine, FsyncMode, StoreConfig};
-use serde_json::value::RawValue;
+use herald_store::FsyncMode;
 
-const TIME_LIMIT: Duration = Duration::from_secs(120);
 /// Appenders filling the channels before the ack phase (large group
 /// commits, so the setup is quick).
 const SETUP_CONCURRENCY: usize = 512;
-const READ_SAMPLES: usize = 2000;
 
 struct Args {
     concurrency: usize,
@@ -36,15 +36,13 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut it = std::env::args().skip(1);
-    let mut next = |default: &str| it.next().unwrap_or_else(|| default.to_owned());
-    let num = |s: String, what: &str| s.parse::<u64>().map_err(|e| format!("{what}: {e}"));
+    let mut it = Positional::new();
     let args = Args {
-        concurrency: num(next("64"), "concurrency")? as usize,
-        subscribers: num(next("10000"), "subscribers")? as usize,
-        messages: num(next("20"), "messages")?,
-        fsync: next("always").parse()?,
-        devices: num(next("2"), "devices_per_channel")? as usize,
+        concurrency: it.num("64", "concurrency")? as usize,
+        subscribers: it.num("10000", "subscribers")? as usize,
+        messages: it.num("20", "messages")?,
+        fsync: it.fsync("always")?,
+        devices: it.num("2", "devices_per_channel")? as usize,
     };
     if args.concurrency == 0 || args.subscribers == 0 || args.messages == 0 || args.devices == 0 {
         return Err("every argument must be positive".into());
@@ -52,24 +50,10 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-fn micros(d: Duration) -> String {
-    format!("{:.1} µs", d.as_secs_f64() * 1e6)
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args().map_err(anyhow::Error::msg)?;
-    let dir = tempfile::tempdir()?;
-    let mut config = StoreConfig::new(dir.path());
-    config.fsync = args.fsync;
-    let engine = Arc::new(EmbeddedEngine::open(config)?);
+    let (dir, engine) = open_engine(args.fsync)?;
 
     let channels = args.subscribers.div_ceil(args.devices);
     let subscribers: Arc<Vec<(ChannelName, SubscriberId)>> = Arc::new(
@@ -102,13 +86,7 @@ async fn main() -> anyhow::Result<()> {
                 for c in (t..channels).step_by(SETUP_CONCURRENCY) {
                     let channel = ChannelName::new(&format!("user:{c}"))?;
                     for _ in 0..messages {
-                        let req = AppendRequest::message(
-                            channel.clone(),
-                            RawValue::from_string("{\"text\":\"hello\"}".into())?,
-                            true,
-                            Retention { max_len: 10_000, max_age: None },
-                        );
-                        engine.append(req).await?;
+                        engine.append(message(channel.clone(), "{\"text\":\"hello\"}".into())?).await?;
                     }
                 }
                 anyhow::Ok(())
@@ -156,7 +134,6 @@ async fn main() -> anyhow::Result<()> {
     }
     let elapsed = start.elapsed();
     let after = engine.stats();
-    latencies.sort_unstable();
     let batches = after.batches - before.batches;
     println!("acks:           {} in {:.2} s", latencies.len(), elapsed.as_secs_f64());
     println!("throughput:     {:.0} acks/s", latencies.len() as f64 / elapsed.as_secs_f64());
@@ -165,12 +142,7 @@ async fn main() -> anyhow::Result<()> {
         (after.batch_requests - before.batch_requests) as f64 / batches.max(1) as f64,
         after.fsyncs - before.fsyncs
     );
-    println!(
-        "ack latency:    p50 {}  p99 {}  max {}",
-        micros(percentile(&latencies, 0.50)),
-        micros(percentile(&latencies, 0.99)),
-        micros(percentile(&latencies, 1.0))
-    );
+    print_latency("ack latency:   ", &mut latencies, true);
 
     // Read costs on an idle engine: `cursor` inline, the lists on the
     // blocking pool.
@@ -194,12 +166,7 @@ async fn main() -> anyhow::Result<()> {
         ("cursors(ch):   ", &mut channel_list),
         ("user_cursors():", &mut user_list),
     ] {
-        samples.sort_unstable();
-        println!(
-            "{name} p50 {}  p99 {}",
-            micros(percentile(samples, 0.50)),
-            micros(percentile(samples, 0.99))
-        );
+        print_latency(name, samples, false);
     }
     engine.close().await;
     Ok(())

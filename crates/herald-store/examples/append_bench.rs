@@ -10,17 +10,16 @@
 //! Writes to a fresh temp dir (removed at exit). Stops after `total`
 //! appends or 120 s, whichever comes first.
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use herald_core::{AppendRequest, Lifecycle, Log, Retention};
+use common::{message, open_engine, print_latency, Positional, READ_SAMPLES, TIME_LIMIT};
+use herald_core::{Lifecycle, Log};
 use herald_proto::ChannelName;
-use herald_store::{EmbeddedEngine, FsyncMode, StoreConfig};
-use serde_json::value::RawValue;
-
-const TIME_LIMIT: Duration = Duration::from_secs(120);
-const READ_SAMPLES: usize = 2000;
+use herald_store::FsyncMode;
 
 struct Args {
     concurrency: usize,
@@ -31,15 +30,13 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut it = std::env::args().skip(1);
-    let mut next = |default: &str| it.next().unwrap_or_else(|| default.to_owned());
-    let num = |s: String, what: &str| s.parse::<u64>().map_err(|e| format!("{what}: {e}"));
+    let mut it = Positional::new();
     let args = Args {
-        concurrency: num(next("64"), "concurrency")? as usize,
-        total: num(next("100000"), "total")?,
-        payload: num(next("200"), "payload_bytes")? as usize,
-        fsync: next("always").parse()?,
-        channels: num(next("16"), "channels")? as usize,
+        concurrency: it.num("64", "concurrency")? as usize,
+        total: it.num("100000", "total")?,
+        payload: it.num("200", "payload_bytes")? as usize,
+        fsync: it.fsync("always")?,
+        channels: it.num("16", "channels")? as usize,
     };
     if args.concurrency == 0 || args.channels == 0 {
         return Err("concurrency and channels must be positive".into());
@@ -47,25 +44,10 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let idx = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[idx]
-}
-
-fn micros(d: Duration) -> String {
-    format!("{:.1} µs", d.as_secs_f64() * 1e6)
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args().map_err(anyhow::Error::msg)?;
-    let dir = tempfile::tempdir()?;
-    let mut config = StoreConfig::new(dir.path());
-    config.fsync = args.fsync;
-    let engine = Arc::new(EmbeddedEngine::open(config)?);
+    let (dir, engine) = open_engine(args.fsync)?;
 
     // A JSON string of `payload` bytes in total.
     let data = format!("\"{}\"", "x".repeat(args.payload.saturating_sub(2)));
@@ -95,12 +77,7 @@ async fn main() -> anyhow::Result<()> {
             let mut latencies = Vec::new();
             let ch = &channels[t % channels.len()];
             while issued.fetch_add(1, Ordering::Relaxed) < total && Instant::now() < deadline {
-                let req = AppendRequest::message(
-                    ch.clone(),
-                    RawValue::from_string(data.to_string())?,
-                    true,
-                    Retention { max_len: 10_000, max_age: None },
-                );
+                let req = message(ch.clone(), data.to_string())?;
                 let t0 = Instant::now();
                 engine.append(req).await?;
                 latencies.push(t0.elapsed());
@@ -113,7 +90,6 @@ async fn main() -> anyhow::Result<()> {
         latencies.extend(t.await??);
     }
     let elapsed = start.elapsed();
-    latencies.sort_unstable();
     let stats = engine.stats();
     let n = latencies.len() as f64;
     println!("appends:        {} in {:.2} s", latencies.len(), elapsed.as_secs_f64());
@@ -124,12 +100,7 @@ async fn main() -> anyhow::Result<()> {
         stats.batch_requests as f64 / stats.batches.max(1) as f64,
         stats.fsyncs
     );
-    println!(
-        "append latency: p50 {}  p99 {}  max {}",
-        micros(percentile(&latencies, 0.50)),
-        micros(percentile(&latencies, 0.99)),
-        micros(percentile(&latencies, 1.0))
-    );
+    print_latency("append latency:", &mut latencies, true);
 
     // Read costs, on an idle engine: `position` runs inline on the caller's
     // task, `read` goes through `spawn_blocking`.
@@ -145,18 +116,8 @@ async fn main() -> anyhow::Result<()> {
         page.push(t0.elapsed());
         assert!(got.messages.len() <= 100);
     }
-    pos.sort_unstable();
-    page.sort_unstable();
-    println!(
-        "position():     p50 {}  p99 {}",
-        micros(percentile(&pos, 0.50)),
-        micros(percentile(&pos, 0.99))
-    );
-    println!(
-        "read(100):      p50 {}  p99 {}",
-        micros(percentile(&page, 0.50)),
-        micros(percentile(&page, 0.99))
-    );
+    print_latency("position():    ", &mut pos, false);
+    print_latency("read(100):     ", &mut page, false);
     engine.close().await;
     Ok(())
 }

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::codec::{self, ChannelMeta, IdemRecord, KeyLayout, LogHeader};
 use crate::stage::{PendingIdem, Stage, Staged, Staging};
-use crate::storage::{Space, StorageError, WriteSet};
+use crate::storage::{Read, Space, StorageError, WriteSet};
 use crate::writer::Writer;
 
 /// Log entries one append deletes for `max_len` at most. Normally one; more

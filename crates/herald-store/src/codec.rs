@@ -329,21 +329,17 @@ impl IdemRecord {
 /// `expires_at (u64 BE) ++ dedup key`: the expiry index, so the sweeper
 /// finds expired receipts with one range scan instead of a full scan.
 pub(crate) fn idem_exp_key(expires_at: u64, dedup_key: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + dedup_key.len());
-    push_idem_exp_key(&mut k, expires_at, dedup_key);
-    k
+    exp_key(expires_at, dedup_key)
 }
 
 /// [`idem_exp_key`] appended to `out`.
 pub(crate) fn push_idem_exp_key(out: &mut Vec<u8>, expires_at: u64, dedup_key: &[u8]) {
-    out.extend_from_slice(&expires_at.to_be_bytes());
-    out.extend_from_slice(dedup_key);
+    push_exp_key(out, expires_at, dedup_key);
 }
 
 /// The expiry and the dedup key of an expiry-index key.
 pub(crate) fn split_idem_exp_key(k: &[u8]) -> Result<(u64, &[u8]), CodecError> {
-    let (exp, key) = k.split_first_chunk::<8>().ok_or(bad("receipt expiry key"))?;
-    Ok((u64::from_be_bytes(*exp), key))
+    split_exp_key(k, "receipt expiry key")
 }
 
 /// Separates a channel from a subscriber key (in `cursors`) and a
@@ -355,17 +351,12 @@ const CURSOR_KEY_SEP: u8 = 0;
 /// `channel ++ 0x00`: the common prefix of a channel's cursor keys (one
 /// contiguous range, as with log keys).
 pub(crate) fn cursor_prefix(channel: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(channel.len() + 1);
-    key.extend_from_slice(channel.as_bytes());
-    key.push(CURSOR_KEY_SEP);
-    key
+    joined(channel, CURSOR_KEY_SEP, "")
 }
 
 /// `channel ++ 0x00 ++ subscriber key` (see `SubscriberId::key`).
 pub(crate) fn cursor_key(channel: &str, subscriber_key: &str) -> Vec<u8> {
-    let mut key = cursor_prefix(channel);
-    key.extend_from_slice(subscriber_key.as_bytes());
-    key
+    joined(channel, CURSOR_KEY_SEP, subscriber_key)
 }
 
 /// The subscriber key of a cursor key of `channel`.
@@ -382,19 +373,12 @@ pub(crate) fn cursor_key_subscriber<'a>(channel: &str, key: &'a [u8]) -> Result<
 /// of `user`'s, and that prefix has no `\0`, so a user's index entries are
 /// one prefix range, devices and channels together.
 pub(crate) fn user_cursor_key(subscriber_key: &str, channel: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(subscriber_key.len() + 1 + channel.len());
-    key.extend_from_slice(subscriber_key.as_bytes());
-    key.push(CURSOR_KEY_SEP);
-    key.extend_from_slice(channel.as_bytes());
-    key
+    joined(subscriber_key, CURSOR_KEY_SEP, channel)
 }
 
 /// The subscriber key and the channel of a `user_cursors` key.
 pub(crate) fn split_user_cursor_key(key: &[u8]) -> Result<(&str, &str), CodecError> {
-    let sep = key.iter().position(|&b| b == CURSOR_KEY_SEP).ok_or(bad("user cursor key"))?;
-    let sub = std::str::from_utf8(&key[..sep]).map_err(|_| bad("user cursor key"))?;
-    let channel = std::str::from_utf8(&key[sep + 1..]).map_err(|_| bad("user cursor key"))?;
-    Ok((sub, channel))
+    split_joined(key, CURSOR_KEY_SEP, "user cursor key")
 }
 
 /// A stored cursor: the highest seq acked and when it was acked.
@@ -437,40 +421,66 @@ const PRESENCE_KEY_SEP: u8 = 0;
 
 /// `channel ++ 0x00`: the common prefix of a channel's lease keys.
 pub(crate) fn presence_prefix(channel: &str) -> Vec<u8> {
-    let mut key = Vec::with_capacity(channel.len() + 1);
-    key.extend_from_slice(channel.as_bytes());
-    key.push(PRESENCE_KEY_SEP);
-    key
+    joined(channel, PRESENCE_KEY_SEP, "")
 }
 
 /// `channel ++ 0x00 ++ member key` (see `herald_core::member_key`).
 pub(crate) fn presence_key(channel: &str, member_key: &str) -> Vec<u8> {
-    let mut key = presence_prefix(channel);
-    key.extend_from_slice(member_key.as_bytes());
-    key
+    joined(channel, PRESENCE_KEY_SEP, member_key)
 }
 
 /// The channel and the member key of a `presence` key.
 pub(crate) fn split_presence_key(key: &[u8]) -> Result<(&str, &str), CodecError> {
-    let sep = key.iter().position(|&b| b == PRESENCE_KEY_SEP).ok_or(bad("presence key"))?;
-    let channel = std::str::from_utf8(&key[..sep]).map_err(|_| bad("presence key"))?;
-    let member = std::str::from_utf8(&key[sep + 1..]).map_err(|_| bad("presence key"))?;
-    Ok((channel, member))
+    split_joined(key, PRESENCE_KEY_SEP, "presence key")
 }
 
 /// `expires_at_ms (u64 BE) ++ presence key`: the lease expiry index, in
 /// expiry order, so `presence_expire` finds expired leases with one range
 /// scan.
 pub(crate) fn presence_exp_key(expires_at_ms: u64, presence_key: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + presence_key.len());
-    k.extend_from_slice(&expires_at_ms.to_be_bytes());
-    k.extend_from_slice(presence_key);
-    k
+    exp_key(expires_at_ms, presence_key)
 }
 
 /// The expiry and the presence key of a `presence_exp` key.
 pub(crate) fn split_presence_exp_key(k: &[u8]) -> Result<(u64, &[u8]), CodecError> {
-    let (exp, key) = k.split_first_chunk::<8>().ok_or(bad("lease expiry key"))?;
+    split_exp_key(k, "lease expiry key")
+}
+
+/// `first ++ sep ++ rest`, in one allocation: a key of two text parts where
+/// `first` never contains `sep`, so the first `sep` splits it back.
+fn joined(first: &str, sep: u8, rest: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(first.len() + 1 + rest.len());
+    key.extend_from_slice(first.as_bytes());
+    key.push(sep);
+    key.extend_from_slice(rest.as_bytes());
+    key
+}
+
+/// The two parts of a [`joined`] key; `what` names the key in the error.
+fn split_joined<'a>(key: &'a [u8], sep: u8, what: &'static str) -> Result<(&'a str, &'a str), CodecError> {
+    let at = key.iter().position(|&b| b == sep).ok_or(bad(what))?;
+    let first = std::str::from_utf8(&key[..at]).map_err(|_| bad(what))?;
+    let rest = std::str::from_utf8(&key[at + 1..]).map_err(|_| bad(what))?;
+    Ok((first, rest))
+}
+
+/// `at (u64 BE) ++ key`: an expiry index entry, in expiry order.
+fn exp_key(at: u64, key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + key.len());
+    push_exp_key(&mut k, at, key);
+    k
+}
+
+/// [`exp_key`] appended to `out`.
+#[inline]
+fn push_exp_key(out: &mut Vec<u8>, at: u64, key: &[u8]) {
+    out.extend_from_slice(&at.to_be_bytes());
+    out.extend_from_slice(key);
+}
+
+/// The expiry and the key of an [`exp_key`]; `what` names it in the error.
+fn split_exp_key<'a>(k: &'a [u8], what: &'static str) -> Result<(u64, &'a [u8]), CodecError> {
+    let (exp, key) = k.split_first_chunk::<8>().ok_or(bad(what))?;
     Ok((u64::from_be_bytes(*exp), key))
 }
 

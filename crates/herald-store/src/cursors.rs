@@ -31,12 +31,12 @@
 use std::collections::HashMap;
 use std::ops::{Bound, ControlFlow};
 
-use herald_core::{AckError, CursorState, Seq, SubscriberId};
+use herald_core::{AckError, CursorAck, CursorState};
 use herald_proto::ChannelName;
 
 use crate::codec::{self, CursorRecord};
 use crate::stage::{Stage, Staged, Staging};
-use crate::storage::{Space, Storage, StorageError};
+use crate::storage::{Read, Space, Storage, StorageError};
 use crate::writer::Writer;
 
 /// Channels with more cursors than this are not counted in
@@ -178,14 +178,9 @@ impl CursorBook {
     }
 }
 
-/// `Cursors::ack`: raise `subscriber`'s cursor on `channel` to `seq`.
-pub(crate) struct Ack {
-    pub channel: ChannelName,
-    pub subscriber: SubscriberId,
-    pub seq: Seq,
-}
-
-impl Stage for Ack {
+/// [`Cursors::cursor_ack`](herald_core::Cursors::cursor_ack): raise
+/// `subscriber`'s cursor on `channel` to `seq`.
+impl Stage for CursorAck {
     type Ok = CursorState;
     type Err = AckError;
     /// Acks never cost an fsync of their own (see the crate docs).

@@ -7,16 +7,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use herald_core::{
-    AckError, AppendRequest, CursorState, Cursors, EngineError, EngineMetric, Epoch, FanoutSink, FenceToken,
-    Health, Joined, Lease, Lifecycle, Log, Member, Page, Position, Presence, Receipt, Rejoined, Renewed,
-    Room, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
+    AckError, AppendRequest, CursorAck, CursorState, Cursors, EngineError, EngineMetric, Epoch, FanoutSink,
+    Health, Joined, Lease, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, Lifecycle, Log, Page, Position,
+    Presence, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
 use herald_core::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::append::AppendBatch;
-use crate::cursors::Ack;
 use crate::request::Request;
 use crate::schedules::{self, Cancel, Deliver};
 use crate::shared::Shared;
@@ -120,7 +119,7 @@ impl EmbeddedEngine {
     /// Queue a request for the writer (the reply travels in it).
     async fn enqueue(&self, request: Request) -> Result<(), EngineError> {
         if let Some(reason) = self.shared.failure() {
-            crate::stats::bump(&self.shared.counters.failed, 1);
+            self.shared.counters.failed.bump();
             return Err(EngineError::Failed(reason.to_owned()));
         }
         if self.shared.is_closing() {
@@ -194,13 +193,8 @@ impl Cursors for EmbeddedEngine {
     /// acks only is written to the OS (so an `Ok` ack survives `kill -9`)
     /// and fsynced within `StoreConfig::ack_sync_interval`; with
     /// `FsyncMode::Never` it is never fsynced before a clean close.
-    async fn ack(
-        &self,
-        channel: &ChannelName,
-        subscriber: &SubscriberId,
-        seq: Seq,
-    ) -> Result<CursorState, AckError> {
-        self.submit(Ack { channel: channel.clone(), subscriber: subscriber.clone(), seq }).await?
+    async fn cursor_ack(&self, ack: CursorAck) -> Result<CursorState, AckError> {
+        self.submit(ack).await?
     }
 
     /// Runs inline: one point read, like `position`.
@@ -235,53 +229,27 @@ impl Presence for EmbeddedEngine {
     /// Through the writer, like an ack: no fsync of its own (see
     /// `presence.rs`). Refused with [`EngineError::Closed`] on a closed
     /// channel: a closed room has no members.
-    async fn presence_join(
-        &self,
-        channel: &ChannelName,
-        member: &Member,
-        ttl: Duration,
-    ) -> Result<Joined, EngineError> {
-        let (channel, member) = (channel.clone(), member.clone());
-        self.submit(presence::Join { channel, member, ttl }).await?
+    async fn lease_join(&self, join: LeaseJoin) -> Result<Joined, EngineError> {
+        self.submit(join).await?
     }
 
     /// Through the writer; no fsync of its own. Extends an expired lease
     /// that no `presence_expire` removed yet (its `leave` was not
     /// announced, so the member never left).
-    async fn presence_renew(
-        &self,
-        channel: &ChannelName,
-        key: &str,
-        token: FenceToken,
-        ttl: Duration,
-    ) -> Result<Renewed, EngineError> {
-        let (channel, key) = (channel.clone(), key.to_owned());
-        self.submit(presence::Renew { channel, key, token, ttl }).await?
+    async fn lease_renew(&self, renew: LeaseRenew) -> Result<Renewed, EngineError> {
+        self.submit(renew).await?
     }
 
     /// Through the writer; no fsync of its own.
-    async fn presence_leave(
-        &self,
-        channel: &ChannelName,
-        key: &str,
-        token: FenceToken,
-    ) -> Result<Option<Lease>, EngineError> {
-        let (channel, key) = (channel.clone(), key.to_owned());
-        self.submit(presence::Leave { channel, key, token }).await?
+    async fn lease_leave(&self, leave: LeaseLeave) -> Result<Option<Lease>, EngineError> {
+        self.submit(leave).await?
     }
 
     /// Through the writer, like a join; no fsync of its own. Removals are
     /// remembered in memory (`gone.rs`): tokens live only in this
     /// process's sessions, so a restart forgets nothing a holder could use.
-    async fn presence_rejoin(
-        &self,
-        channel: &ChannelName,
-        member: &Member,
-        token: FenceToken,
-        ttl: Duration,
-    ) -> Result<Rejoined, EngineError> {
-        let (channel, member) = (channel.clone(), member.clone());
-        self.submit(presence::Rejoin { channel, member, token, ttl }).await?
+    async fn lease_rejoin(&self, rejoin: LeaseRejoin) -> Result<Rejoined, EngineError> {
+        self.submit(rejoin).await?
     }
 
     /// On the blocking pool: a scan of the channel's leases.

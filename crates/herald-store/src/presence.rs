@@ -25,33 +25,31 @@ use std::collections::BTreeMap;
 use std::ops::{Bound, ControlFlow};
 use std::time::Duration;
 
-use herald_core::{member_key, EngineError, FenceToken, Joined, Lease, Member, Rejoined, Renewed};
+use herald_core::{
+    member_key, EngineError, FenceToken, Joined, Lease, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew,
+    Rejoined, Renewed,
+};
 use herald_proto::ChannelName;
 
 use crate::codec::{self, LeaseRecord};
 use crate::gone::Verdict;
 use crate::stage::{Stage, Staged, Staging};
-use crate::storage::{Space, StorageError, WriteSet};
+use crate::storage::{Read, Space, StorageError, WriteSet};
 use crate::writer::Writer;
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// `Presence::presence_join`: a lease with the channel's next token.
-pub(crate) struct Join {
-    pub channel: ChannelName,
-    pub member: Member,
-    pub ttl: Duration,
-}
-
-impl Stage for Join {
+/// [`Presence::lease_join`](herald_core::Presence::lease_join): a lease
+/// with the channel's next token.
+impl Stage for LeaseJoin {
     type Ok = Joined;
     type Err = EngineError;
     const FSYNC: bool = false;
 
     fn stage(self, w: &mut Writer, st: &mut Staging) -> Staged<Self> {
-        let Join { channel, member, ttl } = self;
+        let LeaseJoin { channel, member, ttl } = self;
         // A closed room has no members, and none can come back.
         if w.channel_meta(&channel)?.closed {
             st.tally.closed_refused += 1;
@@ -70,16 +68,9 @@ impl Stage for Join {
     }
 }
 
-/// `Presence::presence_renew`: a new expiry for the lease of `token`.
-pub(crate) struct Renew {
-    pub channel: ChannelName,
-    /// The member key.
-    pub key: String,
-    pub token: FenceToken,
-    pub ttl: Duration,
-}
-
-impl Stage for Renew {
+/// [`Presence::lease_renew`](herald_core::Presence::lease_renew): a new
+/// expiry for the lease of `token`.
+impl Stage for LeaseRenew {
     type Ok = Renewed;
     type Err = EngineError;
     const FSYNC: bool = false;
@@ -102,21 +93,15 @@ impl Stage for Renew {
     }
 }
 
-/// `Presence::presence_leave`: removes the lease of `token`.
-pub(crate) struct Leave {
-    pub channel: ChannelName,
-    /// The member key.
-    pub key: String,
-    pub token: FenceToken,
-}
-
-impl Stage for Leave {
+/// [`Presence::lease_leave`](herald_core::Presence::lease_leave): removes
+/// the lease of `token`.
+impl Stage for LeaseLeave {
     type Ok = Option<Lease>;
     type Err = EngineError;
     const FSYNC: bool = false;
 
     fn stage(self, w: &mut Writer, st: &mut Staging) -> Staged<Self> {
-        let Leave { channel, key: member_key, token } = self;
+        let LeaseLeave { channel, key: member_key, token } = self;
         let key = codec::presence_key(channel.as_str(), &member_key);
         let now = w.shared.clock.now_ms();
         match w.lease_at(&st.ws, &key)? {
@@ -139,22 +124,16 @@ impl Stage for Leave {
     }
 }
 
-/// `Presence::presence_rejoin`: the lease of `token` kept or brought back,
-/// unless the removals remembered in `gone.rs` fence it.
-pub(crate) struct Rejoin {
-    pub channel: ChannelName,
-    pub member: Member,
-    pub token: FenceToken,
-    pub ttl: Duration,
-}
-
-impl Stage for Rejoin {
+/// [`Presence::lease_rejoin`](herald_core::Presence::lease_rejoin): the
+/// lease of `token` kept or brought back, unless the removals remembered in
+/// `gone.rs` fence it.
+impl Stage for LeaseRejoin {
     type Ok = Rejoined;
     type Err = EngineError;
     const FSYNC: bool = false;
 
     fn stage(self, w: &mut Writer, st: &mut Staging) -> Staged<Self> {
-        let Rejoin { channel, member, token, ttl } = self;
+        let LeaseRejoin { channel, member, token, ttl } = self;
         if w.channel_meta(&channel)?.closed {
             st.tally.closed_refused += 1;
             return Ok(Err(EngineError::Closed));
@@ -186,8 +165,8 @@ impl Stage for Rejoin {
     }
 }
 
-/// `Presence::presence_expire`: removes up to `limit` expired leases,
-/// oldest expiry first. A lease removed (or re-timed) earlier in the batch
+/// [`Presence::presence_expire`](herald_core::Presence::presence_expire):
+/// removes up to `limit` expired leases, oldest expiry first. A lease removed (or re-timed) earlier in the batch
 /// is not seen again, so each expired lease goes to exactly one caller.
 pub(crate) struct Expire {
     pub limit: usize,

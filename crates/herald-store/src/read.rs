@@ -19,7 +19,7 @@ use herald_core::{CursorState, Epoch, Lease, Message, Page, Position, Room, Seq,
 use herald_proto::ChannelName;
 
 use crate::codec::{self, ChannelMeta, CursorRecord, LeaseRecord};
-use crate::storage::{Space, Storage, StorageError, View};
+use crate::storage::{Read, Space, Storage, StorageError, View};
 
 fn to_position(epoch: &Epoch, meta: &ChannelMeta) -> Position {
     Position { epoch: epoch.clone(), first: meta.first, head: meta.head, closed: meta.closed }

@@ -5,10 +5,11 @@
 //! engine submits it with `submit(write)`, and the writer stages, answers
 //! and fails it without knowing which kind it is.
 
-use herald_core::{AppendRequest, RoomWrite, ScheduleRequest};
+use herald_core::{
+    AppendRequest, CursorAck, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, RoomWrite, ScheduleRequest,
+};
 
 use crate::append::AppendBatch;
-use crate::cursors::Ack;
 use crate::stage::{Req, Staging};
 use crate::storage::StorageError;
 use crate::writer::Writer;
@@ -73,11 +74,11 @@ requests! {
     /// exceed `max_batch` by its length), answered with one reply (one
     /// wake-up of the caller).
     AppendBatch(AppendBatch),
-    Ack(Ack),
-    PresenceJoin(presence::Join),
-    PresenceRenew(presence::Renew),
-    PresenceLeave(presence::Leave),
-    PresenceRejoin(presence::Rejoin),
+    Ack(CursorAck),
+    PresenceJoin(LeaseJoin),
+    PresenceRenew(LeaseRenew),
+    PresenceLeave(LeaseLeave),
+    PresenceRejoin(LeaseRejoin),
     PresenceExpire(presence::Expire),
     RoomWrite(RoomWrite),
     ScheduleAdd(ScheduleRequest),

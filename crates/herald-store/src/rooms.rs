@@ -18,7 +18,7 @@ use herald_proto::ChannelName;
 use crate::codec;
 use crate::presence::delete_lease;
 use crate::stage::{Stage, Staged, Staging};
-use crate::storage::{Space, StorageError, WriteSet};
+use crate::storage::{Read, Space, StorageError, WriteSet};
 use crate::writer::Writer;
 
 /// `Rooms::room_write`. A version conflict is an `Ok` outcome

@@ -29,7 +29,7 @@ use uuid::Uuid;
 use crate::append::stage_receipt;
 use crate::codec::IdemRecord;
 use crate::stage::{Stage, Staged, Staging};
-use crate::storage::{Space, Storage, StorageError, WriteSet};
+use crate::storage::{Read, Space, Storage, StorageError, WriteSet};
 use crate::writer::Writer;
 
 /// The `epoch` field of a schedule's receipt in `idem` (a marker, no log's).

@@ -1,9 +1,8 @@
-//! Counters for the server's metrics, defined once in the table below: the
-//! snapshot [`StoreStats`], the live relaxed atomics and the `/metrics`
-//! names come from it. Monotonic since open, except `queue_depth` (a
-//! gauge). Cheap enough to read on every scrape.
-
-use std::sync::atomic::{AtomicU64, Ordering};
+//! Counters for the server's metrics, defined once in the table below
+//! ([`herald_core::engine_counters!`]): the snapshot [`StoreStats`], the
+//! live [`Counter`](herald_core::engine::Counter)s and the `/metrics` names
+//! come from it. Monotonic since open, except `queue_depth` (a gauge).
+//! Cheap enough to read on every scrape.
 
 herald_core::engine_counters! {
     /// A snapshot of the engine's counters.
@@ -67,13 +66,6 @@ herald_core::engine_counters! {
 /// What one group commit counted, added to the [`Counters`] once it
 /// committed (a failed batch counts only as failed).
 pub(crate) type Tally = StoreStats;
-
-/// Relaxed: counters are independent and read for reporting only.
-pub(crate) fn bump(c: &AtomicU64, n: u64) {
-    if n > 0 {
-        c.fetch_add(n, Ordering::Relaxed);
-    }
-}
 
 #[cfg(test)]
 mod tests {

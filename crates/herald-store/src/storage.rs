@@ -267,34 +267,6 @@ impl Storage {
         }
     }
 
-    /// The latest committed value. Only the writer thread uses this: as the
-    /// only committer it always reads its own complete state.
-    pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self.keyspace(space).get(key)?.map(|v| v.to_vec()))
-    }
-
-    /// Visit keys in `range` in ascending order until `f` breaks; latest
-    /// committed state (writer thread only, like [`Storage::get`]).
-    pub fn scan(
-        &self,
-        space: Space,
-        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
-        f: impl FnMut(&[u8], &[u8]) -> Result<ControlFlow<()>, StorageError>,
-    ) -> Result<(), StorageError> {
-        scan_iter(self.keyspace(space).range(range), f)
-    }
-
-    /// `channel`'s meta, its head brought up to the log (latest committed
-    /// state; writer thread only, like [`Storage::get`]).
-    pub(crate) fn channel_meta(&self, channel: &str) -> Result<ChannelMeta, StorageError> {
-        load_channel_meta(
-            self.key_layout,
-            channel,
-            |k| self.get(Space::Channels, k),
-            |r| last_key_of(self.log.range(r)),
-        )
-    }
-
     /// A consistent read view across all spaces, for readers that must not
     /// see half of a commit.
     pub fn view(&self) -> View<'_> {
@@ -341,77 +313,90 @@ pub(crate) struct View<'a> {
     snapshot: fjall::Snapshot,
 }
 
-impl View<'_> {
-    pub fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self.snapshot.get(self.storage.keyspace(space), key)?.map(|v| v.to_vec()))
+/// Point reads, range scans and channel metas of committed state, written
+/// once for both sources: the latest state ([`Storage`]; the writer thread
+/// only, which as the only committer always reads its own complete state)
+/// and a consistent snapshot ([`View`]).
+pub(crate) trait Read {
+    /// The store read from (its keyspaces and key layout).
+    fn storage(&self) -> &Storage;
+
+    /// The value at `key` in `ks`, from this source.
+    fn point(&self, ks: &Keyspace, key: &[u8]) -> fjall::Result<Option<Slice>>;
+
+    /// The entries of `ks` in `range`, from this source.
+    fn range(&self, ks: &Keyspace, range: KeyRange) -> fjall::Iter;
+
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.point(self.storage().keyspace(space), key)?.map(|v| v.to_vec()))
     }
 
-    pub fn scan(
+    /// Visit keys in `range` in ascending order until `f` breaks.
+    fn scan(
         &self,
         space: Space,
-        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
-        f: impl FnMut(&[u8], &[u8]) -> Result<ControlFlow<()>, StorageError>,
+        range: KeyRange,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<ControlFlow<()>, StorageError>,
     ) -> Result<(), StorageError> {
-        scan_iter(self.snapshot.range(self.storage.keyspace(space), range), f)
-    }
-
-    /// `channel`'s meta in this view, its head brought up to the log.
-    pub(crate) fn channel_meta(&self, channel: &str) -> Result<ChannelMeta, StorageError> {
-        load_channel_meta(
-            self.storage.key_layout,
-            channel,
-            |k| self.get(Space::Channels, k),
-            |r| last_key_of(self.snapshot.range(&self.storage.log, r)),
-        )
-    }
-}
-
-/// The greatest key `iter` yields, if any.
-fn last_key_of(mut iter: fjall::Iter) -> Result<Option<Vec<u8>>, StorageError> {
-    match iter.next_back() {
-        Some(guard) => Ok(Some(guard.key()?.to_vec())),
-        None => Ok(None),
-    }
-}
-
-type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
-
-/// A channel's stored meta (the default for a channel never written), with
-/// `head` raised to the channel's last log entry where the layout lets the
-/// stored head lag ([`KeyLayout::lazy_head`]; a closed channel's meta is
-/// exact). One reverse seek past the stored head.
-fn load_channel_meta(
-    layout: KeyLayout,
-    channel: &str,
-    get: impl FnOnce(&[u8]) -> Result<Option<Vec<u8>>, StorageError>,
-    last_key: impl FnOnce(KeyRange) -> Result<Option<Vec<u8>>, StorageError>,
-) -> Result<ChannelMeta, StorageError> {
-    let mut meta = match get(&layout.channel_key(channel))? {
-        Some(v) => ChannelMeta::decode(&v)?,
-        None => ChannelMeta::default(),
-    };
-    if layout.lazy_head() && !meta.closed {
-        let log = layout.log(channel);
-        let range = (Bound::Excluded(log.key(meta.head)), Bound::Included(log.key(u64::MAX)));
-        if let Some(key) = last_key(range)? {
-            meta.head = meta.head.max(log.seq(&key)?);
+        for guard in self.range(self.storage().keyspace(space), range) {
+            let (k, v) = guard.into_inner()?;
+            if f(&k, &v)?.is_break() {
+                break;
+            }
         }
+        Ok(())
     }
-    Ok(meta)
+
+    /// `channel`'s stored meta (the default for a channel never written),
+    /// with `head` raised to the channel's last log entry where the layout
+    /// lets the stored head lag ([`KeyLayout::lazy_head`]; a closed
+    /// channel's meta is exact). One reverse seek past the stored head.
+    fn channel_meta(&self, channel: &str) -> Result<ChannelMeta, StorageError> {
+        let layout = self.storage().key_layout;
+        let mut meta = match self.get(Space::Channels, &layout.channel_key(channel))? {
+            Some(v) => ChannelMeta::decode(&v)?,
+            None => ChannelMeta::default(),
+        };
+        if layout.lazy_head() && !meta.closed {
+            let log = layout.log(channel);
+            let range = (Bound::Excluded(log.key(meta.head)), Bound::Included(log.key(u64::MAX)));
+            if let Some(guard) = self.range(&self.storage().log, range).next_back() {
+                meta.head = meta.head.max(log.seq(&guard.key()?)?);
+            }
+        }
+        Ok(meta)
+    }
 }
 
-fn scan_iter(
-    iter: fjall::Iter,
-    mut f: impl FnMut(&[u8], &[u8]) -> Result<ControlFlow<()>, StorageError>,
-) -> Result<(), StorageError> {
-    for guard in iter {
-        let (k, v) = guard.into_inner()?;
-        if f(&k, &v)?.is_break() {
-            break;
-        }
+impl Read for Storage {
+    fn storage(&self) -> &Storage {
+        self
     }
-    Ok(())
+
+    fn point(&self, ks: &Keyspace, key: &[u8]) -> fjall::Result<Option<Slice>> {
+        ks.get(key)
+    }
+
+    fn range(&self, ks: &Keyspace, range: KeyRange) -> fjall::Iter {
+        ks.range(range)
+    }
 }
+
+impl Read for View<'_> {
+    fn storage(&self) -> &Storage {
+        self.storage
+    }
+
+    fn point(&self, ks: &Keyspace, key: &[u8]) -> fjall::Result<Option<Slice>> {
+        self.snapshot.get(ks, key)
+    }
+
+    fn range(&self, ks: &Keyspace, range: KeyRange) -> fjall::Iter {
+        self.snapshot.range(ks, range)
+    }
+}
+
+pub(crate) type KeyRange = (Bound<Vec<u8>>, Bound<Vec<u8>>);
 
 /// Check the data dir's format and read its epoch, creating both (durably)
 /// in a new data dir.

@@ -20,8 +20,7 @@ use std::time::Instant;
 use herald_proto::ChannelName;
 
 use crate::codec::{self, ChannelMeta, IdemRecord};
-use crate::stats::bump;
-use crate::storage::{Space, StorageError, WriteSet};
+use crate::storage::{Read, Space, StorageError, WriteSet};
 use crate::writer::Writer;
 use crate::FsyncMode;
 
@@ -68,9 +67,9 @@ impl Writer {
         });
         match result {
             Ok(outcome) => {
-                bump(&self.shared.counters.expired, outcome.expired);
-                bump(&self.shared.counters.unacked_trimmed, outcome.unacked_expired);
-                bump(&self.shared.counters.receipts_expired, outcome.receipts_expired);
+                self.shared.counters.expired.add(outcome.expired);
+                self.shared.counters.unacked_trimmed.add(outcome.unacked_expired);
+                self.shared.counters.receipts_expired.add(outcome.receipts_expired);
                 let wait = if outcome.more { std::time::Duration::ZERO } else { self.sweep_interval };
                 self.sweep.next_at = Instant::now() + wait;
             }

@@ -50,8 +50,7 @@ use crate::cursors::CursorBook;
 use crate::request::Request;
 use crate::shared::Shared;
 use crate::stage::Staging;
-use crate::stats::bump;
-use crate::storage::{Space, StorageError, WriteSet};
+use crate::storage::{Read, Space, StorageError, WriteSet};
 use crate::sweep::SweepState;
 use crate::FsyncMode;
 
@@ -191,7 +190,7 @@ impl Writer {
         }
         match self.shared.storage.sync() {
             Ok(()) => {
-                bump(&self.shared.counters.fsyncs, 1);
+                self.shared.counters.fsyncs.bump();
                 self.unsynced_since = None;
             }
             Err(e) => {
@@ -208,7 +207,7 @@ impl Writer {
         let wrote = !ws.is_empty();
         self.shared.storage.commit(ws, sync)?;
         if wrote && sync {
-            bump(&self.shared.counters.fsyncs, 1);
+            self.shared.counters.fsyncs.bump();
             self.unsynced_since = None;
         } else if wrote && self.fsync == FsyncMode::Always {
             self.unsynced_since.get_or_insert_with(Instant::now);
@@ -223,7 +222,7 @@ impl Writer {
             return;
         }
         match self.shared.storage.sync() {
-            Ok(()) => bump(&self.shared.counters.fsyncs, 1),
+            Ok(()) => self.shared.counters.fsyncs.bump(),
             Err(e) => {
                 self.shared.fail(format!("final sync failed: {e}"));
             }
@@ -242,7 +241,7 @@ impl Writer {
         if let Some(reason) = self.shared.failure() {
             let reason = reason.to_owned();
             // Counted before answering, so a caller that saw the error sees it counted.
-            bump(&counters.failed, n);
+            counters.failed.add(n);
             for req in batch.drain(..) {
                 req.fail(&reason);
             }
@@ -262,14 +261,14 @@ impl Writer {
         self.stage_metas(&mut ws);
         let sync = fsync && self.fsync == FsyncMode::Always;
         let outcome = staged.and_then(|()| self.commit(ws, sync));
-        bump(&counters.batches, 1);
-        bump(&counters.batch_requests, n);
+        counters.batches.bump();
+        counters.batch_requests.add(n);
         if let Err(e) = outcome {
             // The staged state never became visible; the caches are stale.
             self.channels.clear();
             self.cursors.reset();
             let reason = self.shared.fail(format!("group commit failed: {e}"));
-            bump(&counters.failed, n);
+            counters.failed.add(n);
             for req in batch.drain(..) {
                 req.fail(&reason);
             }

@@ -26,7 +26,16 @@ pub struct UserCursor {
     pub cursor: CursorState,
 }
 
-/// Why an [`Cursors::ack`] was refused.
+/// An acknowledgement of every seq `<= seq` of `channel` by `subscriber`:
+/// see [`Cursors::cursor_ack`].
+#[derive(Debug, Clone)]
+pub struct CursorAck {
+    pub channel: ChannelName,
+    pub subscriber: SubscriberId,
+    pub seq: Seq,
+}
+
+/// Why a [`Cursors::cursor_ack`] was refused.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum AckError {
     /// `seq` is past the channel's head: it acknowledges messages that do
@@ -42,7 +51,8 @@ pub enum AckError {
 /// never past the head, an `Ok` ack visible to every later read).
 #[async_trait]
 pub trait Cursors: Send + Sync + 'static {
-    /// Acknowledge every seq `<= seq` of `channel` for `subscriber`: the
+    /// Acknowledge every seq `<= seq` of `channel` for `subscriber`
+    /// (an engine takes the owned request, callers use [`ack`](Cursors::ack)): the
     /// stored cursor becomes `max(stored, seq)` and the resulting cursor is
     /// returned. Cumulative, monotonic (a lower or equal `seq` changes
     /// nothing, not even `acked_at_ms`) and idempotent. `seq = 0` is valid:
@@ -58,12 +68,17 @@ pub trait Cursors: Send + Sync + 'static {
     /// the Herald process). An ack lost to a machine crash only causes
     /// redelivery, never loss. Concurrent acks of one cursor are applied in
     /// some order; the result is their maximum.
+    async fn cursor_ack(&self, ack: CursorAck) -> Result<CursorState, AckError>;
+
+    /// [`cursor_ack`](Cursors::cursor_ack) from borrowed parts.
     async fn ack(
         &self,
         channel: &ChannelName,
         subscriber: &SubscriberId,
         seq: Seq,
-    ) -> Result<CursorState, AckError>;
+    ) -> Result<CursorState, AckError> {
+        self.cursor_ack(CursorAck { channel: channel.clone(), subscriber: subscriber.clone(), seq }).await
+    }
 
     /// The subscriber's cursor on `channel`; `None` before its first ack.
     async fn cursor(

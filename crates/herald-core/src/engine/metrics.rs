@@ -1,6 +1,8 @@
-//! An engine's own figures: [`EngineMetric`], and
+//! An engine's own figures: [`EngineMetric`], the live [`Counter`], and
 //! [`engine_counters!`](crate::engine_counters), which makes an engine's
 //! counters, their snapshot and their `/metrics` names from one table.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One of an engine's own figures, exported by the server on `/metrics` as
 /// `herald_engine_{name}` (counters get `_total`).
@@ -24,11 +26,37 @@ impl EngineMetric {
     }
 }
 
+/// One live counter of an engine: monotonic since open. Relaxed: each
+/// counter is independent and read for reporting only.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Count one.
+    #[inline]
+    pub fn bump(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count `n` (nothing is written for 0).
+    #[inline]
+    pub fn add(&self, n: u64) {
+        if n > 0 {
+            self.0.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    /// The count now.
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
 /// Define an engine's counters once, in one table: each entry is a counter
 /// (with its doc), exported on `/metrics` when it has a name and a help
 /// text. Generates
 /// - the snapshot type, one `u64` field per counter, then per gauge;
-/// - the live type, one relaxed `AtomicU64` per counter, with
+/// - the live type, one [`Counter`] per counter, with
 ///   `snapshot(gauges...)` and `add(&delta)` (adds a snapshot-shaped tally,
 ///   for an engine that counts a batch before it commits);
 /// - `metrics()` on the snapshot: the exported figures, counters in table
@@ -53,8 +81,9 @@ impl EngineMetric {
 /// }
 /// let live = Counters::default();
 /// live.add(&Stats { appends: 2, ..Stats::default() });
+/// live.volatile.bump();
 /// let now = live.snapshot(5);
-/// assert_eq!((now.appends, now.volatile, now.queue_depth), (2, 0, 5));
+/// assert_eq!((now.appends, now.volatile, now.queue_depth), (2, 1, 5));
 /// let names: Vec<_> = now.metrics().iter().map(|m| (m.name, m.gauge)).collect();
 /// assert_eq!(names, [("appends", false), ("queue_depth", true)]);
 /// ```
@@ -88,15 +117,14 @@ macro_rules! engine_counters {
         $(#[$live_meta])*
         #[derive(Default)]
         $live_vis struct $Live {
-            $( pub $field: ::std::sync::atomic::AtomicU64, )*
+            $( pub $field: $crate::engine::Counter, )*
         }
 
         impl $Live {
-            /// Every counter now (relaxed: each is independent and read for
-            /// reporting only), with the gauges given.
+            /// Every counter now, with the gauges given.
             pub fn snapshot(&self $($(, $gauge: u64)*)?) -> $Stats {
                 $Stats {
-                    $( $field: self.$field.load(::std::sync::atomic::Ordering::Relaxed), )*
+                    $( $field: self.$field.get(), )*
                     $($( $gauge, )*)?
                 }
             }
@@ -104,11 +132,7 @@ macro_rules! engine_counters {
             /// Add every counter of `delta` (its gauges are ignored).
             #[allow(dead_code)]
             pub fn add(&self, delta: &$Stats) {
-                $(
-                    if delta.$field > 0 {
-                        self.$field.fetch_add(delta.$field, ::std::sync::atomic::Ordering::Relaxed);
-                    }
-                )*
+                $( self.$field.add(delta.$field); )*
             }
         }
 

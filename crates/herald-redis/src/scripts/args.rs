@@ -1,13 +1,20 @@
 //! The arguments of every script, one struct each: its fields are the
 //! script's `KEYS` then its `ARGV`, named, and [`ScriptArgs::invocation`]
-//! pushes them in the script's order (the order of the fields). Each `.lua`
+//! pushes them in the script's order (the order of the fields; a message's
+//! `retention` is its `max_len, max_age_ms` and its `frame` the template's
+//! `head, middle, tail`). Each `.lua`
 //! file starts with a header naming its `KEYS` and `ARGV` in order; a unit
 //! test checks every header against these structs.
 //!
 //! Arguments borrow what the caller already holds (frames, ids, channel
 //! names): an invocation copies each argument once, as it would anyway.
 
+use herald_core::Retention;
 use redis::{RedisWrite, ScriptInvocation, ToRedisArgs};
+
+use crate::frame::FrameTemplate;
+use crate::keys::LeaseKeys;
+use crate::state::ms;
 
 /// A script's arguments.
 pub(crate) trait ScriptArgs {
@@ -25,10 +32,15 @@ pub(crate) trait ScriptArgs {
     fn argv() -> Vec<String>;
 }
 
-/// A key argument: a key, or (last) an optional one.
+/// A key argument: a key, (last) an optional one, or a group of keys
+/// always passed together ([`LeaseKeys`]).
 pub(crate) trait Key: ToRedisArgs {
+    /// The names of the keys a field `field` of this type pushes, as the
+    /// script header names them.
     #[cfg(test)]
-    const OPTIONAL: bool = false;
+    fn names(field: &str) -> Vec<String> {
+        vec![field.to_owned()]
+    }
 }
 
 impl Key for String {}
@@ -38,21 +50,38 @@ impl Key for &str {}
 /// Pushes nothing when `None`: only the last key may be optional.
 impl Key for Option<String> {
     #[cfg(test)]
-    const OPTIONAL: bool = true;
+    fn names(field: &str) -> Vec<String> {
+        vec![format!("[{field}]")]
+    }
+}
+
+/// Pushes its five keys, in the order of its fields.
+impl Key for LeaseKeys {
+    #[cfg(test)]
+    fn names(_: &str) -> Vec<String> {
+        ["presence", "presence_exp", "presence_keys", "presence_gone", "presence_gone_exp"]
+            .map(String::from)
+            .to_vec()
+    }
+}
+
+impl ToRedisArgs for LeaseKeys {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        for k in [
+            &self.presence,
+            &self.presence_exp,
+            &self.presence_keys,
+            &self.presence_gone,
+            &self.presence_gone_exp,
+        ] {
+            k.write_redis_args(out);
+        }
+    }
 }
 
 /// Push a key (only a [`Key`] may be one).
 fn key<K: Key>(inv: &mut ScriptInvocation<'static>, k: &K) {
     inv.key(k);
-}
-
-#[cfg(test)]
-fn key_name<K: Key>(name: &str) -> String {
-    if K::OPTIONAL {
-        format!("[{name}]")
-    } else {
-        name.to_owned()
-    }
 }
 
 /// An argument that may be absent, sent as `''` (it keeps its position,
@@ -103,7 +132,7 @@ macro_rules! script_args {
 
             #[cfg(test)]
             fn keys() -> Vec<String> {
-                vec![$(key_name::<$kty>(stringify!($key))),*]
+                [$(<$kty as Key>::names(stringify!($key))),*].concat()
             }
 
             #[cfg(test)]
@@ -117,17 +146,19 @@ macro_rules! script_args {
     )* };
 }
 
+/// A message's `max_age_ms` argument: 0 for no age limit.
+fn max_age_ms(retention: &Retention) -> u64 {
+    retention.max_age.map_or(0, ms)
+}
+
 /// The arguments of a message appended by `ROOM_WRITE` or `SCHED_DELIVER`
 /// (last, in this order); built by `EngineState::event`.
 pub(crate) struct Event<'a> {
     /// A fresh epoch, used if the channel has none.
     pub epoch: String,
-    pub max_len: u64,
-    pub max_age_ms: u64,
-    /// The frame around its seq and ts (`frame.rs`).
-    pub head: &'a [u8],
-    pub middle: &'a [u8],
-    pub tail: &'a [u8],
+    pub retention: &'a Retention,
+    /// The frame around its seq and ts.
+    pub frame: &'a FrameTemplate,
     /// The message id.
     pub id: &'a str,
     pub channel: &'a str,
@@ -140,11 +171,11 @@ pub(crate) struct Event<'a> {
 impl Event<'_> {
     fn push(&self, inv: &mut ScriptInvocation<'static>) {
         inv.arg(&self.epoch)
-            .arg(self.max_len)
-            .arg(self.max_age_ms)
-            .arg(self.head)
-            .arg(self.middle)
-            .arg(self.tail)
+            .arg(self.retention.max_len)
+            .arg(max_age_ms(self.retention))
+            .arg(&self.frame.head)
+            .arg(&self.frame.middle)
+            .arg(&self.frame.tail)
             .arg(self.id)
             .arg(self.channel)
             .arg(&self.fan)
@@ -173,14 +204,12 @@ pub(crate) struct Append<'a> {
 /// One message of an `APPEND` run.
 pub(crate) struct AppendMessage<'a> {
     pub durable: bool,
-    pub max_len: u64,
-    pub max_age_ms: u64,
+    pub retention: &'a Retention,
     /// Hex; empty without dedup.
     pub fingerprint: String,
     pub receipt_ttl_ms: u64,
-    pub head: &'a [u8],
-    pub middle: &'a [u8],
-    pub tail: &'a [u8],
+    /// The frame around its seq and ts.
+    pub frame: &'a FrameTemplate,
     pub id: &'a str,
     /// Durable only: the channel's last message.
     pub closes: bool,
@@ -245,13 +274,13 @@ impl AppendRun {
         };
         self.inv
             .arg(m.durable)
-            .arg(m.max_len)
-            .arg(m.max_age_ms)
+            .arg(m.retention.max_len)
+            .arg(max_age_ms(m.retention))
             .arg(m.fingerprint)
             .arg(m.receipt_ttl_ms)
-            .arg(m.head)
-            .arg(m.middle)
-            .arg(m.tail)
+            .arg(&m.frame.head)
+            .arg(&m.frame.middle)
+            .arg(&m.frame.tail)
             .arg(m.id)
             .arg(m.closes)
             .arg(receipt_at);
@@ -328,11 +357,7 @@ script_args! {
     /// `PRESENCE_LEAVE`.
     PresenceLeave<'a> => PRESENCE_LEAVE, "presence_leave.lua" {
         keys {
-            presence: String,
-            presence_exp: String,
-            presence_keys: String,
-            presence_gone: String,
-            presence_gone_exp: String,
+            leases: LeaseKeys,
             meta: String,
         }
         argv { member_key: &'a str, token: u64 }
@@ -342,11 +367,7 @@ script_args! {
     PresenceRejoin<'a> => PRESENCE_REJOIN, "presence_rejoin.lua" {
         keys {
             meta: String,
-            presence: String,
-            presence_exp: String,
-            presence_keys: String,
-            presence_gone: String,
-            presence_gone_exp: String,
+            leases: LeaseKeys,
         }
         argv { member_key: &'a str, member: &'a str, token: u64, ttl_ms: u64 }
     }
@@ -373,11 +394,7 @@ script_args! {
     /// `PRESENCE_SWEEP`.
     PresenceSweep => PRESENCE_SWEEP, "presence_sweep.lua" {
         keys {
-            presence: String,
-            presence_exp: String,
-            presence_keys: String,
-            presence_gone: String,
-            presence_gone_exp: String,
+            leases: LeaseKeys,
         }
         argv { limit: usize }
     }
@@ -408,11 +425,7 @@ script_args! {
             meta: String,
             log: String,
             room: String,
-            presence: String,
-            presence_exp: String,
-            presence_keys: String,
-            presence_gone: String,
-            presence_gone_exp: String,
+            leases: LeaseKeys,
         }
         argv { expected_version: OrEmpty<u64>, version: u64, record: &'a str, closing: bool }
         then event: Event<'a>

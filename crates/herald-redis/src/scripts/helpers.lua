@@ -33,6 +33,21 @@ local function first_of(log, head)
   return head + 1
 end
 local function is_closed(meta) return redis.call('HGET', meta, 'closed') == '1' end
+-- The arguments of the one message ROOM_WRITE and SCHED_DELIVER append
+-- (`Event` in args.rs), from ARGV[b]: epoch, max_len, max_age_ms, head,
+-- middle, tail, id, channel, fan, publish. Returns them as append_msg's
+-- table (durable and closes left to the caller), or nil when malformed.
+local function event_args(b)
+  local max_len, max_age = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+  if not (max_len and max_age) or max_len < 0 or max_age < 0 or ARGV[b + 6] == ''
+     or (ARGV[b + 9] ~= 'PUBLISH' and ARGV[b + 9] ~= 'SPUBLISH') then
+    return nil
+  end
+  return {
+    epoch = ARGV[b], max_len = max_len, max_age = max_age, head = ARGV[b + 3], middle = ARGV[b + 4],
+    tail = ARGV[b + 5], id = ARGV[b + 6], channel = ARGV[b + 7], fan = ARGV[b + 8], publish = ARGV[b + 9],
+  }
+end
 -- Append one message to the channel and publish it on its fan-out channel:
 -- the common part of APPEND and ROOM_WRITE. `a` holds durable, closes,
 -- epoch (a fresh one, used if the channel has none), max_len, max_age,

@@ -2,10 +2,8 @@
 --   presence_gone_exp
 -- ARGV: expected_version, version, record, closing,
 --   epoch, max_len, max_age_ms, head, middle, tail, id, channel, fan, publish
-local max_len, max_age = tonumber(ARGV[6]), tonumber(ARGV[7])
-if not (max_len and max_age and tonumber(ARGV[2])) or max_len < 0 or max_age < 0 or ARGV[3] == ''
-   or (ARGV[14] ~= 'PUBLISH' and ARGV[14] ~= 'SPUBLISH') or ARGV[11] == ''
-   or (ARGV[4] ~= '1' and ARGV[4] ~= '0') then
+local ev = event_args(5)
+if not ev or not tonumber(ARGV[2]) or ARGV[3] == '' or (ARGV[4] ~= '1' and ARGV[4] ~= '0') then
   return redis.error_reply('ERR herald room write: bad arguments')
 end
 local cur = redis.call('HMGET', KEYS[3], 'version', 'record')
@@ -14,11 +12,8 @@ if (ARGV[1] == '' and cur[1]) or (ARGV[1] ~= '' and cur[1] ~= ARGV[1]) then
 end
 if is_closed(KEYS[1]) then return {'closed'} end
 local closing = ARGV[4] == '1'
-local r = append_msg(KEYS[1], KEYS[2], {
-  durable = true, closes = closing, epoch = ARGV[5], max_len = max_len, max_age = max_age,
-  head = ARGV[8], middle = ARGV[9], tail = ARGV[10], id = ARGV[11], channel = ARGV[12],
-  fan = ARGV[13], publish = ARGV[14],
-})
+ev.durable, ev.closes = true, closing
+local r = append_msg(KEYS[1], KEYS[2], ev)
 if r.err then return r.err end
 redis.call('HSET', KEYS[3], 'version', ARGV[2], 'record', ARGV[3])
 if closing then
