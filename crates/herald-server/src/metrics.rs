@@ -42,6 +42,13 @@ impl prometheus_client::collector::Collector for EngineCollector {
                 c.encode(encoder.encode_descriptor(&name, m.help, None, c.metric_type())?)?;
             }
         }
+        let healthy = ConstGauge::new(i64::from(matches!(engine.health(), herald_core::Health::Ready)));
+        healthy.encode(encoder.encode_descriptor(
+            "engine_healthy",
+            "1 while the engine takes writes (what /readyz reports), 0 while it refuses them.",
+            None,
+            healthy.metric_type(),
+        )?)?;
         Ok(())
     }
 }
@@ -106,6 +113,15 @@ macro_rules! server_metrics {
                 $( let $dfield: $dty = $dinit; )*
                 $Metrics { registry, $($field,)* $($dfield,)* }
             }
+        }
+
+        impl $Metrics {
+            /// Every metric of the table as `/metrics` names its family
+            /// (`# TYPE`: a counter without `_total`, a histogram without
+            /// `_bucket`/`_sum`/`_count`), in table order. A labelled
+            /// family is exported only once it has a series; this lists
+            /// it from the start.
+            pub const FAMILIES: &'static [&'static str] = &[$(concat!("herald_", $name)),*];
         }
     };
     (@init) => { Default::default() };
