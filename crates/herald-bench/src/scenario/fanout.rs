@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::args::{PublishVia, Rate};
-use crate::fleet::{Fleet, FleetPlan};
+use crate::fleet::Fleet;
 use crate::hist::Histogram;
 use crate::pipelined::{PipelinePlan, WsPublisher};
 use crate::proc_stats::CpuSnapshot;
@@ -43,14 +43,11 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     let channel = format!("{}:{}", args.namespace(), ctx.run_id);
     let planned: f64 =
         rates.iter().filter_map(|&r| r.interval(1).map(|iv| iv.as_secs_f64() * count(r) as f64)).sum();
-    let plan = FleetPlan {
-        endpoint: ctx.endpoint.clone(),
-        run_id: ctx.run_id.clone(),
-        connections: n,
-        layout: Layout::Shared { channel: channel.clone() },
-        resume: true,
-        lifetime: ctx.lifetime(rates.len() as u32 + 1, Duration::from_secs_f64(planned)),
-    };
+    let plan = ctx.fleet_plan(
+        Layout::Shared { channel: channel.clone() },
+        true,
+        ctx.lifetime(rates.len() as u32 + 1, Duration::from_secs_f64(planned)),
+    );
     let mut fleet = Fleet::start(args, plan).await?;
     println!("   {} subscribers on {channel}", fleet.connected);
     let mut sender = match args.publish_via {

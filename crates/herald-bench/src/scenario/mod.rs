@@ -15,7 +15,7 @@ use anyhow::{bail, Context};
 use tokio::time::Instant;
 
 use crate::args::{BenchArgs, Peer, Rate, Scenario};
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, FleetPlan};
 use crate::hist::Histogram;
 use crate::payload;
 use crate::pipelined::{PipelinePlan, PipelineStats, WsPublisher};
@@ -24,6 +24,7 @@ use crate::protocol::{Endpoint, WsAuth};
 use crate::publisher::{Ack, Publisher, PublisherFactory};
 use crate::report::{round2, Report};
 use crate::tally::Tally;
+use crate::worker::wire::Layout;
 
 /// What every scenario starts from.
 pub struct Ctx<'a> {
@@ -48,6 +49,18 @@ impl Ctx<'_> {
         report.rate = Some(rate.label());
         report.size = Some(self.args.size as u64);
         report
+    }
+
+    /// The fleet of `--connections` subscribers to this run's endpoint.
+    pub fn fleet_plan(&self, layout: Layout, resume: bool, lifetime: Duration) -> FleetPlan {
+        FleetPlan {
+            endpoint: self.endpoint.clone(),
+            run_id: self.run_id.clone(),
+            connections: self.args.connections(),
+            layout,
+            resume,
+            lifetime,
+        }
     }
 
     /// A bound on how long worker processes may live: every phase timeout

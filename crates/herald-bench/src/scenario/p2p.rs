@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::fleet::{Fleet, FleetPlan};
+use crate::fleet::Fleet;
 use crate::proc_stats::CpuSnapshot;
 use crate::report::{round2, Report};
 use crate::worker::wire::{Layout, WorkerSpec};
@@ -26,14 +26,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let publishers = if ws { args.ws_publishers } else { args.publishers() }.min(n);
     let layout = Layout::PerUser { prefix: format!("{}:", args.namespace()) };
     let planned = rate.interval(1).map_or(Duration::ZERO, |iv| iv.mul_f64((rounds * n as u64) as f64));
-    let plan = FleetPlan {
-        endpoint: ctx.endpoint.clone(),
-        run_id: ctx.run_id.clone(),
-        connections: n,
-        layout: layout.clone(),
-        resume: true,
-        lifetime: ctx.lifetime(2, planned),
-    };
+    let plan = ctx.fleet_plan(layout.clone(), true, ctx.lifetime(2, planned));
     let mut fleet = Fleet::start(args, plan).await?;
     println!("   {} users subscribed; {publishers} publishers, {rounds} messages per user", fleet.connected);
 

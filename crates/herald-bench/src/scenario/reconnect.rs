@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::fleet::{Fleet, FleetPlan};
+use crate::fleet::Fleet;
 use crate::hist::Histogram;
 use crate::proc_stats::CpuSnapshot;
 use crate::report::{round2, Report};
@@ -34,14 +34,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
              to keep publishing through the reconnects"
         );
     }
-    let plan = FleetPlan {
-        endpoint: ctx.endpoint.clone(),
-        run_id: ctx.run_id.clone(),
-        connections: n,
-        layout: Layout::Shared { channel: channel.clone() },
-        resume: true,
-        lifetime: ctx.lifetime(3, planned),
-    };
+    let plan = ctx.fleet_plan(Layout::Shared { channel: channel.clone() }, true, ctx.lifetime(3, planned));
     let mut fleet = Fleet::start(args, plan).await?;
     println!("   {} subscribers on {channel}; publishing {m} at {}/s", fleet.connected, rate.label());
 
