@@ -1,5 +1,6 @@
 //! The scenarios, and what they share: the target endpoint, the run id,
-//! the publisher loop and the worker lifetime bound.
+//! the fleet plan and report, the measured window, the publisher loops and
+//! the worker lifetime bound.
 
 mod acked;
 mod fanout;
