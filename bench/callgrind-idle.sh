@@ -13,16 +13,10 @@
 # Each bench run still verifies that every connection stayed open.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
-# Profile the release build with debug info (Cargo.toml's [profile.profiling]).
-HERALD=${HERALD:-$ROOT/target/profiling/herald}
 # shellcheck source=bench/lib.sh
-. "$ROOT/bench/lib.sh"
-trap stop_callgrind_herald EXIT
-callgrind_args "$ROOT/bench/callgrind-idle.sh" 18798 "$@"
+HERALD_BUILD=profiling . bench/lib.sh
+callgrind_script idle 18798 "$@"
 CONNS=1000
-OUT=${OUT:-$ROOT/bench/results/callgrind-idle-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT"
 # bench/herald.toml with a 1 s ping (and the idle timeout above it).
 {
   cat "$ROOT/bench/herald.toml"

@@ -13,15 +13,9 @@
 # Every bench run still verifies its publishes (seqs, log heads, replays).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
-# Profile the release build with debug info (Cargo.toml's [profile.profiling]).
-HERALD=${HERALD:-$ROOT/target/profiling/herald}
 # shellcheck source=bench/lib.sh
-. "$ROOT/bench/lib.sh"
-trap stop_callgrind_herald EXIT
-callgrind_args "$ROOT/bench/callgrind-publish.sh" 18797 "$@"
-OUT=${OUT:-$ROOT/bench/results/callgrind-publish-$(date +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT"
+HERALD_BUILD=profiling . bench/lib.sh
+callgrind_script publish 18797 "$@"
 for n in 2000 10000; do
   start_callgrind_herald "$OUT/publish-$n.callgrind" "$ROOT/bench/herald.toml" "$PORT" "$OUT/server-$n.log"
   "$HERALD" bench publish --target "http://127.0.0.1:$PORT" --dev --publishers 64 --messages "$n" --size 100 \

@@ -49,11 +49,8 @@
 # figures from the same script and sizes, not to the percent.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$PWD
-# Profile the release build with debug info (Cargo.toml's [profile.profiling]).
-HERALD=${HERALD:-$ROOT/target/profiling/herald}
 # shellcheck source=bench/lib.sh
-. "$ROOT/bench/lib.sh"
+HERALD_BUILD=profiling . bench/lib.sh
 
 NAMESPACES="chat live"
 P2P="1000 10000"

@@ -8,11 +8,12 @@
 # stop_server stops exactly the process start_server started.
 
 ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
-# The binary under test: the release build, the one an operator ships. The
-# callgrind scripts set HERALD to the `profiling` build before sourcing
-# this file (the same code with debug info, so callgrind_annotate names
-# files and lines).
-HERALD=${HERALD:-$ROOT/target/release/herald}
+# The binary under test: $HERALD, else the $HERALD_BUILD build: `release`
+# (the default, the one an operator ships), or `profiling`, which the
+# callgrind scripts set before sourcing this file (Cargo.toml's
+# [profile.profiling]: the same code with debug info, so callgrind_annotate
+# names files and lines).
+HERALD=${HERALD:-$ROOT/target/${HERALD_BUILD:-release}/herald}
 HERALD_PORT=${HERALD_PORT:-18700}
 WS_PORT=${WS_PORT:-18801}
 SOCKETIO_PORT=${SOCKETIO_PORT:-18802}
@@ -149,15 +150,17 @@ callgrind_total() {
   awk '/^(totals|summary):/ { print $2; exit }' "$1"
 }
 
-# The options of bench/callgrind-publish.sh and bench/callgrind-idle.sh:
-# callgrind_args SCRIPT DEFAULT_PORT "$@" sets HERALD (--herald), OUT
-# (--out, else empty) and PORT (--port, else DEFAULT_PORT); --help prints
-# SCRIPT's header.
-callgrind_args() {
-  local script=$1
+# The start of bench/callgrind-NAME.sh (publish, idle): callgrind_script
+# NAME DEFAULT_PORT "$@" reads the options, setting HERALD (--herald), OUT
+# (--out, else bench/results/callgrind-NAME-<time>, made here) and PORT
+# (--port, else DEFAULT_PORT), and stops the server on exit; --help prints
+# the script's header.
+callgrind_script() {
+  local name=$1 script=$ROOT/bench/callgrind-$1.sh
   PORT=$2
   OUT=
   shift 2
+  trap stop_callgrind_herald EXIT
   while [ $# -gt 0 ]; do
     case $1 in
       --herald) HERALD=$2; shift 2 ;;
@@ -168,6 +171,8 @@ callgrind_args() {
     esac
   done
   require_herald
+  OUT=${OUT:-$ROOT/bench/results/callgrind-$name-$(date +%Y%m%d-%H%M%S)}
+  mkdir -p "$OUT"
 }
 
 # Exit with how to build it unless $HERALD is an executable.

@@ -100,29 +100,32 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
         let r = api
             .publish_scheduled(&args.channel, &*data, meta.as_ref(), when, args.idempotency_key.as_deref())
             .await?;
-        let mut out = serde_json::json!({
+        let out = serde_json::json!({
             "scheduled_id": r.scheduled_id,
             "channel": r.channel,
             "deliver_at": r.deliver_at,
         });
-        if r.replayed {
-            out["replayed"] = true.into();
-        }
-        println!("{out}");
+        print_receipt(out, r.replayed);
         return Ok(());
     }
     let result = api.publish(&args.channel, &*data, meta.as_ref(), args.idempotency_key.as_deref()).await?;
-    let mut out = serde_json::json!({
+    let out = serde_json::json!({
         "channel": result.channel,
         "seq": result.seq,
         "id": result.id,
         "epoch": result.epoch,
     });
-    if result.replayed {
+    print_receipt(out, result.replayed);
+    Ok(())
+}
+
+/// Print a publish receipt as one JSON line; `"replayed": true` only on
+/// an answer from an idempotency receipt.
+fn print_receipt(mut out: serde_json::Value, replayed: bool) {
+    if replayed {
         out["replayed"] = true.into();
     }
     println!("{out}");
-    Ok(())
 }
 
 /// One line of `herald tail`.

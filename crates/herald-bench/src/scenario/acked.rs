@@ -115,14 +115,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     }
 
     let planned = setup.rate.interval(1).map_or(Duration::ZERO, |iv| iv.mul_f64((m * n as u64) as f64));
-    let plan = FleetPlan {
-        endpoint: ctx.endpoint.clone(),
-        run_id: ctx.run_id.clone(),
-        connections: n,
-        layout,
-        resume: true,
-        lifetime: ctx.lifetime(3, planned),
-    };
+    let plan = ctx.fleet_plan(layout, true, ctx.lifetime(3, planned));
     let (mut fleet, rss_before) = drain_inboxes(&setup, plan, &mut drain).await?;
     let live = publish_live(&setup, &mut fleet, planned).await;
     fleet.stop().await;

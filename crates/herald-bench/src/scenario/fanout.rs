@@ -8,10 +8,8 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::args::{PublishVia, Rate};
-use crate::fleet::{Fleet, FleetPlan};
+use crate::fleet::Fleet;
 use crate::hist::Histogram;
 use crate::pipelined::{PipelinePlan, WsPublisher};
 use crate::proc_stats::CpuSnapshot;
@@ -19,7 +17,7 @@ use crate::publisher::Publisher;
 use crate::report::{round2, Report};
 use crate::worker::wire::Layout;
 
-use super::{per_second, publish_loop, ws_publisher, Ctx, PublishPlan};
+use super::{publish_loop, ws_publisher, Ctx, Measured, PublishPlan};
 
 /// The one publisher of the run.
 enum Sender {
@@ -45,14 +43,11 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     let channel = format!("{}:{}", args.namespace(), ctx.run_id);
     let planned: f64 =
         rates.iter().filter_map(|&r| r.interval(1).map(|iv| iv.as_secs_f64() * count(r) as f64)).sum();
-    let plan = FleetPlan {
-        endpoint: ctx.endpoint.clone(),
-        run_id: ctx.run_id.clone(),
-        connections: n,
-        layout: Layout::Shared { channel: channel.clone() },
-        resume: true,
-        lifetime: ctx.lifetime(rates.len() as u32 + 1, Duration::from_secs_f64(planned)),
-    };
+    let plan = ctx.fleet_plan(
+        Layout::Shared { channel: channel.clone() },
+        true,
+        ctx.lifetime(rates.len() as u32 + 1, Duration::from_secs_f64(planned)),
+    );
     let mut fleet = Fleet::start(args, plan).await?;
     println!("   {} subscribers on {channel}", fleet.connected);
     let mut sender = match args.publish_via {
@@ -68,18 +63,11 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     let mut n0 = 0;
     for rate in rates {
         let m = count(rate);
-        let mut report = ctx.report();
-        report.connections = n as u64;
+        let mut report = ctx.fleet_report(&fleet, m, rate);
         report.namespace = Some(args.namespace().to_owned());
-        report.workers = fleet.len() as u64;
-        report.messages = Some(m);
-        report.rate = Some(rate.label());
-        report.size = Some(args.size as u64);
 
-        let w0 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
-        let start_us = crate::payload::now_micros();
-        let started = Instant::now();
-        let deadline = started + args.timeout;
+        let measured = Measured::start(args, &fleet)?;
+        let deadline = measured.started + args.timeout;
         let interval = rate.interval(1);
         let phase = match &mut sender {
             Sender::Http(publisher) => {
@@ -121,11 +109,8 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
         let wait = if phase.error.is_none() { args.timeout } else { Duration::from_secs(5) };
         let tally = fleet.collect(n0 + sent, wait).await?;
         let w1 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
-        report.duration_s = round2(started.elapsed().as_secs_f64());
-        report.apply_tally(&tally);
-        report.apply_window(&w0, &w1);
+        measured.finish(&mut report, &w1, &tally);
         report.apply_publishing(args, phase.answers.as_ref());
-        report.deliveries_per_s = per_second(tally.delivered, start_us, tally.last_rx_us);
         report.publishes_per_s = Some(round2(sent as f64 / phase.elapsed.as_secs_f64().max(1e-9)));
         if let Some(e) = phase.error {
             report.fail(e);

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::fleet::{Fleet, FleetPlan};
+use crate::fleet::Fleet;
 use crate::proc_stats::{maybe_sample, CpuSnapshot};
 use crate::report::{round2, Report};
 use crate::worker::wire::Layout;
@@ -30,14 +30,11 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     report.server_rss_before_kb = before.map(|s| s.rss_kb);
 
     let started = std::time::Instant::now();
-    let plan = FleetPlan {
-        endpoint: ctx.endpoint.clone(),
-        run_id: ctx.run_id.clone(),
-        connections: n,
-        layout: Layout::PerUser { prefix: format!("{}:", args.namespace()) },
-        resume: false,
-        lifetime: ctx.lifetime(1, Duration::ZERO),
-    };
+    let plan = ctx.fleet_plan(
+        Layout::PerUser { prefix: format!("{}:", args.namespace()) },
+        false,
+        ctx.lifetime(1, Duration::ZERO),
+    );
     let mut fleet = Fleet::start(args, plan).await?;
     report.workers = fleet.len() as u64;
     println!(

@@ -1,5 +1,6 @@
 //! The scenarios, and what they share: the target endpoint, the run id,
-//! the publisher loop and the worker lifetime bound.
+//! the fleet plan and report, the measured window, the publisher loops and
+//! the worker lifetime bound.
 
 mod acked;
 mod fanout;
@@ -15,12 +16,16 @@ use anyhow::{bail, Context};
 use tokio::time::Instant;
 
 use crate::args::{BenchArgs, Peer, Rate, Scenario};
+use crate::fleet::{Fleet, FleetPlan};
 use crate::hist::Histogram;
 use crate::payload;
 use crate::pipelined::{PipelinePlan, PipelineStats, WsPublisher};
+use crate::proc_stats::CpuSnapshot;
 use crate::protocol::{Endpoint, WsAuth};
 use crate::publisher::{Ack, Publisher, PublisherFactory};
-use crate::report::Report;
+use crate::report::{round2, Report};
+use crate::tally::Tally;
+use crate::worker::wire::Layout;
 
 /// What every scenario starts from.
 pub struct Ctx<'a> {
@@ -33,6 +38,30 @@ pub struct Ctx<'a> {
 impl Ctx<'_> {
     pub fn report(&self) -> Report {
         Report::new(self.args, &self.run_id)
+    }
+
+    /// The report of a run of `fleet` (`--connections` subscribers) that
+    /// publishes `messages` of `--size` bytes at `rate`.
+    pub fn fleet_report(&self, fleet: &Fleet, messages: u64, rate: Rate) -> Report {
+        let mut report = self.report();
+        report.connections = self.args.connections() as u64;
+        report.workers = fleet.len() as u64;
+        report.messages = Some(messages);
+        report.rate = Some(rate.label());
+        report.size = Some(self.args.size as u64);
+        report
+    }
+
+    /// The fleet of `--connections` subscribers to this run's endpoint.
+    pub fn fleet_plan(&self, layout: Layout, resume: bool, lifetime: Duration) -> FleetPlan {
+        FleetPlan {
+            endpoint: self.endpoint.clone(),
+            run_id: self.run_id.clone(),
+            connections: self.args.connections(),
+            layout,
+            resume,
+            lifetime,
+        }
     }
 
     /// A bound on how long worker processes may live: every phase timeout
@@ -302,6 +331,30 @@ pub async fn publish_pipelined(
 /// the run id, so keys are unique to the run).
 pub fn idempotency_key(channel: &str, n: u64) -> String {
     format!("{channel}/{n}")
+}
+
+/// The start of a measured run: the CPU snapshot and the clocks its
+/// duration and deliveries/s count from.
+pub struct Measured {
+    w0: CpuSnapshot,
+    start_us: u64,
+    pub started: Instant,
+}
+
+impl Measured {
+    pub fn start(args: &BenchArgs, fleet: &Fleet) -> anyhow::Result<Self> {
+        let w0 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
+        Ok(Measured { w0, start_us: payload::now_micros(), started: Instant::now() })
+    }
+
+    /// The end of the run, `w1` taken after its deliveries were collected:
+    /// its duration (to now), tally, CPU window and deliveries/s.
+    pub fn finish(&self, report: &mut Report, w1: &CpuSnapshot, tally: &Tally) {
+        report.duration_s = round2(self.started.elapsed().as_secs_f64());
+        report.apply_tally(tally);
+        report.apply_window(&self.w0, w1);
+        report.deliveries_per_s = per_second(tally.delivered, self.start_us, tally.last_rx_us);
+    }
 }
 
 /// Deliveries per second over `[start_us, last_rx_us]`.

@@ -9,14 +9,12 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::fleet::{Fleet, FleetPlan};
+use crate::fleet::Fleet;
 use crate::proc_stats::CpuSnapshot;
 use crate::report::{round2, Report};
 use crate::worker::wire::{Layout, WorkerSpec};
 
-use super::{per_second, per_user, publish_per_user, publish_pipelined, Ctx, Publishing};
+use super::{per_user, publish_per_user, publish_pipelined, Ctx, Measured, Publishing};
 use crate::args::PublishVia;
 
 pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
@@ -28,31 +26,18 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let publishers = if ws { args.ws_publishers } else { args.publishers() }.min(n);
     let layout = Layout::PerUser { prefix: format!("{}:", args.namespace()) };
     let planned = rate.interval(1).map_or(Duration::ZERO, |iv| iv.mul_f64((rounds * n as u64) as f64));
-    let plan = FleetPlan {
-        endpoint: ctx.endpoint.clone(),
-        run_id: ctx.run_id.clone(),
-        connections: n,
-        layout: layout.clone(),
-        resume: true,
-        lifetime: ctx.lifetime(2, planned),
-    };
+    let plan = ctx.fleet_plan(layout.clone(), true, ctx.lifetime(2, planned));
     let mut fleet = Fleet::start(args, plan).await?;
     println!("   {} users subscribed; {publishers} publishers, {rounds} messages per user", fleet.connected);
 
-    let mut report = ctx.report();
-    report.connections = n as u64;
+    let mut report = ctx.fleet_report(&fleet, rounds * n as u64, rate);
     report.namespace = Some(args.namespace().to_owned());
-    report.workers = fleet.len() as u64;
     report.publishers = Some(publishers as u64);
-    report.messages = Some(rounds * n as u64);
-    report.rate = Some(rate.label());
-    report.size = Some(args.size as u64);
     report.expected = rounds * n as u64;
 
     let channels: Vec<String> = (0..n).map(|i| WorkerSpec::channel(&layout, &ctx.run_id, i)).collect();
-    let w0 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
-    let start_us = crate::payload::now_micros();
-    let started = Instant::now();
+    let measured = Measured::start(args, &fleet)?;
+    let started = measured.started;
     let deadline = started + args.timeout;
     let (published, mut errors, answers) = if ws {
         let stats = publish_pipelined(ctx, &channels, (0, rounds), rate, publishers, deadline).await;
@@ -69,10 +54,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let w1 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
     fleet.stop().await;
 
-    report.duration_s = round2(started.elapsed().as_secs_f64());
-    report.apply_tally(&tally);
-    report.apply_window(&w0, &w1);
-    report.deliveries_per_s = per_second(tally.delivered, start_us, tally.last_rx_us);
+    measured.finish(&mut report, &w1, &tally);
     report.publishes_per_s = Some(round2(published as f64 / publish_secs.max(1e-9)));
     report.apply_publishing(args, answers.as_ref());
     if !errors.is_empty() {

@@ -8,15 +8,13 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::fleet::{Fleet, FleetPlan};
+use crate::fleet::Fleet;
 use crate::hist::Histogram;
 use crate::proc_stats::CpuSnapshot;
 use crate::report::{round2, Report};
 use crate::worker::wire::Layout;
 
-use super::{per_second, publish_loop, Ctx, PublishPlan};
+use super::{publish_loop, Ctx, Measured, PublishPlan};
 
 /// Publishing runs this long before the drops start.
 const WARMUP: Duration = Duration::from_secs(2);
@@ -36,29 +34,15 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
              to keep publishing through the reconnects"
         );
     }
-    let plan = FleetPlan {
-        endpoint: ctx.endpoint.clone(),
-        run_id: ctx.run_id.clone(),
-        connections: n,
-        layout: Layout::Shared { channel: channel.clone() },
-        resume: true,
-        lifetime: ctx.lifetime(3, planned),
-    };
+    let plan = ctx.fleet_plan(Layout::Shared { channel: channel.clone() }, true, ctx.lifetime(3, planned));
     let mut fleet = Fleet::start(args, plan).await?;
     println!("   {} subscribers on {channel}; publishing {m} at {}/s", fleet.connected, rate.label());
 
-    let mut report = ctx.report();
-    report.connections = n as u64;
-    report.workers = fleet.len() as u64;
-    report.messages = Some(m);
-    report.rate = Some(rate.label());
-    report.size = Some(args.size as u64);
+    let mut report = ctx.fleet_report(&fleet, m, rate);
 
-    let w0 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
-    let start_us = crate::payload::now_micros();
-    let started = Instant::now();
+    let measured = Measured::start(args, &fleet)?;
     let factory = ctx.publishers.clone();
-    let (size, interval, deadline) = (args.size, rate.interval(1), started + planned + args.timeout);
+    let (size, interval, deadline) = (args.size, rate.interval(1), measured.started + planned + args.timeout);
     let channels = vec![channel];
     let publishing = tokio::spawn(async move {
         let mut publisher = factory.connect().await?;
@@ -97,10 +81,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let tally = fleet.collect(sent, args.timeout).await?;
     let w1 = CpuSnapshot::take(args.server_pid, fleet.client_sample())?;
     fleet.stop().await;
-    report.duration_s = round2(started.elapsed().as_secs_f64());
-    report.apply_tally(&tally);
-    report.apply_window(&w0, &w1);
-    report.deliveries_per_s = per_second(tally.delivered, start_us, tally.last_rx_us);
+    measured.finish(&mut report, &w1, &tally);
     if let Some(e) = stats.error {
         report.fail(e);
     }

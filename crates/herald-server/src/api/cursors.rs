@@ -11,7 +11,7 @@ use herald_proto::{
 };
 
 use super::{json_response, St};
-use crate::api::extract::{ApiKey, Chan, Q};
+use crate::api::extract::{page_limit, ApiKey, Chan, Q};
 use crate::error::ApiError;
 
 /// Most cursors one receipts or inbox request returns.
@@ -19,11 +19,7 @@ const MAX_CURSORS: usize = 10_000;
 
 fn cursor_limit(q: Result<Q<LimitQuery>, ApiError>) -> Result<usize, ApiError> {
     let Q(q) = q?;
-    let limit = q.limit.unwrap_or(1000);
-    if limit == 0 || limit > MAX_CURSORS {
-        return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={MAX_CURSORS}")));
-    }
-    Ok(limit)
+    page_limit(q.limit, 1000, MAX_CURSORS)
 }
 
 /// `GET /api/v1/channels/{channel}/cursors`: delivery receipts of an acked

@@ -145,6 +145,15 @@ pub(crate) fn parse_channel<'a>(
     Ok((channel, ns))
 }
 
+/// A `?limit=` of a listing: `default` when absent, refused outside `1..=max`.
+pub(crate) fn page_limit(limit: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(default);
+    if limit == 0 || limit > max {
+        return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={max}")));
+    }
+    Ok(limit)
+}
+
 /// The body as read within `limit`, its failures mapped to stable codes.
 fn body_bytes(body: Result<Bytes, axum::Error>, limit: usize) -> Result<Bytes, ApiError> {
     body.map_err(|e| {

@@ -13,7 +13,7 @@ use herald_proto::{
 use serde_json::value::RawValue;
 
 use super::{json_bytes_response, json_response, scheduled, St};
-use crate::api::extract::{parse_channel, ApiKey, Body, Chan, IdempotencyKey, Q};
+use crate::api::extract::{page_limit, parse_channel, ApiKey, Body, Chan, IdempotencyKey, Q};
 use crate::error::ApiError;
 use crate::publish::{fingerprint, Publish, ScopedKey};
 use crate::state::AppState;
@@ -245,10 +245,7 @@ pub async fn history(
         return Err(ApiError::new(ErrorCode::NotSupported, "volatile channels keep no history"));
     }
     let max = state.config.history.max_limit;
-    let limit = q.limit.unwrap_or(100.min(max));
-    if limit == 0 || limit > max {
-        return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={max}")));
-    }
+    let limit = page_limit(q.limit, 100.min(max), max)?;
     let page = state.engine.read(&channel, q.after, limit).await?;
     // Each message as stored, `data` as the publisher sent it: the frames
     // are read in place and the page is written straight to bytes, never

@@ -17,7 +17,7 @@ use herald_proto::{
 };
 
 use super::St;
-use crate::api::extract::{ApiKey, Body, Chan, RoomChan};
+use crate::api::extract::{page_limit, ApiKey, Body, Chan, RoomChan};
 use crate::error::ApiError;
 use crate::rooms::{self, now_ms};
 use crate::state::AppState;
@@ -264,10 +264,7 @@ pub async fn presence(
     }
     let count_only = matches!(q.count.as_deref(), Some("1" | "true"));
     let max = state.config.presence.max_members_listed;
-    let limit = q.limit.unwrap_or(max);
-    if limit == 0 || limit > max {
-        return Err(ApiError::new(ErrorCode::BadRequest, format!("`limit` must be 1..={max}")));
-    }
+    let limit = page_limit(q.limit, max, max)?;
     let (count, members) = rooms::list(&state, ns, &channel, count_only, limit).await?;
     let body = serde_json::to_vec(&PresenceReply { channel: channel.to_string(), count, members })
         .expect("serialises");
