@@ -188,8 +188,8 @@
 //! log change: its stored `head` may lag, and the head is the greater of it
 //! and the seq of the channel's last log entry (one reverse seek when the
 //! writer first touches the channel and on each read). This spares an
-//! append the memtable insert of its meta (on p2p to 1,000 channels, half
-//! of an append's inserts: docs/benchmarks.md). The lagging head is part
+//! append the memtable insert of its meta (with each append to a channel
+//! of its own, half of the append's inserts). The lagging head is part
 //! of format 2: every binary that opens a format-2 data dir reads the head
 //! from the log.
 //!
