@@ -203,3 +203,32 @@ async fn the_cap_refuses_the_whole_request() {
     assert_eq!((unknown.status, unknown.code()), (400, "bad_request"), "malformed: refused whole");
     assert!(srv.history("chat:cap").await.is_empty());
 }
+
+#[tokio::test]
+async fn the_rust_http_api_publishes_messages() {
+    use herald_client::{HttpApi, MessageItem, MessageResult};
+    let srv = TestServer::start().await;
+    let api = HttpApi::new(&srv.url, API_KEY);
+    let raw = |s: &str| serde_json::value::RawValue::from_string(s.to_owned()).unwrap();
+    let item = |channel: &str, data: &str, key: Option<&str>| MessageItem {
+        channel: channel.into(),
+        data: raw(data),
+        meta: None,
+        idempotency_key: key.map(str::to_owned),
+        deliver_at: None,
+        delay_ms: None,
+    };
+    let results = api
+        .publish_messages(vec![item("chat:h1", r#"{"a": 1}"#, Some("k")), item("nope:h1", "2", None)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&results[0], MessageResult::Published { seq: Some(1), replayed: false, .. }),
+        "{results:?}"
+    );
+    assert!(matches!(&results[1], MessageResult::Failed { error, .. } if error.code == "unknown_namespace"));
+    let again = api.publish_messages(vec![item("chat:h1", r#"{"a": 1}"#, Some("k"))]).await.unwrap();
+    assert!(again[0].is_replayed());
+    let refused = api.publish_messages(vec![]).await.unwrap_err();
+    assert!(refused.to_string().contains("400") || format!("{refused:?}").contains("400"), "{refused:?}");
+}
