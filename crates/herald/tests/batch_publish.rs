@@ -232,3 +232,20 @@ async fn the_rust_http_api_publishes_messages() {
     let refused = api.publish_messages(vec![]).await.unwrap_err();
     assert!(refused.to_string().contains("400") || format!("{refused:?}").contains("400"), "{refused:?}");
 }
+
+#[tokio::test]
+async fn the_immediate_messages_share_one_group_commit() {
+    let srv = TestServer::start().await;
+    let before = srv.engine.stats();
+    let messages: Vec<Value> = (0..200)
+        .map(|i| json!({ "channel": format!("chat:g{}", i % 7), "data": i, "idempotency_key": format!("g{i}") }))
+        .collect();
+    let r = post_messages(&srv, json!(messages)).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let after = srv.engine.stats();
+    assert_eq!(after.appends - before.appends, 200);
+    // One submission: one group commit (a background write may share the
+    // window; one commit per message would be 200).
+    let commits = after.batches - before.batches;
+    assert!((1..=2).contains(&commits), "{commits} group commits for one request");
+}
