@@ -25,6 +25,8 @@ export type { SubscribeOptions, SubscriptionEvents, SubscriptionStatus } from '.
 export { HeraldServer } from './server.js';
 export type {
   ApiPublishResult,
+  BatchMessage,
+  BatchResult,
   ChannelCursors,
   History,
   HistoryMessage,

@@ -52,6 +52,28 @@ export interface ScheduledResult {
   idempotencyKey: string;
 }
 
+/** One message of {@link HeraldServer.publishMessages}: the single publish's arguments in one object. */
+export interface BatchMessage {
+  channel: string;
+  data: Json | unknown;
+  meta?: Meta;
+  /** Generated when not given, so a retry of the whole request appends this message once. */
+  idempotencyKey?: string;
+  /** Scheduled delivery: ms since the Unix epoch, or a Date (or `delayMs`). */
+  deliverAt?: number | Date;
+  delayMs?: number;
+}
+
+/**
+ * What became of one message of {@link HeraldServer.publishMessages}: appended
+ * (`seq` absent on volatile channels), scheduled, or refused on its own
+ * (`error`, with the code the single publish would answer).
+ */
+export type BatchResult =
+  | { channel: string; seq?: number; id: string; epoch: string; replayed: boolean; idempotencyKey: string }
+  | { scheduled_id: string; channel: string; deliver_at: number; replayed: boolean; idempotencyKey: string }
+  | { channel: string; error: { code: string; detail: string }; idempotencyKey: string };
+
 /** A pending schedule, as `GET /api/v1/scheduled` lists it. */
 export interface ScheduledEntry {
   id: string;
@@ -152,6 +174,35 @@ export class HeraldServer {
     const body = opts.meta ? { channels, data, meta: opts.meta } : { channels, data };
     const { json, replayed } = await this.#call({ method: 'POST', path: '/api/v1/publish', body, retry: true, key });
     return { results: (json as { results: ApiPublishResult[] }).results, replayed, idempotencyKey: key };
+  }
+
+  /**
+   * Many messages in one request (`POST /api/v1/messages`): one result per
+   * message, in order; one bad message fails alone. Every message carries
+   * an idempotency key (generated when not given), so the request is
+   * retried whole after a network error or a 5xx and each message still
+   * has exactly one effect. A result with a retryable `error.code`
+   * (`unavailable`, `shutting_down`, `internal`, `idempotency_key_in_flight`)
+   * may be sent again under its `idempotencyKey`.
+   */
+  async publishMessages(messages: BatchMessage[]): Promise<BatchResult[]> {
+    const keys = messages.map((m) => m.idempotencyKey ?? randomId('api-'));
+    const body = {
+      messages: messages.map((m, i) => {
+        const out: Record<string, unknown> = { channel: m.channel, data: m.data, idempotency_key: keys[i] };
+        if (m.meta) out.meta = m.meta;
+        if (m.deliverAt !== undefined) out.deliver_at = m.deliverAt instanceof Date ? m.deliverAt.getTime() : m.deliverAt;
+        if (m.delayMs !== undefined) out.delay_ms = m.delayMs;
+        return out;
+      }),
+    };
+    const { json } = await this.#call({ method: 'POST', path: '/api/v1/messages', body, retry: true });
+    const results = (json as { results: Record<string, unknown>[] }).results;
+    return results.map((r, i) => {
+      const out = { ...r, idempotencyKey: keys[i] } as Record<string, unknown>;
+      if (!('error' in r)) out.replayed = r.replayed === true;
+      return out as BatchResult;
+    });
   }
 
   /**

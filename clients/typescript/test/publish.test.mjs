@@ -115,3 +115,25 @@ test('the HTTP helper schedules a message: once, at its time; a retried key sche
   assert.ok(history.messages[0].ts >= at, 'not before its time');
   assert.deepEqual(await api.scheduled('chat:ts-sched'), []);
 });
+
+test('publishMessages: many messages in one request, each answered on its own, a retry replays', async () => {
+  const messages = [
+    { channel: 'chat:many', data: { n: 1 }, meta: { k: 'v' } },
+    { channel: 'nope:many', data: 2 },
+    { channel: 'chat:many', data: { n: 3 }, idempotencyKey: 'mine' },
+    { channel: 'chat:many', data: 4, delayMs: 100 },
+  ];
+  const results = await api.publishMessages(messages);
+  assert.equal(results.length, 4);
+  assert.deepEqual([results[0].seq, results[0].replayed], [1, false]);
+  assert.equal(results[1].error.code, 'unknown_namespace');
+  assert.deepEqual([results[2].seq, results[2].idempotencyKey], [2, 'mine']);
+  assert.equal(typeof results[3].scheduled_id, 'string');
+  // The same messages under the same keys: every one replays.
+  const again = await api.publishMessages(messages.map((m, i) => ({ ...m, idempotencyKey: results[i].idempotencyKey })));
+  assert.deepEqual(again.map((r) => r.seq ?? r.scheduled_id ?? r.error.code), results.map((r) => r.seq ?? r.scheduled_id ?? r.error.code));
+  assert.deepEqual([again[0].replayed, again[2].replayed, again[3].replayed], [true, true, true]);
+  await eventually('the scheduled one appended', async () => (await api.history('chat:many')).head === 3);
+  const history = await api.history('chat:many');
+  assert.deepEqual(history.messages.map((m) => m.data), [{ n: 1 }, { n: 3 }, 4]);
+});

@@ -1,8 +1,10 @@
 //! [`HttpApi`]: a small client for Herald's HTTP API.
 
 use bytes::Bytes;
-pub use herald_proto::{History, HistoryMessage};
-use herald_proto::{Meta, Problem, PublishBodyRef, Published, ScheduledList, ScheduledReceipt};
+pub use herald_proto::{History, HistoryMessage, ItemError, MessageItem, MessageResult};
+use herald_proto::{
+    MessagesBody, MessagesReply, Meta, Problem, PublishBodyRef, Published, ScheduledList, ScheduledReceipt,
+};
 use http::{HeaderMap, Method};
 use serde::Serialize;
 
@@ -163,6 +165,29 @@ impl HttpApi {
             .map_err(|e| ClientError::Protocol(format!("unexpected schedule response: {e}")))?;
         let replayed = resp.header("idempotent-replayed").is_some_and(|v| v.eq_ignore_ascii_case("true"));
         Ok(ScheduledResult { scheduled_id, channel, deliver_at, replayed })
+    }
+
+    /// `POST /api/v1/messages`: many messages in one request, each with its
+    /// own channel, `data`, `meta`, idempotency key and schedule. One
+    /// result per message, in order: a refused message is its own
+    /// [`MessageResult::Failed`], never an `Err` here (that is for a request
+    /// refused whole: malformed, over `publish.max_batch_messages`, or not
+    /// answered). Retrying the whole request after a partial failure is
+    /// safe for the keyed messages: they replay instead of appending again.
+    pub async fn publish_messages(
+        &self,
+        messages: Vec<MessageItem>,
+    ) -> Result<Vec<MessageResult>, ClientError> {
+        let body = serde_json::to_vec(&MessagesBody { messages })
+            .map_err(|e| ClientError::Config(format!("messages body does not serialise: {e}")))?;
+        let headers = [("content-type", "application/json")];
+        let resp = self
+            .request(Method::POST, "/api/v1/messages", &headers, Some(body.into()))
+            .await?
+            .error_for_status()?;
+        let reply: MessagesReply = serde_json::from_slice(&resp.body)
+            .map_err(|e| ClientError::Protocol(format!("unexpected messages response: {e}")))?;
+        Ok(reply.results)
     }
 
     /// `GET /api/v1/scheduled?channel=C&limit=N`: pending schedules of a

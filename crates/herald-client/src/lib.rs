@@ -45,6 +45,7 @@ pub use error::ClientError;
 pub use event::{ClientStatus, ConnState, Delivery, Event, PublishReply, SubscribeInfo};
 pub use herald_proto::{MessageView, Meta};
 pub use http_api::{
-    DeliverAt, History, HistoryMessage, HttpApi, PublishResult, RawResponse, ScheduledEntry, ScheduledResult,
+    DeliverAt, History, HistoryMessage, HttpApi, ItemError, MessageItem, MessageResult, PublishResult,
+    RawResponse, ScheduledEntry, ScheduledResult,
 };
 pub use options::ClientOptions;

@@ -1,5 +1,6 @@
 //! HTTP request bodies and query strings: publish
-//! (`POST /api/v1/channels/{channel}/messages` and `POST /api/v1/publish`),
+//! (`POST /api/v1/channels/{channel}/messages`, `POST /api/v1/publish` and
+//! `POST /api/v1/messages`),
 //! rooms (`PUT`/`PATCH /api/v1/rooms/{room}`), and the queries of history,
 //! cursors and presence. Parsed here once, for the server and the fuzzer;
 //! clients encode the same types. `data` stays raw JSON; the rules of
@@ -51,6 +52,36 @@ pub struct BatchBody {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<Meta>,
     /// As in [`PublishBody`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deliver_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+}
+
+/// `POST /api/v1/messages`: `{"messages": [...]}`, several messages
+/// published in one request, each on its own. Unknown fields, here or in
+/// a message, refuse the whole request (it is malformed, not one bad
+/// message); everything else is checked per message by the server.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessagesBody {
+    pub messages: Vec<MessageItem>,
+}
+
+/// One message of a [`MessagesBody`]: what `POST
+/// /api/v1/channels/{channel}/messages` takes in its path, header and
+/// body, in one object.
+#[derive(Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MessageItem {
+    pub channel: String,
+    pub data: Box<RawValue>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<Meta>,
+    /// This message's key, scoped as an `Idempotency-Key` header is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    /// As in [`PublishBody`]: scheduled delivery.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deliver_at: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -143,6 +174,12 @@ impl RequestBody for BatchBody {
     }
 }
 
+impl RequestBody for MessagesBody {
+    fn parse(body: &[u8]) -> Result<Self, BodyError> {
+        parse_json(body)
+    }
+}
+
 impl RequestBody for CreateRoomBody {
     fn parse(body: &[u8]) -> Result<Self, BodyError> {
         parse_json(body)
@@ -222,5 +259,19 @@ mod tests {
         assert_eq!((b.channels.len(), b.data.get()), (1, r#""x""#));
         let long = format!(r#"{{"channels":[],"data":1,"meta":{{"k":"{}"}}}}"#, "v".repeat(300));
         assert_eq!(BatchBody::parse(long.as_bytes()).unwrap_err().code, ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn a_messages_body_keeps_each_data_raw_and_refuses_unknown_fields() {
+        let b = <MessagesBody as RequestBody>::parse(
+            br#"{"messages":[{"channel":"a:1","data":{"b":1, "a":2},"idempotency_key":"k"},
+                {"channel":"a:2","data":3,"delay_ms":5}]}"#,
+        )
+        .unwrap();
+        assert_eq!(b.messages[0].data.get(), r#"{"b":1, "a":2}"#);
+        assert_eq!(b.messages[0].idempotency_key.as_deref(), Some("k"));
+        assert_eq!(b.messages[1].delay_ms, Some(5));
+        let e = <MessagesBody as RequestBody>::parse(br#"{"messages":[{"channel":"a:1","data":1,"x":2}]}"#);
+        assert_eq!(e.unwrap_err().code, ErrorCode::BadRequest);
     }
 }

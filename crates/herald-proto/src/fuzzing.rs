@@ -88,7 +88,8 @@ pub fn centrifugo_protobuf(bytes: &[u8]) {
     }
 }
 
-/// `fuzz/` target `publish_body`: an HTTP publish body, single or batch.
+/// `fuzz/` target `publish_body`: an HTTP publish body, single, batch or
+/// many messages.
 pub fn publish_body(bytes: &[u8]) {
     let channel = ChannelName::new("chat:fuzz").expect("valid name");
     if let Ok(body) = PublishBody::parse(bytes) {
@@ -100,6 +101,17 @@ pub fn publish_body(bytes: &[u8]) {
         for name in &body.channels {
             if let Ok(ch) = ChannelName::new(name) {
                 served_as_published(&ch, &body.data, body.meta.as_ref());
+            }
+        }
+    }
+    // `POST /api/v1/messages`: the server checks each message's channel and
+    // `meta` on its own; those it would accept are served as published.
+    if let Ok(body) = <crate::MessagesBody as crate::RequestBody>::parse(bytes) {
+        for m in &body.messages {
+            data_invariants(&m.data);
+            let meta_ok = m.meta.as_ref().is_none_or(|meta| crate::validate_meta(meta).is_ok());
+            if let (Ok(ch), true) = (ChannelName::new(&m.channel), meta_ok) {
+                served_as_published(&ch, &m.data, m.meta.as_ref());
             }
         }
     }

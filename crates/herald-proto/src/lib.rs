@@ -27,8 +27,8 @@ mod reply;
 pub mod fuzzing;
 
 pub use body::{
-    parse_json, BatchBody, BodyError, CreateRoomBody, HistoryPage, HistoryQuery, LimitQuery, PatchRoomBody,
-    PresenceQuery, PublishBody, PublishBodyRef, RequestBody, ScheduledQuery,
+    parse_json, BatchBody, BodyError, CreateRoomBody, HistoryPage, HistoryQuery, LimitQuery, MessageItem,
+    MessagesBody, PatchRoomBody, PresenceQuery, PublishBody, PublishBodyRef, RequestBody, ScheduledQuery,
 };
 pub use channel::{ChannelName, ChannelNameError, MAX_CHANNEL_LEN};
 pub use code::{close, ErrorCode, Problem};
@@ -45,7 +45,7 @@ pub use frame::{
 pub use id::{check_id, IdError, MAX_ID_LEN};
 pub use reply::{
     BatchItem, BatchProblem, BatchReply, CursorsPage, History, HistoryMessage, Inbox, InboxChannel,
-    InboxDevice, ItemError, PresenceReply, Published, RoomStatus, RoomView, ScheduledBatchReply,
-    ScheduledEntry, ScheduledList, ScheduledReceipt, SubscriberCursor, WebhookChannelStatus, WebhookError,
-    WebhookRetrying, WebhookSkipped, WebhookStatus, WebhooksStatus,
+    InboxDevice, ItemError, MessageResult, MessagesReply, PresenceReply, Published, RoomStatus, RoomView,
+    ScheduledBatchReply, ScheduledEntry, ScheduledList, ScheduledReceipt, SubscriberCursor,
+    WebhookChannelStatus, WebhookError, WebhookRetrying, WebhookSkipped, WebhookStatus, WebhooksStatus,
 };

@@ -261,6 +261,56 @@ pub struct ScheduledBatchReply {
     pub results: Vec<ScheduledReceipt>,
 }
 
+/// `200` reply to `POST /api/v1/messages`: one result per message, in the
+/// order of the request's `messages`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessagesReply {
+    pub results: Vec<MessageResult>,
+}
+
+/// What became of one message of `POST /api/v1/messages`. `replayed`:
+/// the answer comes from the receipt of an earlier request under the
+/// message's `idempotency_key`; nothing was appended or scheduled again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum MessageResult {
+    /// Scheduled: the fields of a [`ScheduledReceipt`].
+    Scheduled {
+        scheduled_id: String,
+        channel: String,
+        deliver_at: u64,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        replayed: bool,
+    },
+    /// Refused or failed: nothing of this message was appended or
+    /// scheduled. `channel` as the request named it.
+    Failed { channel: String, error: ItemError },
+    /// Appended (or broadcast, on a volatile channel): the fields of
+    /// [`Published`].
+    Published {
+        channel: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq: Option<u64>,
+        id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        epoch: Option<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        replayed: bool,
+    },
+}
+
+impl MessageResult {
+    /// Whether the message was refused or failed.
+    pub fn is_error(&self) -> bool {
+        matches!(self, Self::Failed { .. })
+    }
+
+    /// Whether the answer is a replay of an earlier request's.
+    pub fn is_replayed(&self) -> bool {
+        matches!(self, Self::Scheduled { replayed: true, .. } | Self::Published { replayed: true, .. })
+    }
+}
+
 /// A pending schedule (`GET /api/v1/scheduled`, and the reply to its
 /// `DELETE`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -437,5 +487,38 @@ mod tests {
         assert!(RoomStatus::Open.can_become(RoomStatus::Live));
         assert!(!RoomStatus::Closed.can_become(RoomStatus::Closed));
         assert_eq!(serde_json::to_string(&RoomStatus::Grace).unwrap(), r#""grace""#);
+    }
+
+    #[test]
+    fn message_results_read_back_as_the_variant_written() {
+        let results = vec![
+            MessageResult::Published {
+                channel: "a:1".into(),
+                seq: Some(3),
+                id: "m".into(),
+                epoch: Some("e".into()),
+                replayed: true,
+            },
+            MessageResult::Published {
+                channel: "v:1".into(),
+                seq: None,
+                id: "n".into(),
+                epoch: None,
+                replayed: false,
+            },
+            MessageResult::Scheduled {
+                scheduled_id: "s".into(),
+                channel: "a:2".into(),
+                deliver_at: 9,
+                replayed: false,
+            },
+            MessageResult::Failed {
+                channel: "bad".into(),
+                error: ItemError { code: "bad_channel".into(), detail: "d".into() },
+            },
+        ];
+        let text = serde_json::to_string(&MessagesReply { results: results.clone() }).unwrap();
+        assert!(!text.contains("\"replayed\":false"), "{text}");
+        assert_eq!(serde_json::from_str::<MessagesReply>(&text).unwrap().results, results);
     }
 }

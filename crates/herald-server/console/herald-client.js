@@ -1116,6 +1116,34 @@ var HeraldServer = class {
     return { results: json.results, replayed, idempotencyKey: key };
   }
   /**
+   * Many messages in one request (`POST /api/v1/messages`): one result per
+   * message, in order; one bad message fails alone. Every message carries
+   * an idempotency key (generated when not given), so the request is
+   * retried whole after a network error or a 5xx and each message still
+   * has exactly one effect. A result with a retryable `error.code`
+   * (`unavailable`, `shutting_down`, `internal`, `idempotency_key_in_flight`)
+   * may be sent again under its `idempotencyKey`.
+   */
+  async publishMessages(messages) {
+    const keys = messages.map((m) => m.idempotencyKey ?? randomId("api-"));
+    const body = {
+      messages: messages.map((m, i) => {
+        const out = { channel: m.channel, data: m.data, idempotency_key: keys[i] };
+        if (m.meta) out.meta = m.meta;
+        if (m.deliverAt !== void 0) out.deliver_at = m.deliverAt instanceof Date ? m.deliverAt.getTime() : m.deliverAt;
+        if (m.delayMs !== void 0) out.delay_ms = m.delayMs;
+        return out;
+      })
+    };
+    const { json } = await this.#call({ method: "POST", path: "/api/v1/messages", body, retry: true });
+    const results = json.results;
+    return results.map((r, i) => {
+      const out = { ...r, idempotencyKey: keys[i] };
+      if (!("error" in r)) out.replayed = r.replayed === true;
+      return out;
+    });
+  }
+  /**
    * Schedule one message: stored now, appended exactly once at `deliverAt`
    * (ms since the Unix epoch, or a Date) or after `delayMs`. Retried under
    * one idempotency key (generated when not given): a retry schedules once.

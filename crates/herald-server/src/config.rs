@@ -276,6 +276,8 @@ pub struct PublishConfig {
     pub max_data_depth: usize,
     /// Channels one batch publish may name.
     pub max_batch_channels: usize,
+    /// Messages one `POST /api/v1/messages` may carry (413 above).
+    pub max_batch_messages: usize,
     /// Furthest ahead a publish may be scheduled (`deliver_at`/`delay_ms`).
     #[serde(with = "humantime_serde")]
     pub max_schedule_ahead: Duration,
@@ -286,6 +288,7 @@ impl Default for PublishConfig {
         Self {
             max_data_depth: 64,
             max_batch_channels: 100,
+            max_batch_messages: 1000,
             max_schedule_ahead: Duration::from_secs(30 * 24 * 3600),
         }
     }

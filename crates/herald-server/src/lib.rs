@@ -156,6 +156,7 @@ impl Server {
                 post(api::messages::publish_one).get(api::messages::history),
             )
             .route("/api/v1/publish", post(api::messages::publish_batch))
+            .route("/api/v1/messages", post(api::batch::publish_messages))
             .route("/api/v1/channels/{channel}/cursors", get(api::cursors::cursors))
             .route("/api/v1/users/{user}/inbox", get(api::cursors::inbox))
             .route("/api/v1/channels/{channel}/presence", get(api::rooms::presence))

@@ -1,5 +1,5 @@
-//! `herald publish` and `herald tail`: the API and a resilient subscriber
-//! from a terminal, built on `herald-client`.
+//! `herald publish`, `herald publish-batch` and `herald tail`: the API and
+//! a resilient subscriber from a terminal, built on `herald-client`.
 
 use std::io::Write;
 
@@ -208,5 +208,69 @@ pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
         }
     }
     client.close().await;
+    Ok(())
+}
+
+#[derive(Debug, clap::Args)]
+pub struct PublishBatchArgs {
+    /// JSON lines, one message a line ({"channel", "data", "meta"?,
+    /// "idempotency_key"?, "deliver_at"?|"delay_ms"?}); `-` reads stdin
+    pub file: String,
+    /// Messages per request (at most the server's publish.max_batch_messages)
+    #[arg(long, default_value_t = 500)]
+    pub per_request: usize,
+    /// Server address
+    #[arg(long, env = "HERALD_URL", default_value = DEFAULT_URL)]
+    pub url: String,
+    /// API key (not needed against a --dev server)
+    #[arg(long, env = "HERALD_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+/// `herald publish-batch`: every line through `POST /api/v1/messages`,
+/// `--per-request` at a time, one result line printed per message in input
+/// order. Fails (after printing every result) when any message failed;
+/// running it again with the same input is safe for the lines that carry
+/// an `idempotency_key`.
+pub async fn publish_batch(args: PublishBatchArgs) -> anyhow::Result<()> {
+    use std::io::BufRead;
+    if args.per_request == 0 {
+        bail!("--per-request must be at least 1");
+    }
+    let reader: Box<dyn BufRead> = if args.file == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        Box::new(std::io::BufReader::new(
+            std::fs::File::open(&args.file).with_context(|| format!("cannot open `{}`", args.file))?,
+        ))
+    };
+    let mut messages = Vec::new();
+    for (n, line) in reader.lines().enumerate() {
+        let line = line.with_context(|| format!("cannot read `{}`", args.file))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let m: herald_client::MessageItem =
+            serde_json::from_str(&line).with_context(|| format!("line {}: not a message", n + 1))?;
+        messages.push(m);
+    }
+    let api = match &args.api_key {
+        Some(key) => HttpApi::new(&args.url, key.clone()),
+        None => HttpApi::anonymous(&args.url),
+    };
+    let mut failed = 0usize;
+    let total = messages.len();
+    let mut rest = messages.into_iter().peekable();
+    let stdout = std::io::stdout();
+    while rest.peek().is_some() {
+        let chunk: Vec<_> = rest.by_ref().take(args.per_request).collect();
+        for result in api.publish_messages(chunk).await? {
+            failed += usize::from(result.is_error());
+            writeln!(stdout.lock(), "{}", serde_json::to_string(&result)?)?;
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {total} messages failed (see their `error`)");
+    }
     Ok(())
 }

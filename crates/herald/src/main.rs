@@ -38,6 +38,8 @@ enum Command {
     Serve(ServeFlags),
     /// Publish one message over the HTTP API
     Publish(cli::PublishArgs),
+    /// Publish many messages (JSON lines from a file or stdin) in batched requests
+    PublishBatch(cli::PublishBatchArgs),
     /// Subscribe to a channel and print its messages (resumes on reconnect)
     Tail(cli::TailArgs),
     /// Print the configuration layout: every key with its default (TOML)
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
             run_async(serve(loaded.config))
         }
         Command::Publish(args) => run_async(cli::publish(args)),
+        Command::PublishBatch(args) => run_async(cli::publish_batch(args)),
         Command::Tail(args) => run_async(cli::tail(args)),
         Command::Bench(args) => herald_bench::main(*args),
     }

@@ -152,3 +152,42 @@ fn publish_at_or_in_schedules_a_message() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn publish_batch_reads_json_lines_and_prints_a_result_each() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve_dev(dir.path());
+    let input = concat!(
+        r#"{"channel":"chat:cli","data":{"n":1},"idempotency_key":"a"}"#,
+        "\n",
+        r#"{"channel":"nope:cli","data":2}"#,
+        "\n\n",
+        r#"{"channel":"chat:cli","data":3,"meta":{"k":"v"}}"#,
+        "\n",
+    );
+    let run = || {
+        let mut child = Command::new(BIN)
+            .args(["publish-batch", "-", "--per-request", "2", "--url", &srv.url])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = run();
+    assert!(!out.status.success(), "a failed message fails the command");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("1 of 3 messages failed"));
+    let lines: Vec<serde_json::Value> =
+        out.stdout.lines().map(|l| serde_json::from_str(&l.unwrap()).unwrap()).collect();
+    assert_eq!(lines.len(), 3, "one line per message, in order");
+    assert_eq!((lines[0]["seq"].as_u64(), lines[2]["seq"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(lines[1]["error"]["code"], "unknown_namespace");
+    let again = run();
+    let lines: Vec<serde_json::Value> =
+        again.stdout.lines().map(|l| serde_json::from_str(&l.unwrap()).unwrap()).collect();
+    assert_eq!((lines[0]["seq"].as_u64(), lines[0]["replayed"].as_bool()), (Some(1), Some(true)));
+    assert_eq!(lines[2]["seq"].as_u64(), Some(3), "no key: published again");
+}

@@ -1,5 +1,5 @@
 //! The HTTP API: one module per resource (`messages`: publish and
-//! history; `cursors`: delivery receipts; `rooms`: rooms and presence;
+//! history; `batch`: many messages in one request; `cursors`: delivery receipts; `rooms`: rooms and presence;
 //! `scheduled`; `webhooks`: their status and the operator's actions;
 //! `health`: operations endpoints), the typed extractors that check a
 //! request before its handler runs (`extract`), and the web console.
@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::state::AppState;
 
+pub(crate) mod batch;
 pub(crate) mod console;
 pub(crate) mod cursors;
 pub(crate) mod extract;

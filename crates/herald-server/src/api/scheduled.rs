@@ -1,4 +1,4 @@
-//! Scheduled delivery over HTTP: `deliver_at`/`delay_ms` on both publish
+//! Scheduled delivery over HTTP: `deliver_at`/`delay_ms` on the publish
 //! endpoints (answered `202` once the schedule is durable),
 //! `GET /api/v1/scheduled` and `DELETE /api/v1/scheduled/{id}`.
 //!
@@ -116,6 +116,20 @@ fn entry(s: &Schedule) -> ScheduledEntry {
 
 /// Store the schedules of a publish request and answer `202`.
 pub(crate) async fn schedule(state: &Arc<AppState>, ask: ScheduleAsk<'_>) -> Result<Response, ApiError> {
+    let batch = ask.batch;
+    let receipts = store(state, ask).await?;
+    let replayed = receipts.iter().all(|r| r.duplicate);
+    Ok(if batch {
+        let body = ScheduledBatchReply { results: receipts.iter().map(receipt).collect() };
+        json_response(StatusCode::ACCEPTED, &body, replayed)
+    } else {
+        json_response(StatusCode::ACCEPTED, &receipt(&receipts[0]), replayed)
+    })
+}
+
+/// Store the schedules of a publish request: one receipt per target, in
+/// order.
+pub(crate) async fn store(state: &AppState, ask: ScheduleAsk<'_>) -> Result<Vec<ScheduleReceipt>, ApiError> {
     state.check_publish_data(&ask.data)?;
     let now = now_ms();
     let deliver_at = resolve_time(state, ask.deliver_at, ask.delay_ms, now)?;
@@ -155,13 +169,7 @@ pub(crate) async fn schedule(state: &Arc<AppState>, ask: ScheduleAsk<'_>) -> Res
         }
         receipts.push(r);
     }
-    let replayed = receipts.iter().all(|r| r.duplicate);
-    Ok(if ask.batch {
-        let body = ScheduledBatchReply { results: receipts.iter().map(receipt).collect() };
-        json_response(StatusCode::ACCEPTED, &body, replayed)
-    } else {
-        json_response(StatusCode::ACCEPTED, &receipt(&receipts[0]), replayed)
-    })
+    Ok(receipts)
 }
 
 /// `GET /api/v1/scheduled?channel=C&limit=N`: pending schedules of a

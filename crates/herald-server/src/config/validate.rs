@@ -54,8 +54,11 @@ impl Config {
             return Err("websocket.total_outbox_bytes must be at least twice websocket.outbox_bytes".into());
         }
         let p = &self.publish;
-        if p.max_batch_channels == 0 || self.history.max_limit == 0 {
-            return Err("publish.max_batch_channels and history.max_limit must be at least 1".into());
+        if p.max_batch_channels == 0 || p.max_batch_messages == 0 || self.history.max_limit == 0 {
+            return Err(
+                "publish.max_batch_channels, publish.max_batch_messages and history.max_limit must be at least 1"
+                    .into(),
+            );
         }
         if p.max_data_depth == 0 || p.max_data_depth > herald_proto::MAX_DATA_DEPTH_LIMIT {
             return Err(format!(

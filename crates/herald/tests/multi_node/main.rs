@@ -4,6 +4,7 @@
 //! `redis_under_faults.rs`, `scheduled_across_nodes.rs`,
 //! `webhook_failover.rs`.
 
+mod batch_publish_on_redis;
 mod cross_node_delivery;
 mod pipelined_publish_on_redis;
 mod presence_across_nodes;
