@@ -1,8 +1,9 @@
 //! One WebSocket connection: a single task owns the socket and all session
 //! state, looping over a biased `select!` of shutdown, slow-consumer kick,
 //! outbox, inbound frames, catch-up work and the heartbeat tick. The same
-//! session serves `/ws` and the Centrifugo endpoint: its [`Wire`] says how
-//! frames look on the socket (`session/centrifugo.rs`).
+//! session serves every wire (`gateway::wire`) without asking which: the
+//! wire decodes each read frame into commands, applied at one place
+//! ([`Session::apply`]), and encodes everything the session sends.
 //!
 //! Delivery per durable subscription is decided by the pure state machine
 //! `herald_core::delivery` (frames in seq order, each seq once, no gap; the
@@ -32,7 +33,7 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use herald_core::delivery::{self, AckStep, Subscription};
 use herald_core::{Seq, SubscriberId};
-use herald_proto::{close, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame};
+use herald_proto::{close, ChannelName, ClientFrame, ErrorCode, OkFrame};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::time::Sleep;
@@ -41,6 +42,7 @@ use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
+use crate::gateway::wire::Command;
 use crate::hub::{Charge, ConnHandle, Mailbox, Outgoing, Stop};
 use crate::metrics::Protocol;
 use crate::rooms::MemberLease;
@@ -57,7 +59,8 @@ mod subs;
 
 pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
-pub use centrifugo::Wire;
+pub use crate::gateway::wire::Wire;
+pub(crate) use requests::new_client_id;
 
 // Handler futures are boxed where they are awaited: an async state machine
 // reserves room for its largest nested future, and every connection's task
@@ -225,7 +228,7 @@ pub struct Session {
     catchup_pause: Option<Pin<Box<Sleep>>>,
     /// Publishes read and not answered yet (`session/pipeline.rs`).
     pipeline: pipeline::Pipeline,
-    /// The protocol spoken on this socket (`session/centrifugo.rs`).
+    /// The protocol spoken on this socket (`gateway::wire`).
     wire: Wire,
 }
 
@@ -458,23 +461,29 @@ impl Session {
             // (their replies may no longer get through).
             return Box::pin(self.settle_publishes()).await;
         }
-        let Some(text) = msg.as_text() else {
-            if !self.wire.is_centrifugo() {
-                let err =
-                    ApiError::new(ErrorCode::BadRequest, "binary frames are not supported; send JSON text");
-                self.send_bytes(err.frame(None, None)).await?;
-            }
-            return Err(SessionEnd::Close {
-                code: close::BAD_REQUEST,
-                reason: "binary frame",
-                reconnect: false,
-            });
-        };
-        if self.wire.is_centrifugo() {
-            return Box::pin(self.on_commands(text)).await;
+        for command in self.wire.decode(&msg) {
+            Box::pin(self.apply(command)).await?;
         }
-        self.state.metrics.protocol_frame(Protocol::Herald);
-        let frame = ClientFrame::parse(text);
+        Ok(())
+    }
+
+    /// Apply one decoded command: every command of every wire goes
+    /// through here.
+    async fn apply(&mut self, command: Command) -> Result<(), SessionEnd> {
+        let frame = match command {
+            Command::Refuse { reply, reason } => {
+                if let Some(reply) = reply {
+                    self.send_bytes(reply).await?;
+                }
+                return Err(SessionEnd::Close { code: close::BAD_REQUEST, reason, reconnect: false });
+            }
+            Command::Centrifugo { id, method } => {
+                self.state.metrics.protocol_frame(self.wire.protocol());
+                return self.apply_centrifugo(id, method).await;
+            }
+            Command::Herald(frame) => frame,
+        };
+        self.state.metrics.protocol_frame(self.wire.protocol());
         // Acks that move the acked window are free: they are bounded by the
         // messages delivered. Every other frame, other acks included,
         // costs one frame of the budget (see `session/budget.rs`).
@@ -606,24 +615,33 @@ impl Session {
     }
 
     async fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), SessionEnd> {
-        self.ws.send(WsMessage::text(Bytes::from(bytes))).await.map_err(|_| SessionEnd::Gone)
+        let frame = self.wire.frame(Bytes::from(bytes));
+        self.ws.send(frame).await.map_err(|_| SessionEnd::Gone)
+    }
+
+    /// The heartbeat's ping, as the wire sends it.
+    async fn send_ping(&mut self) -> Result<(), SessionEnd> {
+        let payload = self.liveness.next_ping();
+        let ping = self
+            .wire
+            .ping(payload, self.state.config.heartbeat.idle_timeout)
+            .map_err(|reason| SessionEnd::Close { code: close::BAD_REQUEST, reason, reconnect: false })?;
+        self.ws.send(ping).await.map_err(|_| SessionEnd::Gone)
     }
 
     /// Say why, close, and wait briefly for the peer's close so our last
     /// frames are not lost to a reset. Bounded: a peer that reads nothing
     /// (a slow consumer) cannot hold the task.
     async fn close(&mut self, code: u16, reason: &'static str, reconnect: bool) {
-        // Centrifugo: the close code alone says it (`Wire::close_code`).
-        let frame = (!self.wire.is_centrifugo())
-            .then(|| DisconnectFrame { code, reason: reason.to_owned(), reconnect }.encode());
-        let code = self.wire.close_code(code);
+        let (frame, code) = self.wire.close(code, reason, reconnect);
+        let frame = frame.map(|f| self.wire.frame(Bytes::from(f)));
         let close_code = CloseCode::try_from(code).unwrap_or(CloseCode::INTERNAL_SERVER_ERROR);
         let ws = &mut self.ws;
         let _ = tokio::time::timeout(CLOSE_WAIT, async {
             // After a protocol error or an oversize frame the library has
             // already queued its own close; these sends then fail harmlessly.
             if let Some(frame) = frame {
-                let _ = ws.feed(WsMessage::text(Bytes::from(frame))).await;
+                let _ = ws.feed(frame).await;
             }
             let _ = ws.send(WsMessage::close(Some(close_code), reason)).await;
             while let Some(Ok(_)) = ws.next().await {}

@@ -14,7 +14,6 @@ use futures_util::SinkExt;
 use herald_core::delivery::{Live, Paged, Read};
 use herald_core::Message;
 use herald_proto::{close, ChannelName};
-use tokio_websockets::Message as WsMessage;
 
 use super::{ChannelTimers, Session, SessionEnd};
 use crate::hub::Outgoing;
@@ -68,7 +67,7 @@ impl Session {
             // future while the socket is full.
             self.batch.push(out);
             if let Some(frame) = frame {
-                self.ws.feed(WsMessage::text(frame)).await.map_err(|_| SessionEnd::Gone)?;
+                self.ws.feed(self.wire.frame(frame)).await.map_err(|_| SessionEnd::Gone)?;
                 written += 1;
             }
             taken += 1;
@@ -127,7 +126,7 @@ impl Session {
             }
             self.catchup.retain(|c| c != channel);
             self.ws
-                .feed(WsMessage::text(Bytes::from(self.wire.unsubscribed(channel, reason))))
+                .feed(self.wire.frame(Bytes::from(self.wire.unsubscribed(channel, reason))))
                 .await
                 .map_err(|_| SessionEnd::Gone)?;
         }
@@ -166,7 +165,7 @@ impl Session {
         let mut written = 0;
         for msg in &messages {
             if let Some(frame) = self.wire.message(msg) {
-                self.ws.feed(WsMessage::text(frame)).await.map_err(|_| SessionEnd::Gone)?;
+                self.ws.feed(self.wire.frame(frame)).await.map_err(|_| SessionEnd::Gone)?;
                 written += 1;
             }
             closes |= msg.closes;

@@ -10,6 +10,7 @@ use serde_json::value::RawValue;
 
 use super::{ChannelTimers, LogDelivery, Session, SessionEnd, Sub};
 use crate::error::ApiError;
+use crate::gateway::wire::Acks;
 use crate::publish::{fingerprint, validate_idempotency_key, Publish, ScopedKey};
 use crate::rooms;
 
@@ -304,10 +305,11 @@ impl Session {
             // Retention removed messages this subscriber never acked.
             state.metrics.acked_truncated.inc_by(start.skipped);
         }
-        // Centrifugo clients send no acks: the recover offset of a
-        // resubscribe acknowledges everything up to it, and delivery has no
-        // window and no redelivery timers (docs/centrifugo.md).
-        let opts = if self.wire.is_centrifugo() {
+        // Acked by the recover offset (Centrifugo clients send no acks): a
+        // resubscribe acknowledges everything up to its offset, and
+        // delivery has no window and no redelivery timers
+        // (docs/centrifugo.md).
+        let opts = if self.wire.acks() == Acks::RecoverOffset {
             let claimed = since.filter(|_| !start.epoch_changed).map_or(0, |s| s.seq);
             if claimed > start.stored {
                 state.engine.ack(channel, &subscriber, claimed).await.map_err(ack_error)?;
@@ -438,6 +440,6 @@ fn ack_error(e: AckError) -> ApiError {
 
 /// A client id for a connection that did not name one: random, so it never
 /// reclaims another connection's membership.
-pub(super) fn new_client_id() -> String {
+pub(crate) fn new_client_id() -> String {
     format!("c-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
 }

@@ -1,11 +1,11 @@
-//! `GET /connection/websocket`: the Centrifugo client protocol (v2, JSON),
-//! so the centrifuge SDKs connect to Herald unchanged (docs/centrifugo.md).
+//! `GET /connection/websocket`: the upgrade to the Centrifugo client
+//! protocol (v2, JSON).
 //!
 //! The upgrade makes the checks of `/ws` that need no credential (shutdown,
 //! the page's `Origin`, the connection cap); the token comes in the
 //! `connect` command (without one, the connect proxy decides, given the
 //! upgrade's headers, as on `/ws`). The socket is then served by the same `Session` as
-//! `/ws`, with `Wire::Centrifugo` (`session/centrifugo.rs`): same engine,
+//! `/ws`, on the Centrifugo wire: same engine,
 //! hub, channels, permissions, limits and delivery guarantees.
 
 use std::sync::Arc;
@@ -15,9 +15,10 @@ use axum::response::{IntoResponse, Response};
 use herald_proto::{check_id, ErrorCode};
 use serde::Deserialize;
 
+use super::Conn;
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::gateway::session::Wire;
+use crate::gateway::wire::Wire;
 use crate::state::AppState;
 
 /// The upgrade's query: `user` (dev mode, a `connect` without token) and
@@ -48,5 +49,10 @@ pub async fn upgrade(
     // Anonymous until `connect` sets the identity: it may do nothing.
     let nobody = Identity::granted("-", None, &[], &[], None);
     let headers = state.config.proxies.connect.is_some().then(|| Box::new(req.headers().clone()));
-    crate::gateway::ws::start_session(state, req, nobody, Wire::centrifugo(q.user, q.device, headers))
+    crate::gateway::ws::start_session(
+        state,
+        req,
+        nobody,
+        Wire::CentrifugoJson(Box::new(Conn::new(q.user, q.device, headers))),
+    )
 }
