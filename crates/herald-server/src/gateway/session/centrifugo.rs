@@ -33,7 +33,7 @@ use herald_proto::centrifugo::{
 use herald_proto::{close, ChannelName, ErrorCode, OkFrame, Since, StoredFrame};
 
 use super::deliver::{PageStep, CATCHUP_PAGE};
-use super::requests::PresenceArgs;
+use super::presence::PresenceArgs;
 use super::{pipeline, Session, SessionEnd};
 use crate::auth::Identity;
 use crate::error::ApiError;
@@ -273,6 +273,7 @@ impl Session {
             result.positioned = true;
             result.epoch = ok.epoch.clone().unwrap_or_default();
             result.offset = self
+                .chans
                 .regs
                 .subs
                 .get(&channel)
@@ -305,7 +306,7 @@ impl Session {
             closed: false,
         };
         if let Ok(start) = herald_core::delivery::resolve(&pos, None, None) {
-            self.catchup.retain(|c| c != channel);
+            self.chans.catchup.retain(|c| c != channel);
             self.begin_delivery(&mut OkFrame::default(), channel, &start, None, None);
         }
     }
@@ -322,14 +323,14 @@ impl Session {
         let max_bytes = self.state.config.websocket.outbox_bytes;
         let mut out: Vec<Arc<Message>> = Vec::new();
         let mut bytes = 0;
-        while out.len() < bound && bytes < max_bytes && self.catchup.contains(channel) {
-            self.catchup.retain(|c| c != channel);
+        while out.len() < bound && bytes < max_bytes && self.chans.catchup.contains(channel) {
+            self.chans.catchup.retain(|c| c != channel);
             let limit = (bound - out.len()).min(CATCHUP_PAGE);
             if let PageStep::Send { messages, more } = self.read_page(channel, limit, false).await? {
                 bytes += messages.iter().map(|m| m.frame.len()).sum::<usize>();
                 out.extend(messages);
                 if more {
-                    self.catchup.push_back(channel.clone());
+                    self.chans.catchup.push_back(channel.clone());
                 }
             }
         }
