@@ -1,6 +1,6 @@
 //! The one place where a session applies a decoded command
-//! ([`Command`], from its wire): a refusal closes, a Centrifugo command goes
-//! to `session/centrifugo.rs`, and a Herald frame is charged to the frame
+//! ([`Command`], from its wire): a refusal closes, a Centrifugo command (valid
+//! or not) goes to `session/centrifugo.rs`, and a Herald frame is charged to the frame
 //! budget, ordered after the publishes before it, and handled here.
 
 use futures_util::SinkExt;
@@ -24,6 +24,10 @@ impl Session {
             Command::Centrifugo { id, method } => {
                 self.state.metrics.protocol_frame(self.wire.protocol());
                 return self.apply_centrifugo(id, method).await;
+            }
+            Command::Invalid { id, error } => {
+                self.state.metrics.protocol_frame(self.wire.protocol());
+                return self.apply_invalid(id, error).await;
             }
             Command::Herald(frame) => frame,
         };

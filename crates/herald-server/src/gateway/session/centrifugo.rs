@@ -75,6 +75,24 @@ impl Session {
         Box::pin(self.on_command(id, method)).await
     }
 
+    /// A Centrifugo command that decoded but cannot be applied (see
+    /// `wire::Command::Invalid`): charged and ordered as any command.
+    pub(super) async fn apply_invalid(&mut self, id: u32, error: ApiError) -> Result<(), SessionEnd> {
+        if !self.take_budget()? {
+            if id != 0 {
+                let err = ApiError::new(ErrorCode::RateLimited, "too many commands; slow down");
+                self.send_error(&err, Some(id.into()), None).await?;
+            }
+            return Ok(());
+        }
+        if !self.conn().connected {
+            return Err(bad_request("connect first"));
+        }
+        // Answered in command order, after the publishes before it.
+        Box::pin(self.settle_publishes()).await?;
+        self.send_error(&error, Some(id.into()), None).await
+    }
+
     async fn on_command(&mut self, id: u32, method: Method) -> Result<(), SessionEnd> {
         let req = Some(u64::from(id));
         if !self.conn().connected && !matches!(method, Method::Connect(_) | Method::Pong) {

@@ -3,7 +3,7 @@
 //! reasons are encoded on the socket. One module per wire:
 //!
 //! - `herald.rs`: Herald's JSON protocol (`/ws`, docs/protocol.md);
-//! - `centrifugo/`: Centrifugo's client protocol v2, JSON
+//! - `centrifugo/`: Centrifugo's client protocol v2, JSON and Protobuf
 //!   (`/connection/websocket`, docs/centrifugo.md), with its upgrade.
 //!
 //! The session (`gateway::session`) keeps every delivery state and never
@@ -38,6 +38,7 @@ mod herald;
 
 /// The encoded forms of live messages the wires claim (see `hub::FORMS`).
 const CENTRIFUGO_JSON: Form = Form::new(0);
+const CENTRIFUGO_PROTOBUF: Form = Form::new(1);
 
 /// The protocol a session speaks, with the per-connection state that
 /// belongs to the protocol rather than to delivery.
@@ -46,6 +47,8 @@ pub enum Wire {
     Herald,
     /// Centrifugo's client protocol v2, JSON (`/connection/websocket`).
     CentrifugoJson(Box<centrifugo::Conn>),
+    /// The same, Protobuf (`/connection/websocket`, negotiated).
+    CentrifugoProtobuf(Box<centrifugo::Conn>),
 }
 
 /// One command decoded from a frame, in its wire's vocabulary; the session
@@ -55,6 +58,10 @@ pub enum Command {
     Herald(Result<ClientFrame, herald_proto::ClientFrameError>),
     /// A Centrifugo command: its id and method.
     Centrifugo { id: u32, method: Method },
+    /// A Centrifugo command that decoded but cannot be applied: it costs a
+    /// frame of the budget and is answered with `error`; the connection
+    /// stays.
+    Invalid { id: u32, error: ApiError },
     /// A frame the wire does not take: `reply`, if any, is sent, then the
     /// connection closes (`bad_request`) with `reason`.
     Refuse { reply: Option<Vec<u8>>, reason: &'static str },
@@ -64,6 +71,7 @@ pub enum Command {
 pub enum Commands<'a> {
     One(Option<Command>),
     Lines(centrifugo::Lines<'a>),
+    Binary(centrifugo::protobuf::Binary<'a>),
 }
 
 impl Iterator for Commands<'_> {
@@ -73,6 +81,7 @@ impl Iterator for Commands<'_> {
         match self {
             Commands::One(c) => c.take(),
             Commands::Lines(lines) => lines.next(),
+            Commands::Binary(messages) => messages.next(),
         }
     }
 }
@@ -90,7 +99,7 @@ impl Wire {
     pub fn protocol(&self) -> Protocol {
         match self {
             Wire::Herald => Protocol::Herald,
-            Wire::CentrifugoJson(_) => Protocol::Centrifugo,
+            Wire::CentrifugoJson(_) | Wire::CentrifugoProtobuf(_) => Protocol::Centrifugo,
         }
     }
 
@@ -99,6 +108,7 @@ impl Wire {
         match self {
             Wire::Herald => Commands::One(Some(herald::decode(msg))),
             Wire::CentrifugoJson(_) => centrifugo::decode_json(msg),
+            Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::decode(msg),
         }
     }
 
@@ -106,6 +116,7 @@ impl Wire {
     pub fn frame(&self, bytes: Bytes) -> WsMessage {
         match self {
             Wire::Herald | Wire::CentrifugoJson(_) => WsMessage::text(bytes),
+            Wire::CentrifugoProtobuf(_) => WsMessage::binary(bytes),
         }
     }
 
@@ -115,6 +126,7 @@ impl Wire {
         match self {
             Wire::Herald => Some(msg.frame.clone()),
             Wire::CentrifugoJson(_) => centrifugo::push_json(msg),
+            Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::push(msg),
         }
     }
 
@@ -125,6 +137,7 @@ impl Wire {
         match self {
             Wire::Herald => Some(out.msg.frame.clone()),
             Wire::CentrifugoJson(_) => out.encoded(CENTRIFUGO_JSON, centrifugo::push_json),
+            Wire::CentrifugoProtobuf(_) => out.encoded(CENTRIFUGO_PROTOBUF, centrifugo::protobuf::push),
         }
     }
 
@@ -133,6 +146,7 @@ impl Wire {
         match self {
             Wire::Herald => herald_proto::encode_unsubscribed(channel, reason),
             Wire::CentrifugoJson(_) => centrifugo::unsubscribed(channel, reason).encode(),
+            Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::unsubscribed(channel, reason),
         }
     }
 
@@ -141,13 +155,17 @@ impl Wire {
         match self {
             Wire::Herald => err.frame(req, channel),
             Wire::CentrifugoJson(_) => centrifugo::error(err, req).encode(),
+            Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::reply(&centrifugo::error(err, req)),
         }
     }
 
     /// A Centrifugo reply, as this wire encodes it (only Centrifugo
     /// commands are answered with one).
     pub fn reply(&self, reply: &Reply<'_>) -> Vec<u8> {
-        reply.encode()
+        match self {
+            Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::reply(reply),
+            Wire::Herald | Wire::CentrifugoJson(_) => reply.encode(),
+        }
     }
 
     /// The reply to a publish that the engine took, appended to `out`.
@@ -161,6 +179,9 @@ impl Wire {
         match self {
             Wire::Herald => herald::push_published(out, req, channel, receipt),
             Wire::CentrifugoJson(_) => out.extend_from_slice(&centrifugo::published(req).encode()),
+            Wire::CentrifugoProtobuf(_) => {
+                herald_proto::centrifugo_pb::append_reply(out, &centrifugo::published(req))
+            }
         }
     }
 
@@ -171,7 +192,9 @@ impl Wire {
         match self {
             Wire::Herald => (Some(herald::disconnect(code, reason, reconnect)), code),
             // The close code alone says it.
-            Wire::CentrifugoJson(_) => (None, herald_proto::centrifugo::disconnect_of(code)),
+            Wire::CentrifugoJson(_) | Wire::CentrifugoProtobuf(_) => {
+                (None, herald_proto::centrifugo::disconnect_of(code))
+            }
         }
     }
 
@@ -181,7 +204,8 @@ impl Wire {
     pub fn ping(&mut self, payload: Bytes, idle_timeout: Duration) -> Result<WsMessage, &'static str> {
         match self {
             Wire::Herald => Ok(WsMessage::ping(payload)),
-            Wire::CentrifugoJson(c) => c.ping(payload, idle_timeout, WsMessage::text),
+            Wire::CentrifugoJson(c) => c.ping(payload, idle_timeout, centrifugo::ping_json),
+            Wire::CentrifugoProtobuf(c) => c.ping(payload, idle_timeout, centrifugo::protobuf::ping),
         }
     }
 
@@ -189,7 +213,7 @@ impl Wire {
     pub fn acks(&self) -> Acks {
         match self {
             Wire::Herald => Acks::Frames,
-            Wire::CentrifugoJson(_) => Acks::RecoverOffset,
+            Wire::CentrifugoJson(_) | Wire::CentrifugoProtobuf(_) => Acks::RecoverOffset,
         }
     }
 
@@ -197,7 +221,7 @@ impl Wire {
     pub fn centrifugo(&mut self) -> Option<&mut centrifugo::Conn> {
         match self {
             Wire::Herald => None,
-            Wire::CentrifugoJson(c) => Some(c),
+            Wire::CentrifugoJson(c) | Wire::CentrifugoProtobuf(c) => Some(c),
         }
     }
 

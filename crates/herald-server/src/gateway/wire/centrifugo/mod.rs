@@ -1,7 +1,9 @@
 //! Centrifugo's client protocol v2 (docs/centrifugo.md), so the centrifuge
-//! SDKs connect to Herald unchanged: the JSON wire (one command per line of
-//! a text frame, pings as `{}`), the connection's protocol state
-//! ([`Conn`]), and the upgrade of `/connection/websocket` (`upgrade.rs`).
+//! SDKs connect to Herald unchanged: the JSON wire (here: one command per
+//! line of a text frame, pings as `{}`), the Protobuf wire
+//! (`protobuf.rs`), the connection's protocol state shared by both
+//! ([`Conn`]), and the upgrade of `/connection/websocket`, which picks the
+//! wire (`upgrade.rs`).
 //! The commands are applied by the session (`session/centrifugo.rs`) with
 //! the same handlers as Herald's frames.
 
@@ -16,6 +18,7 @@ use tokio_websockets::Message as WsMessage;
 use super::{Command, Commands};
 use crate::error::ApiError;
 
+pub(crate) mod protobuf;
 pub(crate) mod upgrade;
 
 /// A Centrifugo connection's protocol state.
@@ -61,18 +64,18 @@ impl Conn {
         }
     }
 
-    /// The heartbeat's ping: the wire's own ping frame (`frame` of
-    /// `wire_ping`) once connected, whose answer echoes `payload`; before,
-    /// a WebSocket ping, within the deadline for `connect`.
+    /// The heartbeat's ping: the wire's own ping frame (`wire_ping`) once
+    /// connected, whose answer (a pong command) stands for `payload`'s echo;
+    /// before, a WebSocket ping, within the deadline for `connect`.
     pub(super) fn ping(
         &mut self,
         payload: Bytes,
         idle_timeout: Duration,
-        frame: fn(Bytes) -> WsMessage,
+        wire_ping: fn() -> WsMessage,
     ) -> Result<WsMessage, &'static str> {
         if self.connected {
             self.ping = Some(payload);
-            return Ok(frame(Bytes::from_static(cf::PING)));
+            return Ok(wire_ping());
         }
         if self.opened.elapsed() >= idle_timeout {
             return Err("no connect command in time");
@@ -106,6 +109,11 @@ pub(super) fn decode_json(msg: &WsMessage) -> Commands<'_> {
         Some(text) => Commands::Lines(Lines(Some(text.split('\n')))),
         None => Commands::One(Some(Command::Refuse { reply: None, reason: "binary frame" })),
     }
+}
+
+/// The JSON wire's ping: `{}`.
+pub(super) fn ping_json() -> WsMessage {
+    WsMessage::text(Bytes::from_static(cf::PING))
 }
 
 /// A message or presence frame as a JSON push; `None` (logged) for a

@@ -1,5 +1,5 @@
 //! `GET /connection/websocket`: the upgrade to the Centrifugo client
-//! protocol (v2, JSON).
+//! protocol (v2), on its JSON or Protobuf wire (negotiated here).
 //!
 //! The upgrade makes the checks of `/ws` that need no credential (shutdown,
 //! the page's `Origin`, the connection cap); the token comes in the
@@ -21,12 +21,38 @@ use crate::error::ApiError;
 use crate::gateway::wire::Wire;
 use crate::state::AppState;
 
-/// The upgrade's query: `user` (dev mode, a `connect` without token) and
-/// `device` (as on `/ws`; a token's `device` claim wins).
+/// The upgrade's query: `user` (dev mode, a `connect` without token),
+/// `device` (as on `/ws`; a token's `device` claim wins), and the wire:
+/// `format` or `cf_protocol` = `protobuf` (else JSON).
 #[derive(Deserialize)]
 pub struct UpgradeQuery {
     user: Option<String>,
     device: Option<String>,
+    format: Option<String>,
+    cf_protocol: Option<String>,
+}
+
+/// The subprotocols of the centrifuge SDKs, one per wire.
+const PROTOBUF: &str = "centrifuge-protobuf";
+const JSON: &str = "centrifuge-json";
+
+/// The wire a client asks for: Protobuf by the query (`format` or
+/// `cf_protocol`) or by offering the `centrifuge-protobuf` subprotocol;
+/// and the subprotocol to echo in the 101, the one the client offered for
+/// that wire (none if it offered none).
+fn negotiate(q: &UpgradeQuery, headers: &http::HeaderMap) -> (bool, Option<&'static str>) {
+    let offered = |name: &str| {
+        headers
+            .get_all(http::header::SEC_WEBSOCKET_PROTOCOL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|p| p.trim().eq_ignore_ascii_case(name))
+    };
+    let by_query = [&q.format, &q.cf_protocol].into_iter().flatten().any(|f| f == "protobuf");
+    let protobuf = by_query || offered(PROTOBUF);
+    let echo = if protobuf { PROTOBUF } else { JSON };
+    (protobuf, offered(echo).then_some(echo))
 }
 
 pub async fn upgrade(
@@ -49,10 +75,14 @@ pub async fn upgrade(
     // Anonymous until `connect` sets the identity: it may do nothing.
     let nobody = Identity::granted("-", None, &[], &[], None);
     let headers = state.config.proxies.connect.is_some().then(|| Box::new(req.headers().clone()));
-    crate::gateway::ws::start_session(
-        state,
-        req,
-        nobody,
-        Wire::CentrifugoJson(Box::new(Conn::new(q.user, q.device, headers))),
-    )
+    let (protobuf, echo) = negotiate(&q, req.headers());
+    let conn = Box::new(Conn::new(q.user, q.device, headers));
+    let wire = if protobuf { Wire::CentrifugoProtobuf(conn) } else { Wire::CentrifugoJson(conn) };
+    let mut response = crate::gateway::ws::start_session(state, req, nobody, wire);
+    if let Some(echo) = echo.filter(|_| response.status() == http::StatusCode::SWITCHING_PROTOCOLS) {
+        response
+            .headers_mut()
+            .insert(http::header::SEC_WEBSOCKET_PROTOCOL, http::HeaderValue::from_static(echo));
+    }
+    response
 }
