@@ -351,8 +351,9 @@ impl Session {
             // (their replies may no longer get through).
             return Box::pin(self.settle_publishes()).await;
         }
+        // Not boxed: this runs inside `on_frames`, boxed where awaited.
         for command in self.wire.decode(&msg) {
-            Box::pin(self.apply(command)).await?;
+            self.apply(command).await?;
         }
         Ok(())
     }
