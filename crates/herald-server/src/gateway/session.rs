@@ -1,8 +1,9 @@
 //! One WebSocket connection: a single task owns the socket and all session
 //! state, looping over a biased `select!` of shutdown, slow-consumer kick,
 //! outbox, inbound frames, catch-up work and the heartbeat tick. The same
-//! session serves `/ws` and the Centrifugo endpoint: its [`Wire`] says how
-//! frames look on the socket (`session/centrifugo.rs`).
+//! session serves every wire (`gateway::wire`) without asking which: the
+//! wire decodes each read frame into commands, applied at one place
+//! ([`Session::apply`]), and encodes everything the session sends.
 //!
 //! Delivery per durable subscription is decided by the pure state machine
 //! `herald_core::delivery` (frames in seq order, each seq once, no gap; the
@@ -30,34 +31,37 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
-use herald_core::delivery::{self, AckStep, Subscription};
-use herald_core::{Seq, SubscriberId};
-use herald_proto::{close, ChannelName, ClientFrame, DisconnectFrame, ErrorCode, OkFrame};
+use herald_core::delivery::AckStep;
+use herald_core::Seq;
+use herald_proto::{close, ChannelName};
 use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use tokio::time::Sleep;
-use tokio_util::time::delay_queue::{DelayQueue, Key};
 use tokio_websockets::{CloseCode, Message as WsMessage, WebSocketStream};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::hub::{Charge, ConnHandle, Mailbox, Outgoing, Stop};
-use crate::metrics::Protocol;
-use crate::rooms::MemberLease;
 use crate::state::AppState;
 
+mod apply;
 mod budget;
 mod centrifugo;
+mod channels;
 mod deliver;
 mod liveness;
 mod pipeline;
+mod presence;
 mod read_gate;
 mod requests;
 mod subs;
 
+use channels::{ChannelTimers, Channels, LogDelivery, Registrations, Sub, Timers};
+
 pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
-pub use centrifugo::Wire;
+pub use crate::gateway::wire::Wire;
+pub(crate) use presence::new_client_id;
 
 // Handler futures are boxed where they are awaited: an async state machine
 // reserves room for its largest nested future, and every connection's task
@@ -67,116 +71,6 @@ pub use centrifugo::Wire;
 
 /// How long to wait for the peer's close frame after sending ours.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
-
-struct Sub {
-    /// `None` for volatile channels.
-    log: Option<LogDelivery>,
-    /// Presence channels: this connection's member lease. Boxed: most
-    /// subscriptions have none.
-    presence: Option<Box<MemberLease>>,
-}
-
-struct LogDelivery {
-    delivery: Subscription<Key>,
-    /// Acked channels: whose cursor this is (token `sub` + device),
-    /// validated once at subscribe. Boxed: most subscriptions have none.
-    subscriber: Option<Box<SubscriberId>>,
-}
-
-/// Redelivery timers of one connection, by (channel, seq), in one
-/// tokio-util `DelayQueue` created on the first pending message and dropped
-/// when none is left, so idle connections pay nothing for it. Boxed: an
-/// inline `DelayQueue` would cost ~200 bytes per connection even unused.
-/// Not persisted: on resume the subscription starts after the stored cursor
-/// and timers are set again as messages go out.
-type Timers = Option<Box<DelayQueue<(ChannelName, Seq)>>>;
-
-/// The connection's timer queue seen by one subscription's state machine.
-struct ChannelTimers<'a> {
-    queue: &'a mut Timers,
-    channel: &'a ChannelName,
-}
-
-impl delivery::Timers for ChannelTimers<'_> {
-    type Key = Key;
-
-    fn set(&mut self, seq: Seq, after: Duration) -> Key {
-        self.queue
-            .get_or_insert_with(|| Box::new(DelayQueue::new()))
-            .insert((self.channel.clone(), seq), after)
-    }
-
-    fn cancel(&mut self, key: Key) {
-        if let Some(q) = self.queue.as_mut() {
-            q.try_remove(&key);
-            if q.is_empty() {
-                *self.queue = None;
-            }
-        }
-    }
-}
-
-/// The connection's subscriptions and their hub entries. Dropping it
-/// removes them all, so cleanup runs on every exit path of the task, panics
-/// included.
-struct Registrations {
-    state: Arc<AppState>,
-    conn_id: u64,
-    subs: subs::SubMap<Sub>,
-    /// The connection ended cleanly: leave presence at once on drop instead
-    /// of letting the leases expire.
-    leave_on_drop: bool,
-    /// The protocol, for its metrics.
-    protocol: Protocol,
-}
-
-impl Registrations {
-    /// Returns the subscription, if the channel was subscribed.
-    fn remove(&mut self, channel: &ChannelName) -> Option<Sub> {
-        let removed = self.subs.remove(channel);
-        if removed.is_some() {
-            self.release(channel.clone());
-        }
-        removed
-    }
-
-    /// Drop the hub entry of a subscription already taken out of `subs`, and
-    /// balance its `watch` (the engine counts them).
-    fn release(&self, channel: ChannelName) {
-        self.state.metrics.subscriptions.dec();
-        self.state.hub.remove(&channel, self.conn_id);
-        let engine = self.state.engine.clone();
-        // The runtime may be gone at process exit; then there is nothing
-        // left to unwatch.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { engine.unwatch(&channel).await });
-        }
-    }
-}
-
-impl Drop for Registrations {
-    fn drop(&mut self) {
-        let mut holds = Vec::new();
-        for (channel, sub) in std::mem::take(&mut self.subs) {
-            if let Some(hold) = sub.presence.filter(|_| self.leave_on_drop) {
-                holds.push((channel.clone(), hold));
-            }
-            self.release(channel);
-        }
-        if !holds.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
-            // Tracked, so shutdown waits for these leaves before it closes
-            // the engine.
-            let state = self.state.clone();
-            self.state.tasks.spawn(async move {
-                for (channel, hold) in holds {
-                    crate::rooms::leave(&state, &channel, &hold).await;
-                }
-            });
-        }
-        self.state.metrics.connections.dec();
-        self.state.metrics.protocol_connection(self.protocol, -1);
-    }
-}
 
 /// Whatever way the session ends, its outbox takes nothing more and lets go
 /// of what it still holds (and its share of the server's ceiling) at once;
@@ -199,34 +93,34 @@ enum SessionEnd {
 pub struct Session {
     state: Arc<AppState>,
     identity: Identity,
-    /// Redelivery timers of acked subscriptions.
-    timers: Timers,
     /// Its read side is polled only once it signalled (`session/read_gate.rs`).
     ws: Ws,
     handle: ConnHandle,
-    regs: Registrations,
-    /// Subscriptions with catch-up work pending, served round-robin.
-    catchup: VecDeque<ChannelName>,
+    /// The subscriptions, their delivery and catch-up.
+    chans: Channels,
+    /// What the write path holds until its flush (`session/deliver.rs`).
+    held: Held,
     last_rx: Instant,
     /// Numbered pings and their echoes (presence rejoins wait for one).
     liveness: liveness::Liveness,
     budget: budget::Budget,
-    /// What this session holds in its write path, counted in its byte
-    /// bound (`held` bytes, in `handle.mailbox`) and the server's (`batch`
-    /// keeps the outbox entries, `page` the catch-up page's charge) until
-    /// the flush that writes it: a session blocked on a full socket keeps
-    /// counting what it holds.
-    batch: Vec<Arc<Outgoing>>,
-    page: Option<Charge>,
-    held: usize,
-    /// Average frame size of the last catch-up page (pessimistic at first).
-    frame_estimate: usize,
-    /// Catch-up waits for room under the server's ceiling.
-    catchup_pause: Option<Pin<Box<Sleep>>>,
     /// Publishes read and not answered yet (`session/pipeline.rs`).
     pipeline: pipeline::Pipeline,
-    /// The protocol spoken on this socket (`session/centrifugo.rs`).
+    /// The protocol spoken on this socket (`gateway::wire`).
     wire: Wire,
+}
+
+/// What this session holds in its write path, counted in its byte bound
+/// (`bytes`, in `handle.mailbox`) and the server's (`batch` keeps the
+/// outbox entries, `page` the catch-up page's charge) until the flush that
+/// writes it: a session blocked on a full socket keeps counting what it
+/// holds.
+struct Held {
+    batch: Vec<Arc<Outgoing>>,
+    page: Option<Charge>,
+    bytes: usize,
+    /// Average frame size of the last catch-up page (pessimistic at first).
+    frame_estimate: usize,
 }
 
 impl Session {
@@ -244,27 +138,26 @@ impl Session {
         let budget = budget::Budget::new(&state.config.rate_limits, Instant::now());
         let frame_estimate = state.config.websocket.max_message_bytes;
         Session {
-            regs: Registrations {
-                state: state.clone(),
-                conn_id,
-                subs: subs::SubMap::default(),
-                leave_on_drop: false,
-                protocol,
+            chans: Channels {
+                regs: Registrations {
+                    state: state.clone(),
+                    conn_id,
+                    subs: subs::SubMap::default(),
+                    leave_on_drop: false,
+                    protocol,
+                },
+                timers: None,
+                catchup: VecDeque::new(),
+                pause: None,
             },
+            held: Held { batch: Vec::new(), page: None, bytes: 0, frame_estimate },
             state,
-            timers: None,
             identity,
             ws,
             handle,
-            catchup: VecDeque::new(),
             last_rx: Instant::now(),
             liveness: liveness::Liveness::default(),
             budget,
-            batch: Vec::new(),
-            page: None,
-            held: 0,
-            frame_estimate,
-            catchup_pause: None,
             pipeline: pipeline::Pipeline::default(),
             wire,
         }
@@ -282,7 +175,7 @@ impl Session {
             let end = self.run_loop().await;
             if let SessionEnd::Close { code, .. } = &end {
                 // An idle timeout is a lost client, like a dropped socket.
-                self.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
+                self.chans.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
                 self.state.metrics.closed(*code);
             }
             if let SessionEnd::Close { code, reason, reconnect } = end {
@@ -298,7 +191,7 @@ impl Session {
         let mut expiry = self.expiry_timer();
         let stops = self.handle.mailbox.clone();
         loop {
-            let has_catchup = !self.catchup.is_empty();
+            let has_catchup = !self.chans.catchup.is_empty();
             // Back-pressure: with the pipeline full, the socket is not read.
             let may_read = self.may_read();
             let step = async {
@@ -311,10 +204,10 @@ impl Session {
                     frame = std::future::poll_fn(|_| read_gate::poll_next(&self.handle.mailbox, &mut self.ws)), if may_read => {
                         Box::pin(self.on_frames(frame)).await
                     }
-                    () = std::future::poll_fn(|cx| poll_pause(&mut self.catchup_pause, cx)), if has_catchup => {
+                    () = std::future::poll_fn(|cx| poll_pause(&mut self.chans.pause, cx)), if has_catchup => {
                         Box::pin(self.catchup_step()).await
                     }
-                    Some(expired) = std::future::poll_fn(|cx| poll_timer(&mut self.timers, cx)) => {
+                    Some(expired) = std::future::poll_fn(|cx| poll_timer(&mut self.chans.timers, cx)) => {
                         Box::pin(self.on_timer(expired)).await
                     }
                     _ = tick.tick() => Box::pin(self.on_tick()).await,
@@ -362,7 +255,7 @@ impl Session {
     /// period while this connection holds a member lease (so connections
     /// without presence wake up only every `heartbeat.ping_interval`).
     fn tick_period(&self) -> Duration {
-        if self.regs.subs.values().any(|s| s.presence.is_some()) {
+        if self.chans.regs.subs.values().any(|s| s.presence.is_some()) {
             self.state.presence_tick
         } else {
             self.state.config.heartbeat.ping_interval
@@ -433,7 +326,7 @@ impl Session {
                 reconnect: true,
             });
         }
-        if self.regs.subs.values().any(|s| s.presence.is_some()) {
+        if self.chans.regs.subs.values().any(|s| s.presence.is_some()) {
             Box::pin(self.renew_presence()).await;
         }
         Box::pin(self.send_ping()).await
@@ -453,110 +346,28 @@ impl Session {
         if msg.is_close() {
             // tokio-websockets answers the close; the next read ends the
             // loop. A close frame is a clean end: leave presence at once.
-            self.regs.leave_on_drop = true;
+            self.chans.regs.leave_on_drop = true;
             // The publishes sent before the close still go to the engine
             // (their replies may no longer get through).
             return Box::pin(self.settle_publishes()).await;
         }
-        let Some(text) = msg.as_text() else {
-            if !self.wire.is_centrifugo() {
-                let err =
-                    ApiError::new(ErrorCode::BadRequest, "binary frames are not supported; send JSON text");
-                self.send_bytes(err.frame(None, None)).await?;
-            }
-            return Err(SessionEnd::Close {
-                code: close::BAD_REQUEST,
-                reason: "binary frame",
-                reconnect: false,
-            });
-        };
-        if self.wire.is_centrifugo() {
-            return Box::pin(self.on_commands(text)).await;
+        // Not boxed: this runs inside `on_frames`, boxed where awaited.
+        for command in self.wire.decode(&msg) {
+            self.apply(command).await?;
         }
-        self.state.metrics.protocol_frame(Protocol::Herald);
-        let frame = ClientFrame::parse(text);
-        // Acks that move the acked window are free: they are bounded by the
-        // messages delivered. Every other frame, other acks included,
-        // costs one frame of the budget (see `session/budget.rs`).
-        let free =
-            matches!(&frame, Ok(ClientFrame::Ack { channel, seq, .. }) if self.ack_moves(channel, *seq));
-        if !free && !self.take_budget()? {
-            let req = match &frame {
-                Ok(f) => f.req(),
-                Err(e) => e.req,
-            };
-            let err = ApiError::new(ErrorCode::RateLimited, "too many frames; slow down");
-            return self.send_error(&err, req, None).await;
-        }
-        let frame = match frame {
-            Ok(f) => f,
-            Err(e) => {
-                let err = ApiError::new(e.code, e.message);
-                return self.send_error(&err, e.req, None).await;
-            }
-        };
-        if !matches!(frame, ClientFrame::Publish { .. }) {
-            // Every earlier publish is answered first: a frame acts after
-            // the publishes sent before it.
-            Box::pin(self.settle_publishes()).await?;
-        }
-        match frame {
-            ClientFrame::Subscribe { req, channel, since, client_id, info } => {
-                let presence = requests::PresenceArgs { client_id, info };
-                match self.subscribe(req, &channel, since, presence).await {
-                    Ok((ok, ended)) => {
-                        self.send_bytes(ok.encode()).await?;
-                        if ended {
-                            // A closed room with nothing left to catch up.
-                            self.end_subscription(&channel, "room_closed").await?;
-                            self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
-                        }
-                        Ok(())
-                    }
-                    Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
-                }
-            }
-            ClientFrame::Unsubscribe { req, channel } => {
-                if self.unsubscribe(&channel).await {
-                    let ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
-                    self.send_bytes(ok.encode()).await
-                } else {
-                    let err = ApiError::new(ErrorCode::NotSubscribed, "not subscribed to this channel");
-                    self.send_error(&err, req, Some(channel.as_str())).await
-                }
-            }
-            ClientFrame::Publish { req, channel, data, meta, idempotency_key } => {
-                let publish = self.prepare_publish(&channel, data, meta, idempotency_key);
-                self.queue_publish(pipeline::Queued { req, channel, publish });
-                Ok(())
-            }
-            ClientFrame::Ping { req } => self.send_bytes(herald_proto::encode_pong(req)).await,
-            ClientFrame::Ack { req, channel, seq } => match self.ack(&channel, seq).await {
-                // No reply needed; one is sent when the client asked with `req`.
-                Ok(()) if req.is_none() => Ok(()),
-                Ok(()) => {
-                    let ok = OkFrame { req, channel: Some(channel.to_string()), ..Default::default() };
-                    self.send_bytes(ok.encode()).await
-                }
-                Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
-            },
-            ClientFrame::Presence { req, channel } => match Box::pin(self.presence_list(&channel)).await {
-                Ok(ok) => self.send_bytes(OkFrame { req, ..ok }.encode()).await,
-                Err(e) => self.send_error(&e, req, Some(channel.as_str())).await,
-            },
-        }
+        Ok(())
     }
 
     /// The client ends a subscription; false if it had none.
     async fn unsubscribe(&mut self, channel: &ChannelName) -> bool {
-        let Some(sub) = self.regs.remove(channel) else { return false };
+        let Some(sub) = self.chans.regs.remove(channel) else { return false };
         if let Some(hold) = &sub.presence {
             Box::pin(crate::rooms::leave(&self.state, channel, hold)).await;
         }
         if let Some(mut log) = sub.log {
-            log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel });
+            log.delivery.end(&mut ChannelTimers { queue: &mut self.chans.timers, channel });
         }
-        self.catchup.retain(|c| c != channel);
+        self.chans.catchup.retain(|c| c != channel);
         true
     }
 
@@ -583,7 +394,8 @@ impl Session {
     /// Whether an ack of `seq` on `channel` moves the subscription's acked
     /// window (a first ack of delivered messages).
     fn ack_moves(&self, channel: &ChannelName, seq: Seq) -> bool {
-        self.regs
+        self.chans
+            .regs
             .subs
             .get(channel)
             .and_then(|s| s.log.as_ref())
@@ -606,24 +418,33 @@ impl Session {
     }
 
     async fn send_bytes(&mut self, bytes: Vec<u8>) -> Result<(), SessionEnd> {
-        self.ws.send(WsMessage::text(Bytes::from(bytes))).await.map_err(|_| SessionEnd::Gone)
+        let frame = self.wire.frame(Bytes::from(bytes));
+        self.ws.send(frame).await.map_err(|_| SessionEnd::Gone)
+    }
+
+    /// The heartbeat's ping, as the wire sends it.
+    async fn send_ping(&mut self) -> Result<(), SessionEnd> {
+        let payload = self.liveness.next_ping();
+        let ping = self
+            .wire
+            .ping(payload, self.state.config.heartbeat.idle_timeout)
+            .map_err(|reason| SessionEnd::Close { code: close::BAD_REQUEST, reason, reconnect: false })?;
+        self.ws.send(ping).await.map_err(|_| SessionEnd::Gone)
     }
 
     /// Say why, close, and wait briefly for the peer's close so our last
     /// frames are not lost to a reset. Bounded: a peer that reads nothing
     /// (a slow consumer) cannot hold the task.
     async fn close(&mut self, code: u16, reason: &'static str, reconnect: bool) {
-        // Centrifugo: the close code alone says it (`Wire::close_code`).
-        let frame = (!self.wire.is_centrifugo())
-            .then(|| DisconnectFrame { code, reason: reason.to_owned(), reconnect }.encode());
-        let code = self.wire.close_code(code);
+        let (frame, code) = self.wire.close(code, reason, reconnect);
+        let frame = frame.map(|f| self.wire.frame(Bytes::from(f)));
         let close_code = CloseCode::try_from(code).unwrap_or(CloseCode::INTERNAL_SERVER_ERROR);
         let ws = &mut self.ws;
         let _ = tokio::time::timeout(CLOSE_WAIT, async {
             // After a protocol error or an oversize frame the library has
             // already queued its own close; these sends then fail harmlessly.
             if let Some(frame) = frame {
-                let _ = ws.feed(WsMessage::text(Bytes::from(frame))).await;
+                let _ = ws.feed(frame).await;
             }
             let _ = ws.send(WsMessage::close(Some(close_code), reason)).await;
             while let Some(Ok(_)) = ws.next().await {}

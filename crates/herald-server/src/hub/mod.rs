@@ -26,7 +26,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -63,12 +63,40 @@ pub struct Outgoing {
     /// message without its frame; a durable subscriber that was keeping up
     /// reads it from the log instead (see `session::accept_live`).
     pub missed: bool,
-    /// The frame as a Centrifugo push, made by the first Centrifugo
-    /// subscriber that sends it and shared by the others (`None` inside: a
-    /// frame that does not read). Not counted in the byte bounds: about
-    /// the frame's size, and only while the message is queued.
-    pub centrifugo: std::sync::OnceLock<Option<Bytes>>,
+    /// The message in the other encoded forms its subscribers' wires send,
+    /// by [`Form`]: each made by the first subscriber that needs it and
+    /// shared by the others (`None` inside: a frame that does not read).
+    /// Not counted in the byte bounds: about the frame's size each, and
+    /// only while the message is queued.
+    forms: [OnceLock<Option<Bytes>>; FORMS],
     _charge: Option<Charge>,
+}
+
+/// How many encoded forms besides the stored frame a message can be
+/// needed in on one node (see [`Outgoing::encoded`]).
+pub const FORMS: usize = 2;
+
+/// An encoded form of a live message other than its stored frame: an index
+/// into [`Outgoing`]'s forms, claimed by a wire (`gateway::wire`). The hub
+/// knows forms only by number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Form(usize);
+
+impl Form {
+    /// Form number `n`; at most [`FORMS`] exist (checked at compile time
+    /// where the form is a constant).
+    pub const fn new(n: usize) -> Self {
+        assert!(n < FORMS, "more encoded forms than hub::FORMS");
+        Form(n)
+    }
+}
+
+impl Outgoing {
+    /// The message in `form`, made by `encode` the first time it is asked
+    /// for on this node and shared afterwards (a cheap `Bytes` clone).
+    pub fn encoded(&self, form: Form, encode: impl FnOnce(&Message) -> Option<Bytes>) -> Option<Bytes> {
+        self.forms[form.0].get_or_init(|| encode(&self.msg)).clone()
+    }
 }
 
 /// One shard of the hub: a channel's local subscribers. Hashed with
@@ -177,13 +205,11 @@ impl Hub {
     /// Charge one message against the server's ceiling (or mark it missed).
     fn outgoing(&self, msg: Arc<Message>) -> Arc<Outgoing> {
         Arc::new(match self.queued.try_charge(msg.frame.len()) {
-            Some(charge) => {
-                Outgoing { msg, missed: false, centrifugo: Default::default(), _charge: Some(charge) }
-            }
+            Some(charge) => Outgoing { msg, missed: false, forms: Default::default(), _charge: Some(charge) },
             None => Outgoing {
                 msg: Arc::new(frameless(&msg)),
                 missed: true,
-                centrifugo: Default::default(),
+                forms: Default::default(),
                 _charge: None,
             },
         })
@@ -276,11 +302,6 @@ pub(crate) mod tests {
             closes: false,
         };
         let charge = queued.try_charge(10);
-        Arc::new(Outgoing {
-            msg: Arc::new(msg),
-            missed: false,
-            centrifugo: Default::default(),
-            _charge: charge,
-        })
+        Arc::new(Outgoing { msg: Arc::new(msg), missed: false, forms: Default::default(), _charge: charge })
     }
 }

@@ -1,13 +1,11 @@
-//! The Centrifugo client protocol on a session (`GET /connection/websocket`,
-//! see `crate::gateway::centrifugo` and docs/centrifugo.md).
+//! Centrifugo's commands applied on a session (docs/centrifugo.md; the
+//! wire that decodes them and encodes the replies is
+//! `gateway::wire::centrifugo`).
 //!
-//! The same `Session` serves both protocols: hub registration, the delivery
-//! state machine, catch-up, presence, the publish pipeline, the frame budget
-//! and every close are shared; [`Wire`] only decides how frames look on the
-//! socket, and this module handles Centrifugo's commands by calling the
-//! same handlers as Herald's frames.
-//!
-//! Differences kept here:
+//! Hub registration, the delivery state machine, catch-up, presence, the
+//! publish pipeline, the frame budget and every close are the session's;
+//! this module answers Centrifugo's commands by calling the same handlers
+//! as Herald's frames. Differences kept here:
 //! - the connection starts anonymous; only `connect` is accepted until it
 //!   sets the identity (a token verified like `/ws`'s);
 //! - a subscribe with `recover` answers the missed messages in its reply
@@ -19,183 +17,27 @@
 //! - acked channels: no acks and no redelivery on this protocol; the recover
 //!   offset of a subscribe acknowledges up to it, and the first subscribe's
 //!   recovery carries the offline inbox;
-//! - pings are `{}` text frames, answered by the client's `{}`.
+//! - the wire's pings (`{}`) are answered by the client's own, a pong
+//!   command.
 
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use futures_util::SinkExt;
-use herald_core::{Delivery, Epoch, Message, Position, Receipt};
+use herald_core::{Delivery, Epoch, Message, Position};
 use herald_proto::centrifugo::{
-    self as cf, Answer, ClientInfo, Command, ConnectResult, Empty, HistoryResult, Method, PresenceResult,
+    self as cf, Answer, ClientInfo, ConnectResult, Empty, HistoryResult, Method, PresenceResult,
     PresenceStatsResult, Publication, RefreshResult, Reply, StreamPosition, SubscribeRequest,
     SubscribeResult,
 };
 use herald_proto::{close, ChannelName, ErrorCode, OkFrame, Since, StoredFrame};
-use tokio_websockets::Message as WsMessage;
 
 use super::deliver::{PageStep, CATCHUP_PAGE};
-use super::requests::PresenceArgs;
+use super::presence::PresenceArgs;
 use super::{pipeline, Session, SessionEnd};
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::hub::Outgoing;
-use crate::metrics::Protocol;
-
-/// The protocol a session speaks.
-pub enum Wire {
-    /// Herald's own (`/ws`, docs/protocol.md).
-    Herald,
-    /// Centrifugo's client protocol v2, JSON (`/connection/websocket`).
-    Centrifugo(Box<Conn>),
-}
-
-/// A Centrifugo connection's own state.
-pub struct Conn {
-    /// Set by `connect`; before it only `connect` is accepted.
-    connected: bool,
-    /// The connection's client id (`client` of the connect reply; its
-    /// presence client id).
-    client: String,
-    /// Dev mode: the `?user=` of the upgrade, for a connect without token.
-    dev_user: Option<String>,
-    /// The upgrade's `?device=`.
-    device: Option<String>,
-    /// The upgrade's headers, kept until `connect` when a connect proxy
-    /// is configured (it decides for a connect without token).
-    headers: Option<Box<http::HeaderMap>>,
-    /// The payload of the last `{}` ping sent; the client's `{}` echoes it
-    /// (presence rejoins wait for one).
-    ping: Option<Bytes>,
-    /// `connect` or `refresh` changed the identity (its expiry).
-    identity_changed: bool,
-    /// When the socket opened: `connect` must come within
-    /// `heartbeat.idle_timeout`.
-    opened: Instant,
-}
-
-impl Wire {
-    /// A Centrifugo wire for a new connection.
-    pub fn centrifugo(
-        dev_user: Option<String>,
-        device: Option<String>,
-        headers: Option<Box<http::HeaderMap>>,
-    ) -> Self {
-        Wire::Centrifugo(Box::new(Conn {
-            connected: false,
-            client: super::requests::new_client_id(),
-            dev_user,
-            device,
-            headers,
-            ping: None,
-            identity_changed: false,
-            opened: Instant::now(),
-        }))
-    }
-
-    pub fn is_centrifugo(&self) -> bool {
-        matches!(self, Wire::Centrifugo(_))
-    }
-
-    pub fn protocol(&self) -> Protocol {
-        match self {
-            Wire::Herald => Protocol::Herald,
-            Wire::Centrifugo(_) => Protocol::Centrifugo,
-        }
-    }
-
-    /// A message or presence frame as this wire sends it; `None` if a
-    /// stored frame does not read (logged, skipped).
-    pub(super) fn message(&self, msg: &Message) -> Option<Bytes> {
-        match self {
-            Wire::Herald => Some(msg.frame.clone()),
-            Wire::Centrifugo(_) => {
-                let push = cf::push_of_frame(msg.channel.as_str(), &msg.frame);
-                if push.is_none() {
-                    tracing::error!(channel = %msg.channel, seq = ?msg.seq, "frame unreadable; not sent");
-                }
-                push.map(Bytes::from)
-            }
-        }
-    }
-
-    /// A live message from the outbox: as `message`, the Centrifugo push
-    /// made once per message on this node, not once per subscriber.
-    pub(super) fn outgoing(&self, out: &Outgoing) -> Option<Bytes> {
-        match self {
-            Wire::Herald => Some(out.msg.frame.clone()),
-            Wire::Centrifugo(_) => out.centrifugo.get_or_init(|| self.message(&out.msg)).clone(),
-        }
-    }
-
-    /// The server ended a subscription.
-    pub(super) fn unsubscribed(&self, channel: &ChannelName, reason: &str) -> Vec<u8> {
-        match self {
-            Wire::Herald => herald_proto::encode_unsubscribed(channel, reason),
-            Wire::Centrifugo(_) => cf::Push {
-                unsubscribe: Some(cf::Unsubscribe {
-                    code: cf::unsubscribe_code::SERVER,
-                    reason: reason.to_owned(),
-                }),
-                ..cf::Push::new(channel.as_str())
-            }
-            .encode(),
-        }
-    }
-
-    /// An error reply to request `req`.
-    pub(super) fn error(&self, err: &ApiError, req: Option<u64>, channel: Option<&str>) -> Vec<u8> {
-        match self {
-            Wire::Herald => err.frame(req, channel),
-            Wire::Centrifugo(_) => Reply::error(command_id(req), err.code, err.detail.clone()).encode(),
-        }
-    }
-
-    /// The reply to a publish that the engine took, appended to `out`.
-    pub(super) fn push_published(
-        &self,
-        out: &mut Vec<u8>,
-        req: Option<u64>,
-        channel: &ChannelName,
-        receipt: &Receipt,
-    ) {
-        match self {
-            Wire::Herald => OkFrame::push_published(
-                out,
-                req,
-                channel.as_str(),
-                receipt.seq,
-                &receipt.id,
-                receipt.duplicate,
-            ),
-            Wire::Centrifugo(_) => {
-                out.extend_from_slice(&Reply::new(command_id(req), Answer::Publish(Empty {})).encode())
-            }
-        }
-    }
-
-    /// The close code for one of Herald's.
-    pub(super) fn close_code(&self, code: u16) -> u16 {
-        match self {
-            Wire::Herald => code,
-            Wire::Centrifugo(_) => cf::disconnect_of(code),
-        }
-    }
-
-    /// Whether the identity changed since the last call.
-    pub(super) fn take_identity_changed(&mut self) -> bool {
-        match self {
-            Wire::Herald => false,
-            Wire::Centrifugo(c) => std::mem::take(&mut c.identity_changed),
-        }
-    }
-}
-
-/// Request ids: Herald's `req` carries Centrifugo's command `id`.
-fn command_id(req: Option<u64>) -> u32 {
-    req.and_then(|r| u32::try_from(r).ok()).unwrap_or(0)
-}
+use crate::gateway::wire::centrifugo::Conn;
 
 fn bad_request(reason: &'static str) -> SessionEnd {
     SessionEnd::Close { code: close::BAD_REQUEST, reason, reconnect: false }
@@ -212,60 +54,43 @@ fn ttl(exp: u64) -> u32 {
 
 impl Session {
     fn conn(&mut self) -> &mut Conn {
-        match &mut self.wire {
-            Wire::Centrifugo(c) => c,
-            Wire::Herald => unreachable!("Centrifugo commands on a Herald session"),
-        }
+        self.wire.centrifugo().expect("Centrifugo commands on a Centrifugo wire")
     }
 
-    /// The heartbeat's ping: a WebSocket ping on Herald's wire, `{}` on
-    /// Centrifugo's (once connected).
-    pub(super) async fn send_ping(&mut self) -> Result<(), SessionEnd> {
-        let ping = self.liveness.next_ping();
-        match &mut self.wire {
-            Wire::Herald => self.ws.send(WsMessage::ping(ping)).await.map_err(|_| SessionEnd::Gone),
-            Wire::Centrifugo(c) if c.connected => {
-                c.ping = Some(ping);
-                self.ws
-                    .send(WsMessage::text(Bytes::from_static(cf::PING)))
-                    .await
-                    .map_err(|_| SessionEnd::Gone)
+    /// A Centrifugo command (see `Session::apply`).
+    pub(super) async fn apply_centrifugo(&mut self, id: u32, method: Method) -> Result<(), SessionEnd> {
+        // Each command costs one frame of the budget, as a frame of /ws.
+        if !self.take_budget()? {
+            // A command without id (a pong) has no reply to get.
+            if id != 0 {
+                let err = ApiError::new(ErrorCode::RateLimited, "too many commands; slow down");
+                self.send_error(&err, Some(id.into()), None).await?;
             }
-            // Not connected yet: only a WebSocket ping, and a deadline.
-            Wire::Centrifugo(c) => {
-                if c.opened.elapsed() >= self.state.config.heartbeat.idle_timeout {
-                    return Err(bad_request("no connect command in time"));
-                }
-                self.ws.send(WsMessage::ping(ping)).await.map_err(|_| SessionEnd::Gone)
-            }
+            return Ok(());
         }
+        if !matches!(method, Method::Publish(_) | Method::Pong) {
+            // After every earlier publish is answered (`session/pipeline.rs`).
+            Box::pin(self.settle_publishes()).await?;
+        }
+        Box::pin(self.on_command(id, method)).await
     }
 
-    /// A text frame of commands, one JSON object per line, handled in order.
-    pub(super) async fn on_commands(&mut self, text: &str) -> Result<(), SessionEnd> {
-        for line in text.split('\n').map(str::trim).filter(|l| !l.is_empty()) {
-            let Ok(cmd) = Command::parse(line) else {
-                return Err(bad_request("malformed command"));
-            };
-            self.state.metrics.protocol_frame(Protocol::Centrifugo);
-            let id = cmd.id;
-            let method = cmd.method();
-            // Each command costs one frame of the budget, as a frame of /ws.
-            if !self.take_budget()? {
-                // A command without id (a pong) has no reply to get.
-                if id != 0 {
-                    let err = ApiError::new(ErrorCode::RateLimited, "too many commands; slow down");
-                    self.send_error(&err, Some(id.into()), None).await?;
-                }
-                continue;
+    /// A Centrifugo command that decoded but cannot be applied (see
+    /// `wire::Command::Invalid`): charged and ordered as any command.
+    pub(super) async fn apply_invalid(&mut self, id: u32, error: ApiError) -> Result<(), SessionEnd> {
+        if !self.take_budget()? {
+            if id != 0 {
+                let err = ApiError::new(ErrorCode::RateLimited, "too many commands; slow down");
+                self.send_error(&err, Some(id.into()), None).await?;
             }
-            if !matches!(method, Method::Publish(_) | Method::Pong) {
-                // After every earlier publish is answered (`session/pipeline.rs`).
-                Box::pin(self.settle_publishes()).await?;
-            }
-            Box::pin(self.on_command(id, method)).await?;
+            return Ok(());
         }
-        Ok(())
+        if !self.conn().connected {
+            return Err(bad_request("connect first"));
+        }
+        // Answered in command order, after the publishes before it.
+        Box::pin(self.settle_publishes()).await?;
+        self.send_error(&error, Some(id.into()), None).await
     }
 
     async fn on_command(&mut self, id: u32, method: Method) -> Result<(), SessionEnd> {
@@ -288,7 +113,7 @@ impl Session {
                 Ok(c) => {
                     // Unsubscribing what is not subscribed is fine here.
                     self.unsubscribe(&c).await;
-                    Ok(Reply::new(id, Answer::Unsubscribe(Empty {})).encode())
+                    Ok(self.wire.reply(&Reply::new(id, Answer::Unsubscribe(Empty {}))))
                 }
                 Err(e) => Err(e),
             },
@@ -310,17 +135,17 @@ impl Session {
             Method::Presence(p) => self.presence_members(&p.channel).await.map(|(_, members)| {
                 let presence =
                     members.into_iter().map(|m| (m.client_id.clone(), ClientInfo::from(m))).collect();
-                Reply::new(id, Answer::Presence(PresenceResult { presence })).encode()
+                self.wire.reply(&Reply::new(id, Answer::Presence(PresenceResult { presence })))
             }),
             Method::PresenceStats(p) => self.presence_members(&p.channel).await.map(|(count, members)| {
                 let users: std::collections::BTreeSet<&str> =
                     members.iter().map(|m| m.user.as_str()).collect();
                 let stats = PresenceStatsResult { num_clients: count, num_users: users.len() as u64 };
-                Reply::new(id, Answer::PresenceStats(stats)).encode()
+                self.wire.reply(&Reply::new(id, Answer::PresenceStats(stats)))
             }),
             Method::History(h) => Box::pin(self.history(id, h)).await,
-            Method::Ping => Ok(Reply::new(id, Answer::Ping(Empty {})).encode()),
-            Method::NotAvailable => Ok(Reply::not_available(id).encode()),
+            Method::Ping => Ok(self.wire.reply(&Reply::new(id, Answer::Ping(Empty {})))),
+            Method::NotAvailable => Ok(self.wire.reply(&Reply::not_available(id))),
         };
         match reply {
             Ok(bytes) => self.send_bytes(bytes).await,
@@ -383,7 +208,7 @@ impl Session {
                 .max(1),
             pong: true,
         };
-        self.send_bytes(Reply::new(id, Answer::Connect(result)).encode()).await
+        self.send_bytes(self.wire.reply(&Reply::new(id, Answer::Connect(result)))).await
     }
 
     /// The identity was just set (connect, refresh): reset its expiry
@@ -414,7 +239,7 @@ impl Session {
         }
         self.identity = identity;
         let result = self.new_identity();
-        self.send_bytes(Reply::new(id, Answer::Refresh(result)).encode()).await
+        self.send_bytes(self.wire.reply(&Reply::new(id, Answer::Refresh(result)))).await
     }
 
     /// `subscribe`, with recovery in the reply (see the module docs).
@@ -466,6 +291,7 @@ impl Session {
             result.positioned = true;
             result.epoch = ok.epoch.clone().unwrap_or_default();
             result.offset = self
+                .chans
                 .regs
                 .subs
                 .get(&channel)
@@ -479,7 +305,7 @@ impl Session {
         result.publications = frames.iter().map(|f| Publication::from_stored(f, cf::null_value())).collect();
         let closes = missed.iter().any(|m| m.closes);
         self.state.metrics.delivered.inc_by(result.publications.len() as u64);
-        self.send_bytes(Reply::new(id, Answer::Subscribe(result)).encode()).await?;
+        self.send_bytes(self.wire.reply(&Reply::new(id, Answer::Subscribe(result)))).await?;
         if ended || closes {
             // A closed room: its final event was delivered.
             self.end_subscription(&channel, "room_closed").await?;
@@ -498,7 +324,7 @@ impl Session {
             closed: false,
         };
         if let Ok(start) = herald_core::delivery::resolve(&pos, None, None) {
-            self.catchup.retain(|c| c != channel);
+            self.chans.catchup.retain(|c| c != channel);
             self.begin_delivery(&mut OkFrame::default(), channel, &start, None, None);
         }
     }
@@ -515,14 +341,14 @@ impl Session {
         let max_bytes = self.state.config.websocket.outbox_bytes;
         let mut out: Vec<Arc<Message>> = Vec::new();
         let mut bytes = 0;
-        while out.len() < bound && bytes < max_bytes && self.catchup.contains(channel) {
-            self.catchup.retain(|c| c != channel);
+        while out.len() < bound && bytes < max_bytes && self.chans.catchup.contains(channel) {
+            self.chans.catchup.retain(|c| c != channel);
             let limit = (bound - out.len()).min(CATCHUP_PAGE);
             if let PageStep::Send { messages, more } = self.read_page(channel, limit, false).await? {
                 bytes += messages.iter().map(|m| m.frame.len()).sum::<usize>();
                 out.extend(messages);
                 if more {
-                    self.catchup.push_back(channel.clone());
+                    self.chans.catchup.push_back(channel.clone());
                 }
             }
         }
@@ -545,7 +371,7 @@ impl Session {
         let max = state.config.history.max_limit;
         let limit = usize::try_from(h.limit).map_or(max, |l| l.min(max));
         let unrecoverable =
-            |msg: &str| Reply::error_code(id, cf::error_code::UNRECOVERABLE_POSITION, msg).encode();
+            |msg: &str| self.wire.reply(&Reply::error_code(id, cf::error_code::UNRECOVERABLE_POSITION, msg));
         let mut after = pos.first - 1;
         if let Some(StreamPosition { offset, epoch }) = &h.since {
             if !epoch.is_empty() && epoch != pos.epoch.as_str() {
@@ -574,7 +400,7 @@ impl Session {
             publications.reverse();
         }
         let result = HistoryResult { publications, epoch: pos.epoch.to_string(), offset: pos.head };
-        Ok(Reply::new(id, Answer::History(result)).encode())
+        Ok(self.wire.reply(&Reply::new(id, Answer::History(result))))
     }
 
     /// A presence channel's member count and (up to

@@ -14,7 +14,6 @@ use futures_util::SinkExt;
 use herald_core::delivery::{Live, Paged, Read};
 use herald_core::Message;
 use herald_proto::{close, ChannelName};
-use tokio_websockets::Message as WsMessage;
 
 use super::{ChannelTimers, Session, SessionEnd};
 use crate::hub::Outgoing;
@@ -50,14 +49,14 @@ impl Session {
         let mut next = Some(first);
         let mut taken = 0;
         let mut closed = Vec::new();
-        self.batch.reserve(OUTBOX_BATCH.min(self.handle.mailbox.outbox_len() + 1));
+        self.held.batch.reserve(OUTBOX_BATCH.min(self.handle.mailbox.outbox_len() + 1));
         while let Some(out) = next.take() {
             let send = if out.missed {
                 self.on_missed(&out.msg);
                 false
             } else {
                 // The hub counted it against this connection.
-                self.held += out.msg.frame.len();
+                self.held.bytes += out.msg.frame.len();
                 self.accept_live(&out.msg)
             };
             let frame = if send { self.wire.outgoing(&out) } else { None };
@@ -66,9 +65,9 @@ impl Session {
             }
             // Held (and counted) until the flush, even if a kick drops this
             // future while the socket is full.
-            self.batch.push(out);
+            self.held.batch.push(out);
             if let Some(frame) = frame {
-                self.ws.feed(WsMessage::text(frame)).await.map_err(|_| SessionEnd::Gone)?;
+                self.ws.feed(self.wire.frame(frame)).await.map_err(|_| SessionEnd::Gone)?;
                 written += 1;
             }
             taken += 1;
@@ -89,9 +88,9 @@ impl Session {
 
     /// What the last flush wrote no longer counts against the byte bounds.
     fn release_held(&mut self) {
-        self.handle.mailbox.sub(std::mem::take(&mut self.held));
-        self.batch = Vec::new();
-        self.page = None;
+        self.handle.mailbox.sub(std::mem::take(&mut self.held.bytes));
+        self.held.batch = Vec::new();
+        self.held.page = None;
     }
 
     /// A live message the hub could not queue (the server was at its
@@ -101,15 +100,15 @@ impl Session {
     /// from its `next` (and pauses there if its acked window is full).
     fn on_missed(&mut self, msg: &Message) {
         let Some(seq) = msg.seq else { return };
-        let Some(log) = self.regs.subs.get_mut(&msg.channel).and_then(|s| s.log.as_mut()) else {
+        let Some(log) = self.chans.regs.subs.get_mut(&msg.channel).and_then(|s| s.log.as_mut()) else {
             return;
         };
         if seq < log.delivery.next() {
             return; // already delivered
         }
-        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &msg.channel };
+        let mut timers = ChannelTimers { queue: &mut self.chans.timers, channel: &msg.channel };
         if log.delivery.on_live(seq + 1, &msg.epoch, &mut timers) == Live::Read {
-            self.catchup.push_back(msg.channel.clone());
+            self.chans.catchup.push_back(msg.channel.clone());
         }
     }
 
@@ -121,13 +120,13 @@ impl Session {
         channel: &ChannelName,
         reason: &str,
     ) -> Result<(), SessionEnd> {
-        if let Some(sub) = self.regs.remove(channel) {
+        if let Some(sub) = self.chans.regs.remove(channel) {
             if let Some(mut log) = sub.log {
-                log.delivery.end(&mut ChannelTimers { queue: &mut self.timers, channel });
+                log.delivery.end(&mut ChannelTimers { queue: &mut self.chans.timers, channel });
             }
-            self.catchup.retain(|c| c != channel);
+            self.chans.catchup.retain(|c| c != channel);
             self.ws
-                .feed(WsMessage::text(Bytes::from(self.wire.unsubscribed(channel, reason))))
+                .feed(self.wire.frame(Bytes::from(self.wire.unsubscribed(channel, reason))))
                 .await
                 .map_err(|_| SessionEnd::Gone)?;
         }
@@ -136,18 +135,18 @@ impl Session {
 
     /// Decide whether a live message goes out now (see `herald_core::delivery`).
     fn accept_live(&mut self, msg: &Message) -> bool {
-        let Some(sub) = self.regs.subs.get_mut(&msg.channel) else { return false };
+        let Some(sub) = self.chans.regs.subs.get_mut(&msg.channel) else { return false };
         // Volatile messages and presence events (no seq): live only, on any channel.
         let Some(seq) = msg.seq else { return true };
         // A logged message for a volatile subscription cannot happen
         // (delivery is per namespace); drop it rather than break the order.
         let Some(log) = sub.log.as_mut() else { return false };
-        let mut timers = ChannelTimers { queue: &mut self.timers, channel: &msg.channel };
+        let mut timers = ChannelTimers { queue: &mut self.chans.timers, channel: &msg.channel };
         match log.delivery.on_live(seq, &msg.epoch, &mut timers) {
             Live::Send => true,
             Live::Skip => false,
             Live::Read => {
-                self.catchup.push_back(msg.channel.clone());
+                self.chans.catchup.push_back(msg.channel.clone());
                 false
             }
         }
@@ -155,9 +154,9 @@ impl Session {
 
     /// One page of catch-up for the subscription at the front of the queue.
     pub(super) async fn catchup_step(&mut self) -> Result<(), SessionEnd> {
-        let Some(channel) = self.catchup.pop_front() else { return Ok(()) };
+        let Some(channel) = self.chans.catchup.pop_front() else { return Ok(()) };
         let page_bytes = self.state.config.websocket.outbox_bytes / 4;
-        let page_len = (page_bytes / self.frame_estimate.max(MIN_FRAME_ESTIMATE)).clamp(1, CATCHUP_PAGE);
+        let page_len = (page_bytes / self.held.frame_estimate.max(MIN_FRAME_ESTIMATE)).clamp(1, CATCHUP_PAGE);
         let (messages, more) = match self.read_page(&channel, page_len, true).await? {
             PageStep::Idle => return Ok(()),
             PageStep::Send { messages, more } => (messages, more),
@@ -166,7 +165,7 @@ impl Session {
         let mut written = 0;
         for msg in &messages {
             if let Some(frame) = self.wire.message(msg) {
-                self.ws.feed(WsMessage::text(frame)).await.map_err(|_| SessionEnd::Gone)?;
+                self.ws.feed(self.wire.frame(frame)).await.map_err(|_| SessionEnd::Gone)?;
                 written += 1;
             }
             closes |= msg.closes;
@@ -181,7 +180,7 @@ impl Session {
         }
         self.release_held();
         if more && !closes {
-            self.catchup.push_back(channel);
+            self.chans.catchup.push_back(channel);
         }
         Ok(())
     }
@@ -202,8 +201,13 @@ impl Session {
     ) -> Result<PageStep, SessionEnd> {
         // None: unsubscribed meanwhile, live, or paused by a full window (an
         // ack queues it again).
-        let Some(read) =
-            self.regs.subs.get(channel).and_then(|s| s.log.as_ref()).and_then(|l| l.delivery.read(page_len))
+        let Some(read) = self
+            .chans
+            .regs
+            .subs
+            .get(channel)
+            .and_then(|s| s.log.as_ref())
+            .and_then(|l| l.delivery.read(page_len))
         else {
             return Ok(PageStep::Idle);
         };
@@ -220,27 +224,27 @@ impl Session {
         };
         if !page.messages.is_empty() {
             let total: usize = page.messages.iter().map(|m| m.frame.len()).sum();
-            self.frame_estimate = (total / page.messages.len()).max(MIN_FRAME_ESTIMATE);
+            self.held.frame_estimate = (total / page.messages.len()).max(MIN_FRAME_ESTIMATE);
         }
         // Send the part of the page that fits the byte bounds; the rest is
         // read again next step (as if the read had asked for fewer).
         let fits = if charge { self.charge_page(&page.messages) } else { Some(page.messages.len()) };
         let Some(fits) = fits else {
             self.state.hub.shed();
-            self.catchup.push_front(channel.clone());
+            self.chans.catchup.push_front(channel.clone());
             let wait = CATCHUP_RETRY + CATCHUP_RETRY.mul_f64(fastrand::f64());
-            self.catchup_pause = Some(Box::pin(tokio::time::sleep(wait)));
+            self.chans.pause = Some(Box::pin(tokio::time::sleep(wait)));
             return Ok(PageStep::Idle);
         };
         let read = if fits < page.messages.len() { Read { limit: fits, ..read } } else { read };
         let mut messages = page.messages;
         messages.truncate(fits);
         // Same task: the subscription cannot have gone during the await.
-        let Some(log) = self.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) else {
+        let Some(log) = self.chans.regs.subs.get_mut(channel).and_then(|s| s.log.as_mut()) else {
             self.release_held();
             return Ok(PageStep::Idle);
         };
-        let mut timers = ChannelTimers { queue: &mut self.timers, channel };
+        let mut timers = ChannelTimers { queue: &mut self.chans.timers, channel };
         let seqs = messages.iter().map(|m| m.seq.unwrap_or(0));
         match log.delivery.on_page(read, &page.position, seqs, &mut timers) {
             // The log was reset or trimmed past what this client has seen:
@@ -251,7 +255,7 @@ impl Session {
             Paged::Ignore { more } => {
                 self.release_held();
                 if more {
-                    self.catchup.push_back(channel.clone());
+                    self.chans.catchup.push_back(channel.clone());
                 }
                 Ok(PageStep::Idle)
             }
@@ -287,8 +291,8 @@ impl Session {
         }
         let charge = queued.try_charge(bytes)?;
         self.handle.mailbox.add(bytes);
-        self.held += bytes;
-        self.page = Some(charge);
+        self.held.bytes += bytes;
+        self.held.page = Some(charge);
         Some(fits)
     }
 }

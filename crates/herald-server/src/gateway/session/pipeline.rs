@@ -39,7 +39,6 @@ use futures_util::future::{maybe_done, MaybeDone};
 use futures_util::SinkExt;
 use herald_core::Receipt;
 use herald_proto::ChannelName;
-use tokio_websockets::Message as WsMessage;
 
 use super::{Session, SessionEnd};
 use crate::error::ApiError;
@@ -191,7 +190,7 @@ impl Session {
         for end in ends {
             let frame = buf.slice(start..end);
             start = end;
-            self.ws.feed(WsMessage::text(frame)).await.map_err(|_| SessionEnd::Gone)?;
+            self.ws.feed(self.wire.frame(frame)).await.map_err(|_| SessionEnd::Gone)?;
         }
         self.ws.flush().await.map_err(|_| SessionEnd::Gone)
     }

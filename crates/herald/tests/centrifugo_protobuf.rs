@@ -1,0 +1,196 @@
+//! The Centrifugo endpoint's Protobuf wire through real sockets: the
+//! negotiation (query or subprotocol, echoed), binary frames of
+//! length-prefixed commands answered in order, pushes and pings.
+
+use futures_util::{SinkExt, StreamExt};
+use herald_proto::centrifugo_pb::{self as cf_pb, pb};
+use herald_test_support::*;
+use tokio_websockets::{MaybeTlsStream, Message, WebSocketStream};
+
+type Socket = WebSocketStream<MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A raw Centrifugo Protobuf client: commands out, replies and pushes in.
+struct Pb {
+    ws: Socket,
+    next_id: u32,
+    inbox: std::collections::VecDeque<pb::Reply>,
+}
+
+impl Pb {
+    async fn dial(srv: &TestServer, query: &str, subprotocol: Option<&str>) -> (Self, http::Response<()>) {
+        let url = format!("ws://{}/connection/websocket{query}", srv.addr);
+        let mut builder = tokio_websockets::ClientBuilder::new().uri(&url).unwrap();
+        if let Some(p) = subprotocol {
+            builder = builder
+                .add_header(http::header::SEC_WEBSOCKET_PROTOCOL, http::HeaderValue::from_str(p).unwrap())
+                .unwrap();
+        }
+        let (ws, resp) = builder.connect().await.expect("dial");
+        (Pb { ws, next_id: 0, inbox: Default::default() }, resp)
+    }
+
+    /// Send commands in one binary frame; returns their ids.
+    async fn send(&mut self, cmds: Vec<pb::Command>) -> Vec<u32> {
+        let mut ids = Vec::new();
+        let mut frame = Vec::new();
+        for mut c in cmds {
+            self.next_id += 1;
+            c.id = self.next_id;
+            ids.push(c.id);
+            cf_pb::append(&mut frame, &c);
+        }
+        self.ws.send(Message::binary(frame)).await.expect("send");
+        ids
+    }
+
+    /// The next message the server sent (every frame must be binary).
+    async fn next(&mut self) -> pb::Reply {
+        loop {
+            if let Some(r) = self.inbox.pop_front() {
+                return r;
+            }
+            let msg = tokio::time::timeout(WAIT, self.ws.next()).await.expect("frame in time");
+            let msg = msg.expect("socket open").expect("frame");
+            if msg.is_ping() || msg.is_pong() {
+                continue;
+            }
+            assert!(msg.is_binary(), "a text frame on the Protobuf wire");
+            let payload = msg.as_payload().to_vec();
+            for r in cf_pb::decode_replies(&payload, payload.len()) {
+                self.inbox.push_back(r.expect("a reply that decodes"));
+            }
+        }
+    }
+
+    /// The reply to `id`; pushes read meanwhile are dropped.
+    async fn reply(&mut self, id: u32) -> pb::Reply {
+        loop {
+            let r = self.next().await;
+            if r.id == id {
+                return r;
+            }
+        }
+    }
+
+    async fn call(&mut self, cmd: pb::Command) -> pb::Reply {
+        let id = self.send(vec![cmd]).await[0];
+        self.reply(id).await
+    }
+}
+
+fn connect() -> pb::Command {
+    pb::Command { connect: Some(Default::default()), ..Default::default() }
+}
+
+fn subscribe(channel: &str) -> pb::Command {
+    pb::Command {
+        subscribe: Some(pb::SubscribeRequest { channel: channel.into(), ..Default::default() }),
+        ..Default::default()
+    }
+}
+
+fn publish(channel: &str, data: &str) -> pb::Command {
+    pb::Command {
+        publish: Some(pb::PublishRequest {
+            channel: channel.into(),
+            data: data.into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn the_subprotocol_picks_protobuf_and_is_echoed() {
+    let srv = TestServer::start().await;
+    let (mut c, resp) = Pb::dial(&srv, "?user=u1", Some("centrifuge-protobuf")).await;
+    let echoed =
+        resp.headers().get(http::header::SEC_WEBSOCKET_PROTOCOL).map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(echoed.as_deref(), Some("centrifuge-protobuf"));
+    let r = c.call(connect()).await;
+    assert!(r.error.is_none(), "{r:?}");
+    assert!(!r.connect.expect("connect result").client.is_empty());
+
+    // The JSON subprotocol is echoed too, and the wire stays JSON.
+    let (mut j, resp) = Pb::dial(&srv, "?user=u2", Some("centrifuge-json")).await;
+    let echoed =
+        resp.headers().get(http::header::SEC_WEBSOCKET_PROTOCOL).map(|v| v.to_str().unwrap().to_owned());
+    assert_eq!(echoed.as_deref(), Some("centrifuge-json"));
+    j.ws.send(Message::text(r#"{"id":1,"connect":{}}"#)).await.unwrap();
+    let msg = tokio::time::timeout(WAIT, j.ws.next()).await.unwrap().unwrap().unwrap();
+    assert!(msg.as_text().is_some_and(|t| t.contains("\"connect\"")), "{msg:?}");
+}
+
+#[tokio::test]
+async fn commands_in_one_binary_frame_are_answered_in_order_and_pushed() {
+    let srv = TestServer::start().await;
+    for query in ["?user=u1&format=protobuf", "?user=u1&cf_protocol=protobuf"] {
+        let (mut c, resp) = Pb::dial(&srv, query, None).await;
+        assert!(resp.headers().get(http::header::SEC_WEBSOCKET_PROTOCOL).is_none());
+        let channel = if query.contains("format") { "chat:pb1" } else { "chat:pb2" };
+        let ids = c
+            .send(vec![
+                connect(),
+                subscribe(channel),
+                publish(channel, r#"{"n":1}"#),
+                // Not JSON: an error reply, the connection stays.
+                publish(channel, "not json"),
+                pb::Command { ping: Some(pb::PingRequest {}), ..Default::default() },
+            ])
+            .await;
+        let mut replies = Vec::new();
+        let mut pushes = Vec::new();
+        while replies.len() < ids.len() {
+            let r = c.next().await;
+            if r.id == 0 {
+                pushes.push(r);
+            } else {
+                replies.push(r);
+            }
+        }
+        let got: Vec<u32> = replies.iter().map(|r| r.id).collect();
+        assert_eq!(got, ids);
+        assert!(replies[0].connect.is_some(), "{:?}", replies[0]);
+        let sub = replies[1].subscribe.as_ref().expect("subscribe result");
+        assert!(sub.recoverable && sub.positioned);
+        assert!(replies[2].publish.is_some(), "{:?}", replies[2]);
+        assert!(replies[3].error.is_some(), "{:?}", replies[3]);
+        assert!(replies[4].ping.is_some(), "{:?}", replies[4]);
+        // The subscriber gets its own publish as a push, data byte for byte.
+        let push = match pushes.pop() {
+            Some(p) => p,
+            None => c.next().await,
+        };
+        let push = push.push.expect("a push");
+        assert_eq!(push.channel, channel);
+        let publication = push.r#pub.expect("a publication");
+        assert_eq!(publication.offset, 1);
+        assert_eq!(publication.data, br#"{"n":1}"#.to_vec());
+    }
+}
+
+#[tokio::test]
+async fn the_server_pings_with_an_empty_message_and_text_frames_close() {
+    let srv = TestServer::start_with(|c| {
+        c.heartbeat.ping_interval = std::time::Duration::from_millis(200);
+        c.heartbeat.idle_timeout = std::time::Duration::from_secs(10);
+    })
+    .await;
+    let (mut c, _) = Pb::dial(&srv, "?user=u1&format=protobuf", None).await;
+    c.call(connect()).await;
+    // An empty message: decoded as an empty reply.
+    assert_eq!(c.next().await, pb::Reply::default());
+    c.ws.send(Message::binary(cf_pb::PING.to_vec())).await.unwrap();
+    assert_eq!(c.next().await, pb::Reply::default());
+    // A text frame is not this wire's: the connection closes.
+    c.ws.send(Message::text("{}")).await.unwrap();
+    let code = loop {
+        match tokio::time::timeout(WAIT, c.ws.next()).await.expect("close in time") {
+            Some(Ok(m)) if m.is_close() => break m.as_close().map(|(code, _)| u16::from(code)),
+            Some(Ok(_)) => {}
+            other => panic!("no close frame: {other:?}"),
+        }
+    };
+    let bad_request = herald_proto::centrifugo::disconnect_of(herald_proto::close::BAD_REQUEST);
+    assert_eq!(code, Some(bad_request));
+}
