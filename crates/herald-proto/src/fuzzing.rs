@@ -29,14 +29,10 @@ pub fn client_frame(bytes: &[u8]) {
 /// keeps the publish rules' invariants, and served as a push it stays one
 /// line that reads back as the same value (only whitespace newlines change).
 fn centrifugo_frame(text: &str) {
-    use crate::centrifugo::{push_of_frame, Command, Method};
+    use crate::centrifugo::{push_of_frame, Command};
     for line in text.split('\n') {
         let Ok(cmd) = Command::parse(line.trim()) else { continue };
-        let Method::Publish(p) = cmd.method() else { continue };
-        data_invariants(&p.data);
-        let Ok(channel) = ChannelName::new(&p.channel) else { continue };
-        served_as_published(&channel, &p.data, None);
-        let frame = encode_message_frame(&channel, Some(1), "id", 1, &p.data, None);
+        let Some((p, channel, frame)) = published(cmd) else { continue };
         let push = push_of_frame(channel.as_str(), &frame).expect("a frame we made becomes a push");
         assert!(!push.contains(&b'\n'));
         // serde_json's own depth limit may refuse what the rules allow.
@@ -47,13 +43,27 @@ fn centrifugo_frame(text: &str) {
     }
 }
 
+/// A Centrifugo publish, whichever wire it came on: its `data` keeps the
+/// publish rules' invariants and is served as published; with a valid
+/// channel, the message frame it would be stored as.
+fn published(
+    cmd: crate::centrifugo::Command,
+) -> Option<(crate::centrifugo::PublishRequest, ChannelName, Vec<u8>)> {
+    let crate::centrifugo::Method::Publish(p) = cmd.method() else { return None };
+    data_invariants(&p.data);
+    let channel = ChannelName::new(&p.channel).ok()?;
+    served_as_published(&channel, &p.data, None);
+    let frame = encode_message_frame(&channel, Some(1), "id", 1, &p.data, None);
+    Some((p, channel, frame))
+}
+
 /// `fuzz/` target `centrifugo_protobuf`: one binary WebSocket frame from a
 /// client on the Centrifugo endpoint, in the Protobuf encoding. Every
 /// command decoded encodes back to itself; an error points inside the
 /// frame and ends it; a publish's `data` keeps the publish rules'
 /// invariants and comes back byte for byte in its `pub` push.
 pub fn centrifugo_protobuf(bytes: &[u8]) {
-    use crate::centrifugo::{Command, Method};
+    use crate::centrifugo::Command;
     use crate::centrifugo_pb::{append, decode_commands, push_of_frame, FrameError};
     const MAX: usize = 64 * 1024;
     for item in decode_commands(bytes, MAX) {
@@ -75,11 +85,7 @@ pub fn centrifugo_protobuf(bytes: &[u8]) {
         assert!(matches!(&back[..], [Ok(c)] if *c == cmd), "{cmd:?} encodes back to {back:?}");
 
         let Ok(cmd) = Command::try_from(cmd) else { continue };
-        let Method::Publish(p) = cmd.method() else { continue };
-        data_invariants(&p.data);
-        let Ok(channel) = ChannelName::new(&p.channel) else { continue };
-        served_as_published(&channel, &p.data, None);
-        let frame = encode_message_frame(&channel, Some(1), "id", 1, &p.data, None);
+        let Some((p, channel, frame)) = published(cmd) else { continue };
         let push = push_of_frame(channel.as_str(), &frame).expect("a frame we made becomes a push");
         let replies: Vec<_> = crate::centrifugo_pb::decode_replies(&push, usize::MAX).collect();
         let [Ok(reply)] = &replies[..] else { panic!("one push: {replies:?}") };
