@@ -24,6 +24,18 @@ pub async fn next_frame(conn: &mut Connection) -> MessageView {
     }
 }
 
+/// The next reply (`ok` or `error`), skipping any other frame (messages
+/// that arrive meanwhile).
+pub async fn next_reply(conn: &mut Connection) -> MessageView {
+    loop {
+        match next_event(conn).await {
+            Some(ServerEvent::Frame(v)) if v.kind == "ok" || v.kind == "error" => return v,
+            Some(ServerEvent::Frame(_)) => continue,
+            other => panic!("connection ended while waiting for a reply: {other:?}"),
+        }
+    }
+}
+
 /// The next `message` frame, skipping nothing else but pongs.
 pub async fn next_message(conn: &mut Connection) -> MessageView {
     loop {

@@ -29,7 +29,7 @@ mod server;
 
 pub use frames::{
     assert_silent, create_room, data, join, keep_reading, next_event, next_frame, next_message,
-    next_messages, next_presence, next_room_event, read_until_closed, seqs,
+    next_messages, next_presence, next_reply, next_room_event, read_until_closed, seqs,
 };
 pub use herald_core::conformance::{assert_eventually, eventually, WAIT};
 pub use herald_redis::testing::{

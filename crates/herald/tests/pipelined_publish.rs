@@ -7,7 +7,6 @@
 use std::collections::HashSet;
 
 use herald_client::{Connection, ServerEvent};
-use herald_proto::MessageView;
 use herald_test_support::*;
 use serde_json::json;
 
@@ -27,18 +26,6 @@ async fn send_publishes(conn: &mut Connection, channel: &str, range: std::ops::R
             frame["idempotency_key"] = format!("k{i}").into();
         }
         conn.send(&frame).await.expect("send publish");
-    }
-}
-
-/// The next reply (`ok` or `error`) on the connection, within `WAIT`.
-async fn next_reply(conn: &mut Connection) -> MessageView {
-    loop {
-        let ev = tokio::time::timeout(WAIT, conn.next_frame()).await.expect("a reply in time").expect("read");
-        match ev {
-            Some(ServerEvent::Frame(v)) if v.kind == "ok" || v.kind == "error" => return v,
-            Some(ServerEvent::Frame(_)) => continue,
-            other => panic!("connection ended while waiting for a reply: {other:?}"),
-        }
     }
 }
 

@@ -7,9 +7,8 @@
 
 use std::collections::HashMap;
 
-use herald_client::{Connection, ServerEvent};
-use herald_proto::MessageView;
-use herald_test_support::{engine_config, next_message, Node, RedisServer, WAIT};
+use herald_client::Connection;
+use herald_test_support::{engine_config, next_message, next_reply, Node, RedisServer};
 use serde_json::json;
 
 const CHANNELS: [&str; 3] = ["chat:pa", "chat:pb", "chat:pc"];
@@ -36,17 +35,6 @@ fn frame(i: u64) -> (serde_json::Value, Option<u64>) {
         f["idempotency_key"] = format!("k{original}").into();
     }
     (f, (original != i).then_some(original))
-}
-
-async fn next_reply(conn: &mut Connection) -> MessageView {
-    loop {
-        let ev = tokio::time::timeout(WAIT, conn.next_frame()).await.expect("a reply in time").expect("read");
-        match ev {
-            Some(ServerEvent::Frame(v)) if v.kind == "ok" || v.kind == "error" => return v,
-            Some(ServerEvent::Frame(_)) => continue,
-            other => panic!("connection ended while waiting for a reply: {other:?}"),
-        }
-    }
 }
 
 /// Send publishes `range` back to back, then read their replies: each in
