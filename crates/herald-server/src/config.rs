@@ -161,6 +161,11 @@ pub struct HttpConfig {
     pub max_header_bytes: usize,
     /// Largest request body, in bytes (413 above).
     pub max_body_bytes: usize,
+    /// Serve HTTP/2 over cleartext to clients that open with its preface
+    /// (prior knowledge) beside HTTP/1.1 on the same port.
+    pub http2: bool,
+    /// Most requests in flight at once on one HTTP/2 connection.
+    pub http2_max_concurrent_streams: u32,
 }
 
 impl Default for HttpConfig {
@@ -172,6 +177,8 @@ impl Default for HttpConfig {
             keep_alive_timeout: Duration::from_secs(120),
             max_header_bytes: 16 * 1024,
             max_body_bytes: 256 * 1024,
+            http2: true,
+            http2_max_concurrent_streams: 256,
         }
     }
 }

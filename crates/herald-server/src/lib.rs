@@ -203,6 +203,7 @@ impl Server {
                 state.metrics.clone(),
             )),
             http: gateway::listener::Serving::http_builder(http),
+            http2: gateway::listener::Serving::http2_builder(http),
             service: self.http_service(),
             timeouts: gateway::listener::Timeouts::from_config(http),
             shutdown: state.shutdown.clone(),

@@ -29,6 +29,9 @@ impl Config {
         if h.max_body_bytes < 256 {
             return Err("http.max_body_bytes must be at least 256".into());
         }
+        if h.http2_max_concurrent_streams == 0 {
+            return Err("http.http2_max_concurrent_streams must be at least 1".into());
+        }
         let ws = &self.websocket;
         if ws.max_connections == 0 {
             return Err("websocket.max_connections must be at least 1".into());

@@ -1,6 +1,13 @@
 //! Every accepted TCP connection, from `accept` until it is a WebSocket
 //! session or closed: the HTTP connection cap, the timeouts that bound a
-//! connection before its request is complete, and the HTTP/1 serving.
+//! connection before its request is complete, and the HTTP/1.1 and HTTP/2
+//! serving.
+//!
+//! HTTP/2 is cleartext with prior knowledge (`http.http2`): a connection
+//! whose first 24 bytes are HTTP/2's preface is served as HTTP/2, any other
+//! as HTTP/1.1 (the bytes read to tell are handed to hyper first). No
+//! upgrade from HTTP/1.1 (`h2c` in `Upgrade`) and no TLS: a backend that
+//! wants to multiplex publishes on one connection opens it as HTTP/2.
 //!
 //! A connection moves through phases (see [`Phase`]); each phase has one
 //! clock and one deadline, enforced by a watchdog in the connection's task:
@@ -10,7 +17,7 @@
 //! | `Fresh` | accept | `header_read_timeout` after accept |
 //! | `Head` | a request's first byte | `header_read_timeout` (after accept for the first request) |
 //! | `Busy` | headers complete (request dispatched) | none here: the body has `body_read_timeout` ([`body`]), handlers are bounded by the engine |
-//! | `Idle` | the response | `http_idle_timeout`, restarted while the response is still being written |
+//! | `Idle` | the response (on HTTP/2, the last of the requests in flight) | `keep_alive_timeout`, restarted while a response is still being written; on HTTP/2 bytes that start no request (pings, window updates) do not end it |
 //! | `Upgraded` | the 101 | none: the WebSocket session has its own pings and idle timeout |
 //!
 //! hyper's own `header_read_timeout` is not used: its clock starts when hyper
@@ -37,16 +44,17 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderValue, Request, Response, StatusCode};
 use axum::Router;
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::{TowerToHyperService, TowerToHyperServiceFuture};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -87,6 +95,11 @@ pub(crate) struct Conn {
     phase: AtomicU8,
     /// A request has been dispatched on this connection.
     served: AtomicBool,
+    /// Requests dispatched and not yet answered (at most one on HTTP/1.1).
+    in_flight: AtomicU32,
+    /// HTTP/2: several requests at once, and bytes between requests that
+    /// are not a request's head.
+    multiplexed: AtomicBool,
     /// Start of the current phase's clock, in ms since `epoch`.
     since_ms: AtomicU64,
     epoch: Instant,
@@ -100,6 +113,8 @@ impl Conn {
             id,
             phase: AtomicU8::new(Phase::Fresh as u8),
             served: AtomicBool::new(false),
+            in_flight: AtomicU32::new(0),
+            multiplexed: AtomicBool::new(false),
             since_ms: AtomicU64::new(0),
             epoch,
             evicted: CancellationToken::new(),
@@ -125,11 +140,13 @@ impl Conn {
         self.epoch + Duration::from_millis(self.since_ms.load(Ordering::Acquire))
     }
 
-    /// Bytes arrived. Between requests they start a head (and its clock);
-    /// the first request's head is timed from accept.
+    /// Bytes arrived. Between HTTP/1.1 requests they start a head (and its
+    /// clock); the first request's head is timed from accept. Between
+    /// HTTP/2 requests they may be pings: the idle clock keeps running.
     fn on_read(&self) {
         match self.phase() {
             Phase::Fresh => self.set_phase(Phase::Head),
+            Phase::Idle if self.multiplexed.load(Ordering::Acquire) => {}
             Phase::Idle => {
                 self.restart_clock();
                 self.set_phase(Phase::Head);
@@ -149,16 +166,23 @@ impl Conn {
     /// hyper dispatched a request (its headers are complete).
     fn begin_request(&self) {
         self.served.store(true, Ordering::Release);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.set_phase(Phase::Busy);
     }
 
-    /// The service answered; a 101 hands the connection to a WebSocket session.
+    /// The service answered; a 101 hands the connection to a WebSocket
+    /// session. The connection is idle once no request is in flight.
     fn end_request(&self, upgraded: bool) {
         if upgraded {
             self.set_phase(Phase::Upgraded);
-        } else {
+        } else if self.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.restart_clock();
             self.set_phase(Phase::Idle);
+            // A request dispatched between the count and the phase (HTTP/2)
+            // keeps the connection busy.
+            if self.in_flight.load(Ordering::Acquire) > 0 {
+                self.set_phase(Phase::Busy);
+            }
         }
     }
 
@@ -326,10 +350,57 @@ impl Future for TrackedResponse {
     }
 }
 
+/// HTTP/2's connection preface: a client with prior knowledge opens with it.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The first bytes of a connection, read to tell HTTP/2 from HTTP/1.1:
+/// up to the preface's length, stopping at the first byte that differs
+/// from it (one read for an HTTP/1.1 request, whose first bytes differ).
+/// `true` with the preface whole; the bytes read either way.
+async fn sniff(stream: &mut TcpStream) -> std::io::Result<(bool, Vec<u8>)> {
+    let mut buf = vec![0; H2_PREFACE.len()];
+    let mut n = 0;
+    while n < buf.len() {
+        let got = stream.read(&mut buf[n..]).await?;
+        if got == 0 {
+            break;
+        }
+        n += got;
+        if buf[..n] != H2_PREFACE[..n] {
+            break;
+        }
+    }
+    buf.truncate(n);
+    Ok((n == H2_PREFACE.len() && buf == H2_PREFACE[..], buf))
+}
+
+/// The socket as hyper reads it.
+type Io = TokioIo<io::GuardedIo<TcpStream>>;
+
+/// A connection served by hyper, as either protocol: run to its end, or
+/// asked to finish what is in flight and close.
+trait Served: Future<Output = hyper::Result<()>> {
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl Served for http1::UpgradeableConnection<Io, Tracked> {
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http1::UpgradeableConnection::graceful_shutdown(self);
+    }
+}
+
+impl Served for http2::Connection<Io, Tracked, TokioExecutor> {
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http2::Connection::graceful_shutdown(self);
+    }
+}
+
 /// What every connection task needs, built once by the accept loop.
 pub(crate) struct Serving {
     pub connections: Arc<Connections>,
     pub http: http1::Builder,
+    /// `None` when `http.http2` is off: every connection is HTTP/1.1.
+    pub http2: Option<http2::Builder<TokioExecutor>>,
     pub service: HttpService,
     pub timeouts: Timeouts,
     pub shutdown: CancellationToken,
@@ -338,7 +409,7 @@ pub(crate) struct Serving {
 }
 
 impl Serving {
-    /// The hyper HTTP/1 settings.
+    /// The hyper HTTP/1.1 settings.
     pub fn http_builder(config: &HttpConfig) -> http1::Builder {
         let mut http = http1::Builder::new();
         // No timer: heads are timed by the watchdog (module docs).
@@ -346,9 +417,20 @@ impl Serving {
         http
     }
 
+    /// The hyper HTTP/2 settings, if `http.http2` is on.
+    pub fn http2_builder(config: &HttpConfig) -> Option<http2::Builder<TokioExecutor>> {
+        if !config.http2 {
+            return None;
+        }
+        let mut http = http2::Builder::new(TokioExecutor::new());
+        http.max_concurrent_streams(config.http2_max_concurrent_streams)
+            .max_header_list_size(u32::try_from(config.max_header_bytes).unwrap_or(u32::MAX));
+        Some(http)
+    }
+
     /// Take an accepted socket: find it a place under the cap (or close it)
     /// and serve it in its own task.
-    pub fn serve(&self, stream: TcpStream) {
+    pub fn serve(&self, mut stream: TcpStream) {
         let Some(conn) = self.connections.admit() else {
             // Every place holds a request in progress: closing is all that
             // keeps descriptors for the requests being served.
@@ -356,14 +438,12 @@ impl Serving {
             return;
         };
         let _ = stream.set_nodelay(true);
-        let io = TokioIo::new(io::GuardedIo::new(stream, conn.clone()));
         let service = Tracked { inner: TowerToHyperService::new(self.service.clone()), conn: conn.clone() };
-        let http = self.http.serve_connection(io, service).with_upgrades();
         let registered = Registered(self.connections.clone(), conn.id);
+        let (http1, http2) = (self.http.clone(), self.http2.clone());
         let (timeouts, shutdown, metrics) = (self.timeouts, self.shutdown.clone(), self.metrics.clone());
         self.tasks.spawn(async move {
             let _registered = registered;
-            tokio::pin!(http);
             let closed = async {
                 tokio::select! {
                     reason = watchdog(&conn, &timeouts) => Some(reason),
@@ -372,23 +452,60 @@ impl Serving {
                 }
             };
             tokio::pin!(closed);
-            let result = tokio::select! {
-                r = http.as_mut() => r,
-                reason = &mut closed => return dropped(&metrics, reason),
-                () = shutdown.cancelled() => {
-                    // Finish the request in progress, then close; a
-                    // connection that never completes one is still bounded.
-                    http.as_mut().graceful_shutdown();
-                    tokio::select! {
-                        r = http.as_mut() => r,
-                        reason = &mut closed => return dropped(&metrics, reason),
-                    }
-                }
+            let (h2, read) = match &http2 {
+                None => (false, Vec::new()),
+                Some(_) => tokio::select! {
+                    sniffed = sniff(&mut stream) => match sniffed {
+                        Ok(sniffed) => sniffed,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "http connection ended before a request");
+                            return;
+                        }
+                    },
+                    reason = &mut closed => return dropped(&metrics, reason),
+                    () = shutdown.cancelled() => return,
+                },
             };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "http connection ended with an error");
+            if !read.is_empty() {
+                conn.on_read();
+            }
+            let io = TokioIo::new(io::GuardedIo::with_prefix(stream, conn.clone(), read.into()));
+            let result = match http2 {
+                Some(http2) if h2 => {
+                    conn.multiplexed.store(true, Ordering::Release);
+                    drive(http2.serve_connection(io, service), closed, &shutdown).await
+                }
+                _ => drive(http1.serve_connection(io, service).with_upgrades(), closed, &shutdown).await,
+            };
+            match result {
+                Err(reason) => dropped(&metrics, reason),
+                Ok(Err(e)) => tracing::debug!(error = %e, "http connection ended with an error"),
+                Ok(Ok(())) => {}
             }
         });
+    }
+}
+
+/// Serve `http` until it ends, the connection is `closed` (`Err` with the
+/// reason), or the server shuts down: then the request in progress is
+/// finished and the connection closed, a connection that never completes
+/// one still bounded by `closed`.
+async fn drive(
+    http: impl Served,
+    mut closed: Pin<&mut impl Future<Output = Option<&'static str>>>,
+    shutdown: &CancellationToken,
+) -> Result<hyper::Result<()>, Option<&'static str>> {
+    tokio::pin!(http);
+    tokio::select! {
+        r = http.as_mut() => Ok(r),
+        reason = &mut closed => Err(reason),
+        () = shutdown.cancelled() => {
+            http.as_mut().graceful_shutdown();
+            tokio::select! {
+                r = http.as_mut() => Ok(r),
+                reason = &mut closed => Err(reason),
+            }
+        }
     }
 }
 

@@ -36,11 +36,16 @@ pub(crate) struct GuardedIo<T> {
     conn: Option<Arc<Conn>>,
     /// The replacement answer, still to be written.
     pending: Option<Bytes>,
+    /// Bytes read from `inner` before hyper took the connection (to tell
+    /// HTTP/2 from HTTP/1.1): hyper reads them first.
+    prefix: Bytes,
 }
 
 impl<T> GuardedIo<T> {
-    pub fn new(inner: T, conn: Arc<Conn>) -> Self {
-        GuardedIo { inner, conn: Some(conn), pending: None }
+    /// `prefix`: bytes already read from `inner`, already reported to
+    /// `conn`.
+    pub fn with_prefix(inner: T, conn: Arc<Conn>, prefix: Bytes) -> Self {
+        GuardedIo { inner, conn: Some(conn), pending: None, prefix }
     }
 
     /// The connection, until it is upgraded (then `None`, for good).
@@ -87,6 +92,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for GuardedIo<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
         if buf.filled().len() > before {
