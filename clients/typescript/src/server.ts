@@ -52,9 +52,14 @@ export interface ScheduledResult {
   idempotencyKey: string;
 }
 
-/** One message of {@link HeraldServer.publishMessages}: the single publish's arguments in one object. */
+/**
+ * One message of {@link HeraldServer.publishMessages}: the single publish's
+ * arguments in one object, with `channel`; or {@link HeraldServer.publishBatch}'s,
+ * with `channels` (the same message to each, one key for all).
+ */
 export interface BatchMessage {
-  channel: string;
+  channel?: string;
+  channels?: string[];
   data: Json | unknown;
   meta?: Meta;
   /** Generated when not given, so a retry of the whole request appends this message once. */
@@ -64,15 +69,23 @@ export interface BatchMessage {
   delayMs?: number;
 }
 
+/** What became of a message on one channel: appended, scheduled or refused. */
+export type ChannelResult =
+  | { channel: string; seq?: number; id: string; epoch: string; replayed?: boolean }
+  | { scheduled_id: string; channel: string; deliver_at: number; replayed?: boolean }
+  | { channel: string; error: { code: string; detail: string } };
+
 /**
  * What became of one message of {@link HeraldServer.publishMessages}: appended
  * (`seq` absent on volatile channels), scheduled, or refused on its own
- * (`error`, with the code the single publish would answer).
+ * (`error`, with the code the single publish would answer); a message with
+ * `channels` has one {@link ChannelResult} per channel in `results`.
  */
 export type BatchResult =
   | { channel: string; seq?: number; id: string; epoch: string; replayed: boolean; idempotencyKey: string }
   | { scheduled_id: string; channel: string; deliver_at: number; replayed: boolean; idempotencyKey: string }
-  | { channel: string; error: { code: string; detail: string }; idempotencyKey: string };
+  | { channel: string; error: { code: string; detail: string }; idempotencyKey: string }
+  | { results: ChannelResult[]; replayed: boolean; idempotencyKey: string };
 
 /** A pending schedule, as `GET /api/v1/scheduled` lists it. */
 export interface ScheduledEntry {
@@ -189,7 +202,9 @@ export class HeraldServer {
     const keys = messages.map((m) => m.idempotencyKey ?? randomId('api-'));
     const body = {
       messages: messages.map((m, i) => {
-        const out: Record<string, unknown> = { channel: m.channel, data: m.data, idempotency_key: keys[i] };
+        const out: Record<string, unknown> = { data: m.data, idempotency_key: keys[i] };
+        if (m.channel !== undefined) out.channel = m.channel;
+        if (m.channels !== undefined) out.channels = m.channels;
         if (m.meta) out.meta = m.meta;
         if (m.deliverAt !== undefined) out.deliver_at = m.deliverAt instanceof Date ? m.deliverAt.getTime() : m.deliverAt;
         if (m.delayMs !== undefined) out.delay_ms = m.delayMs;
@@ -200,7 +215,11 @@ export class HeraldServer {
     const results = (json as { results: Record<string, unknown>[] }).results;
     return results.map((r, i) => {
       const out = { ...r, idempotencyKey: keys[i] } as Record<string, unknown>;
-      if (!('error' in r)) out.replayed = r.replayed === true;
+      if ('results' in r) {
+        out.replayed = (r.results as { replayed?: boolean }[]).every((c) => c.replayed === true);
+      } else if (!('error' in r)) {
+        out.replayed = r.replayed === true;
+      }
       return out as BatchResult;
     });
   }

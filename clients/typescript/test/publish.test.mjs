@@ -137,3 +137,17 @@ test('publishMessages: many messages in one request, each answered on its own, a
   const history = await api.history('chat:many');
   assert.deepEqual(history.messages.map((m) => m.data), [{ n: 1 }, { n: 3 }, 4]);
 });
+
+test('publishMessages: a message to several channels is answered per channel, and replays whole', async () => {
+  const messages = [{ channels: ['chat:fan1', 'chat:fan2'], data: { fan: true } }, { channel: 'chat:fan1', data: 2 }];
+  const [fanned, single] = await api.publishMessages(messages);
+  // Keyed (every message here is), a message to several channels keeps
+  // /publish's key protocol: appended after the request's one submission.
+  assert.equal(single.seq, 1);
+  assert.deepEqual(fanned.results.map((r) => [r.channel, r.seq]), [['chat:fan1', 2], ['chat:fan2', 1]]);
+  assert.equal(fanned.replayed, false);
+  const [again] = await api.publishMessages([{ ...messages[0], idempotencyKey: fanned.idempotencyKey }]);
+  assert.equal(again.replayed, true);
+  assert.deepEqual(again.results.map((r) => r.id), fanned.results.map((r) => r.id));
+  assert.equal((await api.history('chat:fan2')).head, 1);
+});

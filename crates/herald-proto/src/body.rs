@@ -70,11 +70,19 @@ pub struct MessagesBody {
 
 /// One message of a [`MessagesBody`]: what `POST
 /// /api/v1/channels/{channel}/messages` takes in its path, header and
-/// body, in one object.
+/// body, in one object; or, with `channels` instead of `channel`, what
+/// `POST /api/v1/publish` takes (one message to several channels). Exactly
+/// one of the two is given.
 #[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MessageItem {
+    /// The one channel (empty when `channels` names them).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub channel: String,
+    /// Several channels, each appended the same message (empty when
+    /// `channel` names one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub channels: Vec<String>,
     pub data: Box<RawValue>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<Meta>,

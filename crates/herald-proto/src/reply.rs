@@ -297,17 +297,30 @@ pub enum MessageResult {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         replayed: bool,
     },
+    /// A message to several channels (`channels`): one result per channel,
+    /// in the order named, each one of the other three.
+    Channels { results: Vec<MessageResult> },
 }
 
 impl MessageResult {
-    /// Whether the message was refused or failed.
+    /// Whether the message was refused or failed (on some channel, for a
+    /// message to several).
     pub fn is_error(&self) -> bool {
-        matches!(self, Self::Failed { .. })
+        match self {
+            Self::Failed { .. } => true,
+            Self::Channels { results } => results.iter().any(Self::is_error),
+            Self::Scheduled { .. } | Self::Published { .. } => false,
+        }
     }
 
-    /// Whether the answer is a replay of an earlier request's.
+    /// Whether the answer is a replay of an earlier request's (on every
+    /// channel, for a message to several).
     pub fn is_replayed(&self) -> bool {
-        matches!(self, Self::Scheduled { replayed: true, .. } | Self::Published { replayed: true, .. })
+        match self {
+            Self::Scheduled { replayed, .. } | Self::Published { replayed, .. } => *replayed,
+            Self::Channels { results } => results.iter().all(Self::is_replayed),
+            Self::Failed { .. } => false,
+        }
     }
 }
 

@@ -1128,7 +1128,9 @@ var HeraldServer = class {
     const keys = messages.map((m) => m.idempotencyKey ?? randomId("api-"));
     const body = {
       messages: messages.map((m, i) => {
-        const out = { channel: m.channel, data: m.data, idempotency_key: keys[i] };
+        const out = { data: m.data, idempotency_key: keys[i] };
+        if (m.channel !== void 0) out.channel = m.channel;
+        if (m.channels !== void 0) out.channels = m.channels;
         if (m.meta) out.meta = m.meta;
         if (m.deliverAt !== void 0) out.deliver_at = m.deliverAt instanceof Date ? m.deliverAt.getTime() : m.deliverAt;
         if (m.delayMs !== void 0) out.delay_ms = m.delayMs;
@@ -1139,7 +1141,11 @@ var HeraldServer = class {
     const results = json.results;
     return results.map((r, i) => {
       const out = { ...r, idempotencyKey: keys[i] };
-      if (!("error" in r)) out.replayed = r.replayed === true;
+      if ("results" in r) {
+        out.replayed = r.results.every((c) => c.replayed === true);
+      } else if (!("error" in r)) {
+        out.replayed = r.replayed === true;
+      }
       return out;
     });
   }

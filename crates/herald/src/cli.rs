@@ -213,8 +213,9 @@ pub async fn tail(args: TailArgs) -> anyhow::Result<()> {
 
 #[derive(Debug, clap::Args)]
 pub struct PublishBatchArgs {
-    /// JSON lines, one message a line ({"channel", "data", "meta"?,
-    /// "idempotency_key"?, "deliver_at"?|"delay_ms"?}); `-` reads stdin
+    /// JSON lines, one message a line ({"channel" or "channels", "data",
+    /// "meta"?, "idempotency_key"?, "deliver_at"?|"delay_ms"?}); `-` reads
+    /// stdin
     pub file: String,
     /// Messages per request (at most the server's publish.max_batch_messages)
     #[arg(long, default_value_t = 500)]

@@ -212,6 +212,7 @@ async fn the_rust_http_api_publishes_messages() {
     let raw = |s: &str| serde_json::value::RawValue::from_string(s.to_owned()).unwrap();
     let item = |channel: &str, data: &str, key: Option<&str>| MessageItem {
         channel: channel.into(),
+        channels: vec![],
         data: raw(data),
         meta: None,
         idempotency_key: key.map(str::to_owned),
@@ -248,4 +249,102 @@ async fn the_immediate_messages_share_one_group_commit() {
     // window; one commit per message would be 200).
     let commits = after.batches - before.batches;
     assert!((1..=2).contains(&commits), "{commits} group commits for one request");
+}
+
+#[tokio::test]
+async fn a_message_to_several_channels_is_answered_per_channel() {
+    let srv = TestServer::start().await;
+    let mut sub = srv.connect("reader").await;
+    sub.subscribe("chat:f1", None).await.unwrap();
+    sub.subscribe("chat:f2", None).await.unwrap();
+    let before = srv.engine.stats();
+    let r = post_messages(
+        &srv,
+        json!([
+            { "channel": "chat:f1", "data": "one" },
+            { "channels": ["chat:f1", "chat:f2"], "data": "both" },
+            { "channel": "chat:f1", "channels": ["chat:f2"], "data": 0 },
+            { "data": 0 },
+            { "channels": ["chat:f2", "chat:f2"], "data": 0 },
+            { "channels": ["chat:f2", "nope:f2"], "data": 0 },
+        ]),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let res = &r.body["results"];
+    assert_eq!(res[0]["seq"], 1, "{res}");
+    let fanned = res[1]["results"].as_array().expect("one result per channel");
+    assert_eq!(
+        fanned.iter().map(|c| (c["channel"].clone(), c["seq"].clone())).collect::<Vec<_>>(),
+        vec![(json!("chat:f1"), json!(2)), (json!("chat:f2"), json!(1))]
+    );
+    // Malformed messages fail alone, every channel named in the result.
+    assert_eq!(res[2]["results"][0]["error"]["code"], "bad_request", "both `channel` and `channels`: {res}");
+    assert_eq!(res[3]["error"]["code"], "bad_request", "neither: {res}");
+    assert_eq!(res[4]["results"][1]["error"]["code"], "bad_request", "a channel named twice: {res}");
+    // As `/publish`: every channel checked before any is appended.
+    assert_eq!(res[5]["results"][0]["error"]["code"], "unknown_namespace", "{res}");
+    assert_eq!(res[5]["results"][1]["error"]["code"], "unknown_namespace", "{res}");
+    // The unkeyed appends of the request are one submission.
+    let after = srv.engine.stats();
+    assert_eq!(after.appends - before.appends, 3);
+    assert!((1..=2).contains(&(after.batches - before.batches)));
+
+    let got = next_messages(&mut sub, 3).await;
+    let seen: Vec<(String, Value)> =
+        got.iter().map(|m| (m.channel.clone().unwrap_or_default(), data(m))).collect();
+    assert!(seen.contains(&("chat:f2".into(), json!("both"))), "{seen:?}");
+    assert_eq!(srv.history("chat:f1").await.len(), 2);
+    assert_eq!(srv.history("chat:f2").await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_keyed_message_to_several_channels_is_the_publish_endpoints_request() {
+    let srv = TestServer::start().await;
+    let m = json!({ "channels": ["chat:k1", "chat:k2"], "data": { "x": 1 }, "idempotency_key": "fan" });
+    let first = post_messages(&srv, json!([m.clone()])).await;
+    let results = first.body["results"][0]["results"].as_array().expect("per channel").clone();
+    assert_eq!(results.len(), 2, "{}", first.body);
+    assert!(results.iter().all(|c| c["seq"] == 1 && c.get("replayed").is_none()), "{results:?}");
+    assert!(first.headers.get("idempotent-replayed").is_none());
+
+    // Retried whole: replayed on every channel, nothing appended twice.
+    let again = post_messages(&srv, json!([m.clone()])).await;
+    let replay = again.body["results"][0]["results"].as_array().unwrap();
+    assert!(replay.iter().all(|c| c["replayed"] == true), "{}", again.body);
+    assert_eq!(replay[1]["id"], results[1]["id"]);
+    // The same key on `POST /api/v1/publish` names the same request.
+    let via_publish = srv
+        .call(
+            "POST",
+            "/api/v1/publish",
+            Some(json!({ "channels": ["chat:k1", "chat:k2"], "data": { "x": 1 } })),
+            &[("Idempotency-Key", "fan")],
+        )
+        .await;
+    assert_eq!(via_publish.body["results"][0]["id"], results[0]["id"], "{}", via_publish.body);
+    // Another request under the key (other channels) appends nothing.
+    let other = post_messages(
+        &srv,
+        json!([{ "channels": ["chat:k1", "chat:k3"], "data": { "x": 1 }, "idempotency_key": "fan" }]),
+    )
+    .await;
+    assert_eq!(
+        other.body["results"][0]["results"][0]["error"]["code"], "idempotency_key_reused",
+        "{}",
+        other.body
+    );
+    assert!(srv.history("chat:k3").await.is_empty());
+    assert_eq!(srv.history("chat:k1").await.len(), 1);
+
+    // Scheduled to several channels: one schedule per channel.
+    let later = post_messages(
+        &srv,
+        json!([{ "channels": ["chat:k1", "chat:k2"], "data": "later", "delay_ms": 100 }]),
+    )
+    .await;
+    let sched = later.body["results"][0]["results"].as_array().unwrap();
+    assert!(sched.iter().all(|c| c["scheduled_id"].is_string()), "{}", later.body);
+    assert_eq!(sched[1]["channel"], "chat:k2");
+    assert_eventually("the schedules delivered", || async { srv.history("chat:k2").await.len() == 2 }).await;
 }

@@ -1,14 +1,19 @@
 //! `POST /api/v1/messages`: many messages in one request, each with its own
-//! channel, `data`, `meta`, idempotency key and schedule, each answered on
-//! its own, in request order.
+//! channel(s), `data`, `meta`, idempotency key and schedule, each answered
+//! on its own, in request order.
 //!
-//! A message here is the single publish (`POST
-//! /api/v1/channels/{channel}/messages`) written as one object: the same
-//! checks, the same key scope and fingerprint (so its `idempotency_key` and
-//! that endpoint's `Idempotency-Key` name the same thing), the same
-//! metrics. What the batch adds: every immediate message goes to the engine
-//! in one submission ([`AppState::publish_many`]: one group commit on the
-//! embedded engine), and one refused message affects no other. A request
+//! A message with `channel` is the single publish (`POST
+//! /api/v1/channels/{channel}/messages`) written as one object; one with
+//! `channels` is `POST /api/v1/publish`: the same checks, the same key scope
+//! and fingerprint (so its `idempotency_key` and that endpoint's
+//! `Idempotency-Key` name the same thing), the same metrics. What the batch
+//! adds: every immediate message without a key to several channels, and
+//! every immediate message to one channel, goes to the engine in one
+//! submission ([`AppState::publish_many`]: one group commit on the embedded
+//! engine), and one refused message affects no other. A keyed message to
+//! several channels keeps `/publish`'s key protocol (its first channel
+//! decides before the others are appended), so it is appended after that
+//! submission, as schedules are stored. A request
 //! is refused whole only when it is malformed (not JSON of this shape,
 //! outside `1..=publish.max_batch_messages` messages, an `Idempotency-Key`
 //! header); otherwise it answers `200` with one result per message.
@@ -18,33 +23,37 @@ use std::collections::HashMap;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use herald_core::{NamespaceOptions, Receipt};
+use herald_core::Receipt;
 use herald_proto::{
     ChannelName, ErrorCode, ItemError, MessageItem, MessageResult, MessagesBody, MessagesReply, Meta,
 };
 use serde_json::value::RawValue;
 
-use super::{json_response, scheduled, St};
+use super::{json_response, messages, scheduled, St};
 use crate::api::extract::{parse_channel, ApiKey, Body, IdempotencyKey};
+use crate::api::messages::Targets;
 use crate::error::ApiError;
 use crate::publish::{fingerprint, validate_idempotency_key, Publish, ScopedKey};
 use crate::state::AppState;
 
-/// A message checked and ready: appended now, or scheduled.
+/// A message checked and ready: appended now (in the one submission), or
+/// after it (a keyed message to several channels, or a schedule).
 enum Ready<'a> {
-    Now(Publish),
+    Now(Vec<Publish>),
     Later(Later<'a>),
 }
 
-/// A scheduled message, its key owned until the schedule borrows it.
+/// A message stored after the submission, its key owned until the engine
+/// call borrows it.
 struct Later<'a> {
     key: Option<String>,
-    channel: ChannelName,
-    ns: &'a NamespaceOptions,
+    targets: Targets<'a>,
     data: Box<RawValue>,
     meta: Option<Meta>,
     deliver_at: Option<u64>,
     delay_ms: Option<u64>,
+    /// Named with `channels`: answered with one result per channel.
+    several: bool,
 }
 
 /// `POST /api/v1/messages`
@@ -72,51 +81,44 @@ pub async fn publish_messages(
     }
 
     let mut results: Vec<Option<MessageResult>> = vec![None; messages.len()];
+    // The submission's items, each with its message's index.
     let mut now: Vec<(usize, Publish)> = Vec::new();
     let mut later = Vec::new();
     // Each key's first message in this request: a key names one message.
     let mut keys: HashMap<String, usize> = HashMap::new();
-    // Each message's channel as the request named it, for its result.
-    let channels: Vec<String> = messages.iter().map(|m| m.channel.clone()).collect();
+    // Each message's channel(s) as the request named them, for its result.
+    let named: Vec<Vec<String>> = messages.iter().map(named_channels).collect();
+    let several: Vec<bool> = messages.iter().map(|m| !m.channels.is_empty()).collect();
     for (i, m) in messages.into_iter().enumerate() {
-        match check(&state, &scope, m, i, &mut keys) {
-            Ok(Ready::Now(p)) => now.push((i, p)),
+        match check(&state, &scope, m, i, &mut keys).await {
+            Ok(Ready::Now(ps)) => now.extend(ps.into_iter().map(|p| (i, p))),
             Ok(Ready::Later(l)) => later.push((i, l)),
-            Err(e) => results[i] = Some(failed(channels[i].clone(), &e)),
+            Err(e) => results[i] = Some(failed_all(&named[i], several[i], &e)),
         }
     }
 
+    // Per message, its channels' results in order (several channels) or
+    // its one result.
+    let mut parts: Vec<Vec<MessageResult>> = vec![Vec::new(); results.len()];
     let (slots, items): (Vec<usize>, Vec<_>) = now.into_iter().map(|(i, p)| (i, Ok(p))).unzip();
     for (i, outcome) in slots.into_iter().zip(state.publish_many(items, true).await) {
-        results[i] = Some(match outcome {
+        let channel = &named[i][parts[i].len()];
+        parts[i].push(match outcome {
             Ok(r) => published(&r),
-            Err(e) => failed(channels[i].clone(), &e),
+            Err(e) => failed(channel.clone(), &e),
         });
     }
-    // After the immediate ones: each schedule is its own engine call, and
-    // no order holds between a schedule and an append anyway.
+    for (i, p) in parts.into_iter().enumerate() {
+        if !p.is_empty() {
+            results[i] = Some(answer(p, several[i]));
+        }
+    }
+    // After the submission: each is its own engine call (or calls), and no
+    // order holds between a schedule and an append anyway.
     for (i, l) in later {
-        let ask = scheduled::ScheduleAsk {
-            scope: &scope,
-            key: l.key.as_deref(),
-            targets: vec![(l.channel, l.ns)],
-            data: l.data,
-            meta: l.meta,
-            deliver_at: l.deliver_at,
-            delay_ms: l.delay_ms,
-            batch: false,
-        };
-        results[i] = Some(match scheduled::store(&state, ask).await {
-            Ok(receipts) => {
-                let r = &receipts[0];
-                MessageResult::Scheduled {
-                    scheduled_id: r.id.to_string(),
-                    channel: r.channel.to_string(),
-                    deliver_at: r.deliver_at,
-                    replayed: r.duplicate,
-                }
-            }
-            Err(e) => failed(channels[i].clone(), &e),
+        results[i] = Some(match store_later(&state, &scope, l).await {
+            Ok(r) => r,
+            Err(e) => failed_all(&named[i], several[i], &e),
         });
     }
 
@@ -126,16 +128,90 @@ pub async fn publish_messages(
     Ok(json_response(StatusCode::OK, &MessagesReply { results }, replayed))
 }
 
-/// The checks of the single publish, in its order, for message `i`.
-fn check<'a>(
+/// The channels a message names, as it names them.
+fn named_channels(m: &MessageItem) -> Vec<String> {
+    if m.channels.is_empty() {
+        vec![m.channel.clone()]
+    } else {
+        m.channels.clone()
+    }
+}
+
+/// A message's result from its channels' results.
+fn answer(mut parts: Vec<MessageResult>, several: bool) -> MessageResult {
+    if several {
+        MessageResult::Channels { results: parts }
+    } else {
+        parts.pop().expect("one result")
+    }
+}
+
+/// Every channel of a message failed with `e`.
+fn failed_all(named: &[String], several: bool, e: &ApiError) -> MessageResult {
+    answer(named.iter().map(|c| failed(c.clone(), e)).collect(), several)
+}
+
+/// A keyed message to several channels (`/publish`'s key protocol), or a
+/// schedule.
+async fn store_later(state: &AppState, scope: &str, l: Later<'_>) -> Result<MessageResult, ApiError> {
+    let Later { key, targets, data, meta, deliver_at, delay_ms, several } = l;
+    if !scheduled::asked(deliver_at, delay_ms) {
+        crate::rooms::require_rooms(state, &targets).await?;
+        let outcomes = messages::append_batch(state, scope, key.as_deref(), &targets, &data, &meta).await?;
+        let parts = targets
+            .iter()
+            .zip(outcomes)
+            .map(|((channel, _), outcome)| match outcome {
+                Ok(r) => published(&r),
+                Err(e) => failed(channel.to_string(), &e),
+            })
+            .collect();
+        return Ok(answer(parts, several));
+    }
+    let ask = scheduled::ScheduleAsk {
+        scope,
+        key: key.as_deref(),
+        targets,
+        data,
+        meta,
+        deliver_at,
+        delay_ms,
+        batch: several,
+    };
+    let receipts = scheduled::store(state, ask).await?;
+    let parts = receipts
+        .iter()
+        .map(|r| MessageResult::Scheduled {
+            scheduled_id: r.id.to_string(),
+            channel: r.channel.to_string(),
+            deliver_at: r.deliver_at,
+            replayed: r.duplicate,
+        })
+        .collect();
+    Ok(answer(parts, several))
+}
+
+/// The checks of the single publish (or of `/publish`, for a message to
+/// several channels), in its order, for message `i`.
+async fn check<'a>(
     state: &'a AppState,
     scope: &str,
     m: MessageItem,
     i: usize,
     keys: &mut HashMap<String, usize>,
 ) -> Result<Ready<'a>, ApiError> {
-    let MessageItem { channel, data, meta, idempotency_key: key, deliver_at, delay_ms } = m;
-    let (channel, ns) = parse_channel(state, &channel)?;
+    let MessageItem { channel, channels, data, meta, idempotency_key: key, deliver_at, delay_ms } = m;
+    let several = !channels.is_empty();
+    let targets = match (channel.is_empty(), several) {
+        (false, false) => vec![parse_channel(state, &channel)?],
+        (true, true) => messages::batch_targets(state, &channels)?,
+        (false, true) => {
+            return Err(ApiError::new(ErrorCode::BadRequest, "give `channel` or `channels`, not both"));
+        }
+        (true, false) => {
+            return Err(ApiError::new(ErrorCode::BadRequest, "a message needs `channel` or `channels`"));
+        }
+    };
     if let Some(meta) = &meta {
         herald_proto::validate_meta(meta).map_err(|e| ApiError::new(ErrorCode::BadRequest, e))?;
     }
@@ -148,20 +224,42 @@ fn check<'a>(
             ));
         }
         keys.insert(k.clone(), i);
-    } else if ns.require_idempotency_key {
+    } else if let Some((channel, _)) = targets.iter().find(|(_, ns)| ns.require_idempotency_key) {
         return Err(ApiError::new(
             ErrorCode::IdempotencyKeyRequired,
             format!("namespace `{}` requires an idempotency_key", channel.namespace()),
         ));
     }
-    if scheduled::asked(deliver_at, delay_ms) {
-        return Ok(Ready::Later(Later { key, channel, ns, data, meta, deliver_at, delay_ms }));
+    if scheduled::asked(deliver_at, delay_ms) || (several && key.is_some()) {
+        if several {
+            // `/publish` checks `data` before anything; the single publish's
+            // schedule checks it when stored.
+            state.check_publish_data(&data)?;
+        }
+        return Ok(Ready::Later(Later { key, targets, data, meta, deliver_at, delay_ms, several }));
     }
-    let dedup = key.map(|k| {
-        let fp = fingerprint(std::slice::from_ref(&channel), &data, meta.as_ref());
-        (ScopedKey::new(scope, &k).anchor(), fp)
-    });
-    Ok(Ready::Now(Publish { channel, data, meta, dedup }))
+    if several {
+        // As `/publish`: every channel is checked before any is appended.
+        state.check_publish_data(&data)?;
+        crate::rooms::require_rooms(state, &targets).await?;
+    }
+    let dedup = |channel: &ChannelName| {
+        key.as_ref().map(|k| {
+            let fp = fingerprint(std::slice::from_ref(channel), &data, meta.as_ref());
+            (ScopedKey::new(scope, k).anchor(), fp)
+        })
+    };
+    Ok(Ready::Now(
+        targets
+            .into_iter()
+            .map(|(channel, _)| Publish {
+                dedup: dedup(&channel),
+                channel,
+                data: data.clone(),
+                meta: meta.clone(),
+            })
+            .collect(),
+    ))
 }
 
 fn published(r: &Receipt) -> MessageResult {

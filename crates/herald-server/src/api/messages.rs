@@ -19,7 +19,7 @@ use crate::publish::{fingerprint, Publish, ScopedKey};
 use crate::state::AppState;
 
 /// The channels of a batch, each resolved to its namespace.
-type Targets<'a> = Vec<(ChannelName, &'a NamespaceOptions)>;
+pub(super) type Targets<'a> = Vec<(ChannelName, &'a NamespaceOptions)>;
 
 fn published(r: &Receipt) -> Published {
     Published {
@@ -124,7 +124,7 @@ pub async fn publish_batch(
 
 /// Validation: 1..=`publish.max_batch_channels` channels, each valid, in a
 /// namespace, and named once.
-fn batch_targets<'a>(state: &'a AppState, channels: &[String]) -> Result<Targets<'a>, ApiError> {
+pub(super) fn batch_targets<'a>(state: &'a AppState, channels: &[String]) -> Result<Targets<'a>, ApiError> {
     let max = state.config.publish.max_batch_channels;
     if channels.is_empty() || channels.len() > max {
         return Err(ApiError::new(ErrorCode::BadRequest, format!("`channels` must name 1..={max} channels")));
@@ -150,7 +150,7 @@ fn batch_targets<'a>(state: &'a AppState, channels: &[String]) -> Result<Targets
 /// retry. Each other channel's append is deduplicated on its own, so a
 /// retry of a partly failed batch completes it without doubling any
 /// channel.
-async fn append_batch(
+pub(super) async fn append_batch(
     state: &AppState,
     scope: &str,
     key: Option<&str>,
