@@ -49,3 +49,4 @@ pub use http_api::{
     RawResponse, ScheduledEntry, ScheduledResult,
 };
 pub use options::ClientOptions;
+pub use url::encode_path_segment;

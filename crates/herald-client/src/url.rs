@@ -97,7 +97,7 @@ pub(crate) fn push_percent_encoded(out: &mut String, s: &str) {
 /// Encode a path segment: like [`push_percent_encoded`] but keeps the
 /// characters a path segment allows unescaped that channel names use
 /// (`:@=`), so `chat:1` stays readable in logs.
-pub(crate) fn encode_path_segment(s: &str) -> String {
+pub fn encode_path_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':' | b'@' | b'=') {

@@ -63,6 +63,10 @@ pub struct NamespaceOptions {
     pub max_inflight: u32,
     /// Acked: where a subscriber with no cursor yet starts.
     pub new_subscriber_start: StartAt,
+    /// User-limited channels: a channel whose name ends in `#` and a list
+    /// of user ids (`dm:chat#42,43`) may be subscribed by those users only,
+    /// whatever their token says, and by them with no token permission.
+    pub allow_user_limited: bool,
 }
 
 /// Where a new acked subscriber (no cursor yet) starts.
@@ -91,6 +95,7 @@ impl Default for NamespaceOptions {
             max_attempts: 5,
             max_inflight: 1000,
             new_subscriber_start: StartAt::Oldest,
+            allow_user_limited: false,
         }
     }
 }

@@ -6,8 +6,14 @@ use serde::{Deserialize, Serialize};
 /// Longest channel name in bytes.
 pub const MAX_CHANNEL_LEN: usize = 255;
 
+/// Most user ids after a channel name's `#`.
+pub const MAX_LIMITED_USERS: usize = 16;
+
 /// A validated channel name: 1..=255 bytes of ASCII letters, digits and
-/// `_-.:@=`. The part before the first `:` is the namespace.
+/// `_-.:@=`, optionally followed by `#` and 1..=[`MAX_LIMITED_USERS`] user
+/// ids separated by `,`, each of ASCII letters, digits and `_-.@=` (the
+/// user-limited form, `dm:chat#42,43`; its meaning is the namespace's
+/// `allow_user_limited`). The part before the first `:` is the namespace.
 ///
 /// Cheap to clone (shared string). Names never contain `\0`, which the
 /// embedded engine relies on as a key separator.
@@ -23,6 +29,11 @@ pub enum ChannelNameError {
     TooLong,
     #[error("channel name has a character outside ASCII letters, digits and _-.:@= (at byte {0})")]
     BadChar(usize),
+    #[error(
+        "after `#` a channel name lists 1..={MAX_LIMITED_USERS} user ids separated by `,`, \
+         each of ASCII letters, digits and _-.@="
+    )]
+    BadUserList,
 }
 
 impl ChannelName {
@@ -33,10 +44,34 @@ impl ChannelName {
         if name.len() > MAX_CHANNEL_LEN {
             return Err(ChannelNameError::TooLong);
         }
-        if let Some(pos) = name.bytes().position(|b| !is_channel_byte(b)) {
+        let (base, users) = match name.split_once('#') {
+            Some((base, users)) => (base, Some(users)),
+            None => (name, None),
+        };
+        if base.is_empty() {
+            return Err(ChannelNameError::Empty);
+        }
+        if let Some(pos) = base.bytes().position(|b| !is_channel_byte(b)) {
             return Err(ChannelNameError::BadChar(pos));
         }
+        if let Some(users) = users {
+            let mut n = 0;
+            for id in users.split(',') {
+                n += 1;
+                if id.is_empty()
+                    || n > MAX_LIMITED_USERS
+                    || !id.bytes().all(|b| is_channel_byte(b) && b != b':')
+                {
+                    return Err(ChannelNameError::BadUserList);
+                }
+            }
+        }
         Ok(Self(Arc::from(name)))
+    }
+
+    /// The user ids after `#`, if the name has the user-limited form.
+    pub fn limited_users(&self) -> Option<std::str::Split<'_, char>> {
+        self.0.split_once('#').map(|(_, users)| users.split(','))
     }
 
     pub fn as_str(&self) -> &str {
@@ -118,5 +153,21 @@ mod tests {
         assert_eq!(ChannelName::new("chat:é"), Err(ChannelNameError::BadChar(5)));
         assert!(ChannelName::new(&"a".repeat(255)).is_ok());
         assert_eq!(ChannelName::new(&"a".repeat(256)), Err(ChannelNameError::TooLong));
+    }
+
+    #[test]
+    fn the_user_limited_form() {
+        let c = ChannelName::new("dm:chat#42,alice@x.y").unwrap();
+        assert_eq!(c.namespace(), "dm");
+        assert_eq!(c.limited_users().unwrap().collect::<Vec<_>>(), ["42", "alice@x.y"]);
+        assert!(ChannelName::new("chat:plain").unwrap().limited_users().is_none());
+        let sixteen = (0..16).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+        assert!(ChannelName::new(&format!("dm:x#{sixteen}")).is_ok());
+        for bad in ["dm:x#", "dm:x#1,", "dm:x#,1", "dm:x#1,,2", "dm:x#1#2", "dm:x#a:b", "dm:x#a b"] {
+            assert_eq!(ChannelName::new(bad), Err(ChannelNameError::BadUserList), "{bad}");
+        }
+        assert_eq!(ChannelName::new(&format!("dm:x#{sixteen},16")), Err(ChannelNameError::BadUserList));
+        assert_eq!(ChannelName::new("#1"), Err(ChannelNameError::Empty));
+        assert_eq!(ChannelName::new("dm,x#1"), Err(ChannelNameError::BadChar(2)));
     }
 }

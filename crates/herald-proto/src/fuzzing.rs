@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use crate::{
     check_data, encode_message_frame, mark_redelivered, BatchBody, ChannelName, ChannelNameError,
     ClientFrame, DataError, HistoryPage, Meta, PublishBody, StoredFrame, MAX_CHANNEL_LEN,
-    MAX_DATA_DEPTH_LIMIT,
+    MAX_DATA_DEPTH_LIMIT, MAX_LIMITED_USERS,
 };
 
 /// `fuzz/` target `client_frame`: one WebSocket text frame from a client,
@@ -133,22 +133,42 @@ pub fn channel_name(bytes: &[u8]) {
     }
     let Ok(s) = std::str::from_utf8(bytes) else { return };
     let allowed = |b: u8| b.is_ascii_alphanumeric() || b"_-.:@=".contains(&b);
+    // The name before `#`, and the user ids after it.
+    let (base, users) = match s.split_once('#') {
+        Some((base, users)) => (base, Some(users)),
+        None => (s, None),
+    };
+    let user_ok = |id: &str| !id.is_empty() && id.bytes().all(|b| allowed(b) && b != b':');
     match ChannelName::new(s) {
         Ok(ch) => {
             assert_eq!(ch.as_str(), s);
-            assert!(!s.is_empty() && s.len() <= MAX_CHANNEL_LEN);
-            assert!(s.bytes().all(allowed), "{s:?}");
+            assert!(!base.is_empty() && s.len() <= MAX_CHANNEL_LEN);
+            assert!(base.bytes().all(allowed), "{s:?}");
+            match users {
+                Some(users) => {
+                    let ids: Vec<&str> = users.split(',').collect();
+                    assert!(ids.len() <= MAX_LIMITED_USERS && ids.iter().all(|id| user_ok(id)), "{s:?}");
+                    assert_eq!(ch.limited_users().expect("user-limited").collect::<Vec<_>>(), ids);
+                }
+                None => assert!(ch.limited_users().is_none()),
+            }
             match s.split_once(':') {
                 Some((ns, local)) => assert_eq!((ch.namespace(), ch.local_part()), (ns, local)),
                 None => assert_eq!((ch.namespace(), ch.local_part()), ("", s)),
             }
             assert_eq!(s.parse::<ChannelName>().as_ref(), Ok(&ch));
         }
-        Err(ChannelNameError::Empty) => assert!(s.is_empty()),
+        Err(ChannelNameError::Empty) => assert!(base.is_empty()),
         Err(ChannelNameError::TooLong) => assert!(s.len() > MAX_CHANNEL_LEN),
         Err(ChannelNameError::BadChar(at)) => {
-            assert!(s.len() <= MAX_CHANNEL_LEN);
+            assert!(s.len() <= MAX_CHANNEL_LEN && at < base.len());
             assert!(!allowed(s.as_bytes()[at]) && s.as_bytes()[..at].iter().copied().all(allowed));
+        }
+        Err(ChannelNameError::BadUserList) => {
+            let users = users.expect("a user list");
+            assert!(!base.is_empty() && base.bytes().all(allowed));
+            let ids: Vec<&str> = users.split(',').collect();
+            assert!(ids.len() > MAX_LIMITED_USERS || !ids.iter().all(|id| user_ok(id)), "{s:?}");
         }
     }
 }

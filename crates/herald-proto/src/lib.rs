@@ -30,7 +30,7 @@ pub use body::{
     parse_json, BatchBody, BodyError, CreateRoomBody, HistoryPage, HistoryQuery, LimitQuery, MessageItem,
     MessagesBody, PatchRoomBody, PresenceQuery, PublishBody, PublishBodyRef, RequestBody, ScheduledQuery,
 };
-pub use channel::{ChannelName, ChannelNameError, MAX_CHANNEL_LEN};
+pub use channel::{ChannelName, ChannelNameError, MAX_CHANNEL_LEN, MAX_LIMITED_USERS};
 pub use code::{close, ErrorCode, Problem};
 pub use data::{check_data, DataError, MAX_DATA_DEPTH_LIMIT};
 pub use frame::client::{ClientFrame, ClientFrameError, OutFrame};

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use herald_core::NamespaceOptions;
 use herald_proto::{check_id, ChannelName, ErrorCode};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
@@ -75,7 +76,16 @@ impl Identity {
         channel.namespace() == "user" && channel.local_part() == &*self.sub
     }
 
-    pub fn may_subscribe(&self, channel: &ChannelName) -> bool {
+    /// Whether this client may subscribe to `channel` (of namespace `ns`)
+    /// and read it: a user-limited channel of a namespace that allows them
+    /// is its listed users' only, else the token's patterns decide (and a
+    /// user's own `user:{sub}`).
+    pub fn may_subscribe(&self, channel: &ChannelName, ns: &NamespaceOptions) -> bool {
+        if ns.allow_user_limited {
+            if let Some(mut users) = channel.limited_users() {
+                return users.any(|u| u == &*self.sub);
+            }
+        }
         self.is_own_user_channel(channel) || self.subscribe.iter().any(|p| p.matches(channel.as_str()))
     }
 
@@ -277,10 +287,28 @@ mod tests {
             exp: None,
             info: None,
         };
-        assert!(id.may_subscribe(&ChannelName::new("user:42").unwrap()));
-        assert!(!id.may_subscribe(&ChannelName::new("user:43").unwrap()));
-        assert!(!id.may_subscribe(&ChannelName::new("user:420").unwrap()));
+        let ns = NamespaceOptions::default();
+        assert!(id.may_subscribe(&ChannelName::new("user:42").unwrap(), &ns));
+        assert!(!id.may_subscribe(&ChannelName::new("user:43").unwrap(), &ns));
+        assert!(!id.may_subscribe(&ChannelName::new("user:420").unwrap(), &ns));
         assert!(!id.may_publish(&ChannelName::new("user:42").unwrap()));
+    }
+
+    #[test]
+    fn user_limited_channels_are_their_users_only() {
+        let id = Identity::dev("42", None);
+        let limited = NamespaceOptions { allow_user_limited: true, ..Default::default() };
+        let plain = NamespaceOptions::default();
+        let listed = ChannelName::new("dm:chat#41,42").unwrap();
+        let unlisted = ChannelName::new("dm:chat#41,43").unwrap();
+        assert!(id.may_subscribe(&listed, &limited));
+        // Listed or not decides, whatever the token allows (dev: all).
+        assert!(!id.may_subscribe(&unlisted, &limited));
+        // Without the option the name is an ordinary one: the token decides.
+        assert!(id.may_subscribe(&unlisted, &plain));
+        let no_grants = Identity::granted("42", None, &[], &[], None);
+        assert!(no_grants.may_subscribe(&listed, &limited), "no token permission needed");
+        assert!(!no_grants.may_subscribe(&listed, &plain));
     }
 
     #[test]

@@ -144,6 +144,7 @@ impl<E: Engine + 'static> TestServer<E> {
         key: Option<&str>,
         api_key: Option<&str>,
     ) -> Resp {
+        let channel = herald_client::encode_path_segment(channel);
         let mut req = self.http.post(format!("{}/api/v1/channels/{channel}/messages", self.url)).json(&body);
         if let Some(k) = key {
             req = req.header("Idempotency-Key", k);
@@ -190,6 +191,7 @@ impl<E: Engine + 'static> TestServer<E> {
     pub async fn history(&self, channel: &str) -> Vec<Value> {
         let mut out = Vec::new();
         let mut after = 0;
+        let channel = herald_client::encode_path_segment(channel);
         loop {
             let path = format!("/api/v1/channels/{channel}/messages?after={after}&limit=1000");
             let body = eventually("a history page", || async {

@@ -488,3 +488,25 @@ async fn slow_consumer_is_closed_with_3008_and_recovers_the_rest() {
     }
     assert_eq!(rest, (last + 1..=TOTAL).collect::<Vec<_>>());
 }
+
+#[tokio::test]
+async fn a_user_limited_channel_is_its_users_only() {
+    let srv = TestServer::start_with(|c| {
+        let dm = herald_core::NamespaceOptions { allow_user_limited: true, ..Default::default() };
+        c.namespaces.0.insert("dm".into(), dm);
+    })
+    .await;
+    let channel = "dm:chat#42,43";
+    let mut listed = Cf::dev(&srv, "42").await;
+    let r = listed.call(json!({ "subscribe": { "channel": channel } })).await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let mut third = Cf::dev(&srv, "44").await;
+    for cmd in [json!({ "subscribe": { "channel": channel } }), json!({ "history": { "channel": channel } })]
+    {
+        let r = third.call(cmd).await;
+        assert_eq!(r["error"]["code"], 103, "permission denied: {r}");
+    }
+    srv.publish(channel, json!({ "to": "both" })).await;
+    let p = listed.publication().await;
+    assert_eq!(p["channel"], channel, "{p}");
+}

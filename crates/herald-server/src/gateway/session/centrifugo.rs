@@ -360,7 +360,7 @@ impl Session {
     async fn history(&mut self, id: u32, h: cf::HistoryRequest) -> Result<Vec<u8>, ApiError> {
         let channel = channel(&h.channel)?;
         let ns = self.state.config.namespaces.resolve(&channel)?;
-        if !self.identity.may_subscribe(&channel) {
+        if !self.identity.may_subscribe(&channel, ns) {
             return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
         }
         if !ns.is_durable() {

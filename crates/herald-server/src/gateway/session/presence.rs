@@ -143,7 +143,7 @@ impl Session {
         if !ns.presence {
             return Err(ApiError::new(ErrorCode::NotSupported, "this namespace has no presence"));
         }
-        if !self.identity.may_subscribe(channel) {
+        if !self.identity.may_subscribe(channel, ns) {
             return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
         }
         let (count, members) =

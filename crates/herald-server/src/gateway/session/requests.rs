@@ -24,7 +24,7 @@ impl Session {
     ) -> Result<(OkFrame, bool), ApiError> {
         let state = self.state.clone();
         let ns = state.config.namespaces.resolve(channel)?;
-        if !self.identity.may_subscribe(channel) {
+        if !self.identity.may_subscribe(channel, ns) {
             return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
         }
         if self.chans.regs.subs.contains_key(channel) {
