@@ -217,10 +217,16 @@ pub struct ConnectRequest {
     pub name: String,
     #[serde(default)]
     pub version: String,
+    /// The positions of the connection's server-side subscriptions, by
+    /// channel, for their recovery (`channel` unused).
+    #[serde(default)]
+    pub subs: BTreeMap<String, SubscribeRequest>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 pub struct SubscribeRequest {
+    /// Empty in `connect`'s `subs` (the map's key names the channel).
+    #[serde(default)]
     pub channel: String,
     #[serde(default)]
     pub recover: bool,
@@ -305,7 +311,7 @@ pub struct Reply<'a> {
 #[serde(rename_all = "snake_case")]
 pub enum Answer<'a> {
     Error(Error),
-    Connect(ConnectResult),
+    Connect(ConnectResult<'a>),
     Subscribe(SubscribeResult<'a>),
     Unsubscribe(Empty),
     Publish(Empty),
@@ -343,7 +349,7 @@ impl<'a> Reply<'a> {
 }
 
 #[derive(Debug, Default, Serialize)]
-pub struct ConnectResult {
+pub struct ConnectResult<'a> {
     /// `client`, `version`, `expires`, `ttl`: as a refresh answers them.
     #[serde(flatten)]
     pub session: RefreshResult,
@@ -351,6 +357,10 @@ pub struct ConnectResult {
     pub ping: u32,
     /// The server expects `{}` back for each ping.
     pub pong: bool,
+    /// The server-side subscriptions made on connect, by channel, each as
+    /// a subscribe answers it (with its recovery).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub subs: BTreeMap<String, SubscribeResult<'a>>,
 }
 
 #[derive(Debug, Default, Serialize)]

@@ -32,6 +32,11 @@ pub struct Identity {
     pub device: Option<Arc<str>>,
     subscribe: Vec<Pattern>,
     publish: Vec<Pattern>,
+    /// The entries of the `channels` claim (or the connect proxy's answer)
+    /// that are channel names, in order: server-side subscriptions on the
+    /// Centrifugo endpoint (docs/centrifugo.md). Patterns (`chat:*`) are
+    /// permissions only.
+    pub server_side: Vec<ChannelName>,
     /// Token expiry (seconds since the Unix epoch); `None` in dev mode.
     pub exp: Option<u64>,
     /// The token's `info` claim (JSON text): what presence members see about
@@ -47,6 +52,7 @@ impl Identity {
             device: device.map(Arc::from),
             subscribe: vec![Pattern::All],
             publish: vec![Pattern::All],
+            server_side: Vec::new(),
             exp: None,
             info: None,
         }
@@ -66,6 +72,7 @@ impl Identity {
             device: device.map(Arc::from),
             subscribe: channels.iter().map(|p| Pattern::parse(p)).collect(),
             publish: publish.iter().map(|p| Pattern::parse(p)).collect(),
+            server_side: server_side(channels),
             exp,
             info: None,
         }
@@ -92,6 +99,19 @@ impl Identity {
     pub fn may_publish(&self, channel: &ChannelName) -> bool {
         self.publish.iter().any(|p| p.matches(channel.as_str()))
     }
+}
+
+/// The entries of a `channels` list that are channel names (no `*`).
+fn server_side(channels: &[String]) -> Vec<ChannelName> {
+    let mut out: Vec<ChannelName> = Vec::new();
+    for c in channels {
+        if let Ok(name) = ChannelName::new(c) {
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+    }
+    out
 }
 
 /// A channel pattern from a token: exact, or a prefix ending in `*`.
@@ -127,11 +147,30 @@ struct Claims {
     channels: Vec<String>,
     #[serde(default)]
     publish: Vec<String>,
+    /// Centrifugo's capabilities: permissions without server-side
+    /// subscriptions.
+    #[serde(default)]
+    caps: Vec<Cap>,
     #[serde(default)]
     device: Option<String>,
     #[serde(default)]
     info: Option<serde_json::Value>,
     exp: u64,
+}
+
+/// One entry of Centrifugo's `caps` claim: what the client may do on
+/// `channels`. `sub` grants subscribe (and with it history and presence,
+/// which Herald checks as subscribe), `pub` publish; `hst` and `prs` alone
+/// grant nothing more. `match`: absent (exact names) or `wildcard` (a
+/// trailing `*`, as in `channels`); `regex` is refused.
+#[derive(Debug, Deserialize)]
+struct Cap {
+    #[serde(default)]
+    channels: Vec<String>,
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default, rename = "match")]
+    match_type: String,
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -231,11 +270,29 @@ impl JwtVerifier {
         if info.as_ref().is_some_and(|i| i.len() > herald_proto::MAX_MEMBER_INFO_LEN) {
             return Err(AuthError::new(ErrorCode::Unauthorized, "the token's `info` claim is too long"));
         }
+        let mut subscribe: Vec<Pattern> = c.channels.iter().map(|p| Pattern::parse(p)).collect();
+        let mut publish: Vec<Pattern> = c.publish.iter().map(|p| Pattern::parse(p)).collect();
+        for cap in &c.caps {
+            if !matches!(cap.match_type.as_str(), "" | "wildcard") {
+                return Err(AuthError::new(
+                    ErrorCode::Unauthorized,
+                    "token `caps`: only exact and `wildcard` (a trailing `*`) matches are supported",
+                ));
+            }
+            let patterns = || cap.channels.iter().map(|p| Pattern::parse(p));
+            if cap.allow.iter().any(|a| a == "sub") {
+                subscribe.extend(patterns());
+            }
+            if cap.allow.iter().any(|a| a == "pub") {
+                publish.extend(patterns());
+            }
+        }
         Ok(Identity {
             sub: Arc::from(c.sub),
             device,
-            subscribe: c.channels.iter().map(|p| Pattern::parse(p)).collect(),
-            publish: c.publish.iter().map(|p| Pattern::parse(p)).collect(),
+            subscribe,
+            publish,
+            server_side: server_side(&c.channels),
             exp: Some(c.exp),
             info,
         })
@@ -284,6 +341,7 @@ mod tests {
             device: None,
             subscribe: vec![],
             publish: vec![],
+            server_side: vec![],
             exp: None,
             info: None,
         };

@@ -71,6 +71,7 @@ pub struct Config {
     pub history: HistoryConfig,
     pub shutdown: ShutdownConfig,
     pub presence: PresenceConfig,
+    pub personal: PersonalConfig,
     pub storage: StoreSettings,
     pub redis: RedisSettings,
     pub namespaces: Namespaces,
@@ -101,6 +102,7 @@ impl Default for Config {
             history: HistoryConfig::default(),
             shutdown: ShutdownConfig::default(),
             presence: PresenceConfig::default(),
+            personal: PersonalConfig::default(),
             storage: StoreSettings::default(),
             redis: RedisSettings::default(),
             namespaces: Namespaces::default(),
@@ -312,6 +314,24 @@ pub struct HistoryConfig {
 impl Default for HistoryConfig {
     fn default() -> Self {
         Self { max_limit: 1000 }
+    }
+}
+
+/// `[personal]`: each user's own channel, `{namespace}:{user}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PersonalConfig {
+    /// Subscribe every connection to its user's channel on connect (`/ws`:
+    /// a subscription the client is told about; the Centrifugo endpoint: a
+    /// server-side subscription).
+    pub subscribe: bool,
+    /// The namespace of the personal channels; its delivery mode applies.
+    pub namespace: String,
+}
+
+impl Default for PersonalConfig {
+    fn default() -> Self {
+        Self { subscribe: false, namespace: "user".into() }
     }
 }
 

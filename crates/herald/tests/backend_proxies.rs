@@ -54,7 +54,7 @@ async fn backend() -> (String, Arc<Mutex<Vec<(Value, bool)>>>) {
                     let (status, answer) = if data.contains("session=good") {
                         (
                             200,
-                            json!({ "allow": true, "user": "dave", "device": "phone", "channels": ["chat:*"],
+                            json!({ "allow": true, "user": "dave", "device": "phone", "channels": ["chat:*", "chat:dave-feed"],
                                     "publish": ["chat:room1"], "expires_in": 3600 }),
                         )
                     } else if data.contains("session=forbid") {
@@ -327,6 +327,10 @@ async fn the_connect_proxy_decides_a_centrifugo_connect_without_token() {
         replies.extend(text.split('\n').map(|l| serde_json::from_str::<Value>(l).unwrap()));
     }
     assert!(replies[0]["connect"].is_object(), "{}", replies[0]);
+    // The grant's channel name is a server-side subscription, its pattern
+    // a permission.
+    let subs = replies[0]["connect"]["subs"].as_object().expect("server-side subscriptions");
+    assert_eq!(subs.keys().collect::<Vec<_>>(), ["chat:dave-feed"], "{}", replies[0]);
     assert!(replies[1]["subscribe"].is_object(), "{}", replies[1]);
     // The grant's publish patterns hold: chat:room1 only.
     assert_eq!(replies[2]["error"]["code"], 103, "{}", replies[2]);

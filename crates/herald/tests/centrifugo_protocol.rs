@@ -510,3 +510,134 @@ async fn a_user_limited_channel_is_its_users_only() {
     let p = listed.publication().await;
     assert_eq!(p["channel"], channel, "{p}");
 }
+
+/// Connect with `token` and the SDK's `subs` positions; the connect reply.
+async fn connect_with(c: &mut Cf, token: &str, subs: Value) -> Value {
+    c.call(json!({ "connect": { "token": token, "subs": subs } })).await
+}
+
+#[tokio::test]
+async fn token_channels_are_server_side_subscriptions_and_patterns_permissions() {
+    let srv = TestServer::start_with(|c| c.dev = false).await;
+    let mut c = Cf::dial(&srv, "").await;
+    let r =
+        connect_with(&mut c, &token("u1", &["chat:ss1", "chat:ss2", "chat:open*"], 3600), json!({})).await;
+    let subs = r["connect"]["subs"].as_object().unwrap_or_else(|| panic!("subs in the reply: {r}"));
+    assert_eq!(subs.keys().collect::<Vec<_>>(), ["chat:ss1", "chat:ss2"], "names subscribe, patterns do not");
+    for s in subs.values() {
+        assert_eq!((s["recoverable"].clone(), s["positioned"].clone()), (json!(true), json!(true)), "{s}");
+        assert!(s["epoch"].is_string(), "{s}");
+    }
+    // Pushes arrive with their channel, no subscribe command sent.
+    srv.publish("chat:ss2", json!("b")).await;
+    srv.publish("chat:ss1", json!("a")).await;
+    let (p1, p2) = (c.publication().await, c.publication().await);
+    assert_eq!((p1["channel"].clone(), p1["pub"]["data"].clone()), (json!("chat:ss2"), json!("b")));
+    assert_eq!((p2["channel"].clone(), p2["pub"]["data"].clone()), (json!("chat:ss1"), json!("a")));
+    // The pattern is a permission: a client-side subscribe under it works.
+    let r = c.call(json!({ "subscribe": { "channel": "chat:open1" } })).await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    // Subscribing a server-side one again is refused, the connection stays.
+    let r = c.call(json!({ "subscribe": { "channel": "chat:ss1" } })).await;
+    assert!(r["error"].is_object(), "{r}");
+    assert!(c.call(json!({ "ping": {} })).await["ping"].is_object());
+}
+
+#[tokio::test]
+async fn server_side_subscriptions_recover_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = TestServer::start_in(dir.path().to_path_buf(), |c| c.dev = false).await;
+    let tok = token("u1", &["chat:keep"], 3600);
+    let mut c = Cf::dial(&srv, "").await;
+    let r = connect_with(&mut c, &tok, json!({})).await;
+    let epoch = r["connect"]["subs"]["chat:keep"]["epoch"].as_str().unwrap().to_owned();
+    for i in 1..=3 {
+        srv.publish("chat:keep", json!(i)).await;
+    }
+    for i in 1..=3 {
+        assert_eq!(c.publication().await["pub"]["offset"], i);
+    }
+    drop(c);
+    for i in 4..=5 {
+        srv.publish("chat:keep", json!(i)).await;
+    }
+    srv.stop().await;
+    let srv = TestServer::start_in(dir.path().to_path_buf(), |c| c.dev = false).await;
+    srv.publish("chat:keep", json!(6)).await;
+
+    let mut c = Cf::dial(&srv, "").await;
+    let r =
+        connect_with(&mut c, &tok, json!({ "chat:keep": { "recover": true, "offset": 3, "epoch": epoch } }))
+            .await;
+    let s = &r["connect"]["subs"]["chat:keep"];
+    assert_eq!((s["recovered"].clone(), s["was_recovering"].clone()), (json!(true), json!(true)), "{r}");
+    let offsets: Vec<u64> =
+        s["publications"].as_array().unwrap().iter().map(|p| p["offset"].as_u64().unwrap()).collect();
+    assert_eq!(offsets, vec![4, 5, 6], "exactly what was missed");
+    assert_eq!(s["offset"], 6);
+    srv.publish("chat:keep", json!(7)).await;
+    let p = c.publication().await;
+    assert_eq!(
+        (p["channel"].clone(), p["pub"]["offset"].clone()),
+        (json!("chat:keep"), json!(7)),
+        "then live"
+    );
+    // A position from another epoch is not recovered: live from the head.
+    let mut c2 = Cf::dial(&srv, "").await;
+    let r = connect_with(
+        &mut c2,
+        &tok,
+        json!({ "chat:keep": { "recover": true, "offset": 1, "epoch": "other" } }),
+    )
+    .await;
+    let s = &r["connect"]["subs"]["chat:keep"];
+    assert!(s["recovered"].is_null() && s["publications"].is_null(), "{r}");
+}
+
+#[tokio::test]
+async fn caps_grant_client_side_subscribes_without_subscribing() {
+    let srv = TestServer::start_with(|c| c.dev = false).await;
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let claims = json!({
+        "sub": "u1", "exp": now + 3600,
+        "caps": [{ "channels": ["chat:cap1"], "allow": ["sub"] }, { "channels": ["chat:w*"], "allow": ["sub", "pub"], "match": "wildcard" }],
+    });
+    let mut c = Cf::dial(&srv, "").await;
+    let r = connect_with(&mut c, &hs256_token(&claims), json!({})).await;
+    assert!(r["connect"]["subs"].is_null(), "caps are permissions only: {r}");
+    for ch in ["chat:cap1", "chat:w9"] {
+        let r = c.call(json!({ "subscribe": { "channel": ch } })).await;
+        assert!(r["subscribe"].is_object(), "{ch}: {r}");
+    }
+    let r = c.call(json!({ "subscribe": { "channel": "chat:other" } })).await;
+    assert_eq!(r["error"]["code"], 103, "{r}");
+    let r = c.call(json!({ "publish": { "channel": "chat:w9", "data": 1 } })).await;
+    assert!(r["publish"].is_object(), "pub cap: {r}");
+    let r = c.call(json!({ "publish": { "channel": "chat:cap1", "data": 1 } })).await;
+    assert_eq!(r["error"]["code"], 103, "sub only: {r}");
+    // A regex match is refused at connect.
+    let claims = json!({ "sub": "u1", "exp": now + 3600, "caps": [{ "channels": ["^a$"], "allow": ["sub"], "match": "regex" }] });
+    let mut c = Cf::dial(&srv, "").await;
+    c.send(vec![json!({ "connect": { "token": hs256_token(&claims) } })]).await;
+    assert_eq!(c.closed().await, Some(3500));
+}
+
+#[tokio::test]
+async fn the_personal_channel_is_subscribed_on_both_endpoints() {
+    let srv = TestServer::start_with(|c| c.personal.subscribe = true).await;
+    // Centrifugo: a server-side subscription, acked (the `user` namespace).
+    let mut cf = Cf::dev(&srv, "u7").await;
+    // /ws: a `subscribed` frame first.
+    let mut ws = srv.connect("u7").await;
+    let first = next_frame(&mut ws).await;
+    assert_eq!((first.kind.as_str(), first.channel.as_deref()), ("subscribed", Some("user:u7")), "{first:?}");
+    assert_eq!(first.cursor, Some(0), "acked: its cursor: {first:?}");
+    srv.publish("user:u7", json!({ "n": 1 })).await;
+    let m = next_message(&mut ws).await;
+    assert_eq!((m.channel.as_deref(), m.seq), (Some("user:u7"), Some(1)));
+    let p = cf.publication().await;
+    assert_eq!((p["channel"].clone(), p["pub"]["offset"].clone()), (json!("user:u7"), json!(1)));
+    // Acked through it: the /ws ack moves this device's cursor.
+    let r = ws.request(json!({ "type": "ack", "channel": "user:u7", "seq": 1 })).await.unwrap();
+    assert_eq!(r.kind, "ok", "{r:?}");
+}

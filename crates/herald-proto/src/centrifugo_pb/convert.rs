@@ -49,6 +49,23 @@ fn json_data(id: u32, data: Vec<u8>) -> Result<Box<RawValue>, CommandError> {
     serde_json::from_str(&text).map_err(|source| CommandError::DataNotJson { id, source })
 }
 
+fn subscribe_request(r: pb::SubscribeRequest) -> SubscribeRequest {
+    SubscribeRequest { channel: r.channel, recover: r.recover, offset: r.offset, epoch: r.epoch }
+}
+
+fn subscribe_result(s: &cf::SubscribeResult<'_>) -> pb::SubscribeResult {
+    pb::SubscribeResult {
+        recoverable: s.recoverable,
+        positioned: s.positioned,
+        epoch: s.epoch.clone(),
+        offset: s.offset,
+        publications: publications(&s.publications),
+        recovered: s.recovered,
+        was_recovering: s.was_recovering,
+        ..Default::default()
+    }
+}
+
 impl TryFrom<pb::Command> for Command {
     type Error = CommandError;
 
@@ -57,13 +74,13 @@ impl TryFrom<pb::Command> for Command {
         let channel = |channel| ChannelRequest { channel };
         Ok(Command {
             id,
-            connect: c.connect.map(|r| ConnectRequest { token: r.token, name: r.name, version: r.version }),
-            subscribe: c.subscribe.map(|r| SubscribeRequest {
-                channel: r.channel,
-                recover: r.recover,
-                offset: r.offset,
-                epoch: r.epoch,
+            connect: c.connect.map(|r| ConnectRequest {
+                token: r.token,
+                name: r.name,
+                version: r.version,
+                subs: r.subs.into_iter().map(|(channel, s)| (channel, subscribe_request(s))).collect(),
             }),
+            subscribe: c.subscribe.map(subscribe_request),
             unsubscribe: c.unsubscribe.map(|r| channel(r.channel)),
             publish: c
                 .publish
@@ -147,21 +164,11 @@ impl From<&Reply<'_>> for pb::Reply {
                     ttl: s.ttl,
                     ping: c.ping,
                     pong: c.pong,
+                    subs: c.subs.iter().map(|(channel, s)| (channel.clone(), subscribe_result(s))).collect(),
                     ..Default::default()
                 });
             }
-            Answer::Subscribe(s) => {
-                out.subscribe = Some(pb::SubscribeResult {
-                    recoverable: s.recoverable,
-                    positioned: s.positioned,
-                    epoch: s.epoch.clone(),
-                    offset: s.offset,
-                    publications: publications(&s.publications),
-                    recovered: s.recovered,
-                    was_recovering: s.was_recovering,
-                    ..Default::default()
-                });
-            }
+            Answer::Subscribe(s) => out.subscribe = Some(subscribe_result(s)),
             Answer::Unsubscribe(_) => out.unsubscribe = Some(pb::UnsubscribeResult {}),
             Answer::Publish(_) => out.publish = Some(pb::PublishResult {}),
             Answer::Presence(p) => {

@@ -287,7 +287,15 @@ fn every_reply_kind_reads_back() {
     let mut frame = Vec::new();
     let sent = [
         Reply::error(1, ErrorCode::RateLimited, "slow"),
-        Reply::new(2, Answer::Connect(cf::ConnectResult { session: session(), ping: 25, pong: true })),
+        Reply::new(
+            2,
+            Answer::Connect(cf::ConnectResult {
+                session: session(),
+                ping: 25,
+                pong: true,
+                subs: Default::default(),
+            }),
+        ),
         Reply::new(
             3,
             Answer::Subscribe(cf::SubscribeResult {

@@ -72,6 +72,13 @@ impl OkFrame {
         encode_tagged("ok", self)
     }
 
+    /// `{"type":"subscribed",...}`: a subscription the server made (the
+    /// personal channel), with the fields a subscribe's `ok` has and no
+    /// `req`.
+    pub fn encode_subscribed(&self) -> Vec<u8> {
+        encode_tagged("subscribed", self)
+    }
+
     /// The `ok` of a publish: the same bytes as an `OkFrame` with `req`,
     /// `channel`, `seq`, `id` and `duplicate` set, written directly (every
     /// publish gets one; see [`encode_frame`] for why).

@@ -11,6 +11,12 @@ impl Config {
         self.namespaces.validate()?;
         crate::webhooks::config::validate_all(&self.webhooks)?;
         self.proxies.validate()?;
+        if self.personal.subscribe && !self.namespaces.0.contains_key(&self.personal.namespace) {
+            return Err(format!(
+                "personal.namespace `{}` is not a configured namespace",
+                self.personal.namespace
+            ));
+        }
         let h = &self.http;
         if h.max_connections < 16 {
             return Err("http.max_connections must be at least 16".into());

@@ -54,6 +54,7 @@ mod pipeline;
 mod presence;
 mod read_gate;
 mod requests;
+mod server_side;
 mod subs;
 
 use channels::{ChannelTimers, Channels, LogDelivery, Registrations, Sub, Timers};
@@ -186,6 +187,11 @@ impl Session {
     }
 
     async fn run_loop(&mut self) -> SessionEnd {
+        if self.wire.identified_at_upgrade() {
+            if let Err(end) = Box::pin(self.start_personal()).await {
+                return end;
+            }
+        }
         let mut period = self.tick_period();
         let mut tick = heartbeat(period);
         let mut expiry = self.expiry_timer();

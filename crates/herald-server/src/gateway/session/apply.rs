@@ -6,6 +6,7 @@
 use futures_util::SinkExt;
 use herald_proto::{close, ClientFrame, ErrorCode, OkFrame};
 
+use super::requests::Asker;
 use super::{pipeline, presence, Session, SessionEnd};
 use crate::error::ApiError;
 use crate::gateway::wire::Command;
@@ -60,7 +61,7 @@ impl Session {
         match frame {
             ClientFrame::Subscribe { req, channel, since, client_id, info } => {
                 let presence = presence::PresenceArgs { client_id, info };
-                match self.subscribe(req, &channel, since, presence).await {
+                match self.subscribe(req, &channel, since, presence, Asker::Client).await {
                     Ok((ok, ended)) => {
                         self.send_bytes(ok.encode()).await?;
                         if ended {

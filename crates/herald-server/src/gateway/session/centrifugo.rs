@@ -20,20 +20,22 @@
 //! - the wire's pings (`{}`) are answered by the client's own, a pong
 //!   command.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use futures_util::SinkExt;
 use herald_core::{Delivery, Epoch, Message, Position};
 use herald_proto::centrifugo::{
-    self as cf, Answer, ClientInfo, ConnectResult, Empty, HistoryResult, Method, PresenceResult,
-    PresenceStatsResult, Publication, RefreshResult, Reply, StreamPosition, SubscribeRequest,
+    self as cf, Answer, ClientInfo, ConnectRequest, ConnectResult, Empty, HistoryResult, Method,
+    PresenceResult, PresenceStatsResult, Publication, RefreshResult, Reply, StreamPosition, SubscribeRequest,
     SubscribeResult,
 };
 use herald_proto::{close, ChannelName, ErrorCode, OkFrame, Since, StoredFrame};
 
 use super::deliver::{PageStep, CATCHUP_PAGE};
 use super::presence::PresenceArgs;
+use super::requests::Asker;
 use super::{pipeline, Session, SessionEnd};
 use crate::auth::Identity;
 use crate::error::ApiError;
@@ -106,7 +108,7 @@ impl Session {
                 }
                 return Ok(());
             }
-            Method::Connect(c) => return self.connect(id, &c.token).await,
+            Method::Connect(c) => return Box::pin(self.connect(id, c)).await,
             Method::Refresh(r) => return self.refresh(id, &r.token).await,
             Method::Subscribe(s) => return Box::pin(self.subscribe_command(id, s)).await,
             Method::Unsubscribe(u) => match channel(&u.channel) {
@@ -178,7 +180,8 @@ impl Session {
         }
     }
 
-    async fn connect(&mut self, id: u32, token: &str) -> Result<(), SessionEnd> {
+    async fn connect(&mut self, id: u32, c: ConnectRequest) -> Result<(), SessionEnd> {
+        let token = c.token.as_str();
         if self.conn().connected {
             return Err(bad_request("already connected"));
         }
@@ -201,14 +204,23 @@ impl Session {
             Err(e) => return Err(Self::token_refused(&e)),
         };
         self.conn().connected = true;
+        let subs = self.server_side_subscribe(c.subs).await?;
+        let frames: Vec<Vec<StoredFrame>> = subs.iter().map(|(_, r)| r.frames()).collect();
         let result = ConnectResult {
             session: self.new_identity(),
             ping: u32::try_from(self.state.config.heartbeat.ping_interval.as_secs())
                 .unwrap_or(u32::MAX)
                 .max(1),
             pong: true,
+            subs: subs.iter().zip(&frames).map(|((c, r), f)| (c.to_string(), r.result(f))).collect(),
         };
-        self.send_bytes(self.wire.reply(&Reply::new(id, Answer::Connect(result)))).await
+        let recovered: usize = frames.iter().map(Vec::len).sum();
+        self.state.metrics.delivered.inc_by(recovered as u64);
+        self.send_bytes(self.wire.reply(&Reply::new(id, Answer::Connect(result)))).await?;
+        for (channel, r) in &subs {
+            self.after_recovery(channel, r).await?;
+        }
+        Ok(())
     }
 
     /// The identity was just set (connect, refresh): reset its expiry
@@ -245,21 +257,44 @@ impl Session {
     /// `subscribe`, with recovery in the reply (see the module docs).
     async fn subscribe_command(&mut self, id: u32, s: SubscribeRequest) -> Result<(), SessionEnd> {
         let req = Some(u64::from(id));
-        let (channel, ns) = match channel(&s.channel).and_then(|c| {
-            let ns = self.state.config.namespaces.resolve(&c)?.clone();
-            Ok((c, ns))
-        }) {
-            Ok(x) => x,
+        let channel = match channel(&s.channel) {
+            Ok(c) => c,
             Err(e) => return self.send_error(&e, req, None).await,
+        };
+        let r = match self.subscribe_recovering(req, &channel, &s, Asker::Client).await? {
+            Ok(r) => r,
+            Err(e) => return self.send_error(&e, req, None).await,
+        };
+        let frames = r.frames();
+        let result = r.result(&frames);
+        self.state.metrics.delivered.inc_by(result.publications.len() as u64);
+        self.send_bytes(self.wire.reply(&Reply::new(id, Answer::Subscribe(result)))).await?;
+        self.after_recovery(&channel, &r).await
+    }
+
+    /// A subscribe with Centrifugo's recovery from `s`'s position: the
+    /// reply's fields and the missed messages it carries. `Err(ApiError)`:
+    /// refused (answered by the caller); `Err(SessionEnd)`: the connection
+    /// ends.
+    async fn subscribe_recovering(
+        &mut self,
+        req: Option<u64>,
+        channel: &ChannelName,
+        s: &SubscribeRequest,
+        by: Asker,
+    ) -> Result<Result<Recovered, ApiError>, SessionEnd> {
+        let ns = match self.state.config.namespaces.resolve(channel) {
+            Ok(ns) => ns.clone(),
+            Err(e) => return Ok(Err(e.into())),
         };
         let durable = ns.is_durable();
         let bound = self.state.config.history.max_limit;
         let recovering = durable && s.recover;
         let mut since = None;
         if recovering {
-            let pos = match self.state.engine.position(&channel).await {
+            let pos = match self.state.engine.position(channel).await {
                 Ok(p) => p,
-                Err(e) => return self.send_error(&e.into(), req, None).await,
+                Err(e) => return Ok(Err(e.into())),
             };
             // Another epoch, an offset from the future, a truncated log or
             // more missed messages than the bound (acked: the inbox is
@@ -273,45 +308,74 @@ impl Session {
         }
         let client = self.conn().client.clone();
         let presence = PresenceArgs { client_id: Some(client), info: None };
-        let (ok, ended) = match self.subscribe(req, &channel, since.clone(), presence).await {
+        let (ok, ended) = match self.subscribe(req, channel, since.clone(), presence, by).await {
             Ok(x) => x,
-            Err(e) => return self.send_error(&e, req, None).await,
+            Err(e) => return Ok(Err(e)),
         };
         let lost = ok.truncated == Some(true) || ok.epoch_changed == Some(true);
         if since.is_some() && lost && ns.delivery != Delivery::Acked {
             // Trimmed or reset between the check above and the subscribe:
             // no publications either, start at the head it was resolved at.
-            self.restart_at_head(&channel, &ok);
+            self.restart_at_head(channel, &ok);
         }
-        let mut result = SubscribeResult::default();
-        let mut missed = Vec::new();
+        let mut r = Recovered { result: SubscribeResult::default(), missed: Vec::new(), ended };
         if durable {
-            missed = self.recover(&channel, bound).await?;
-            result.recoverable = true;
-            result.positioned = true;
-            result.epoch = ok.epoch.clone().unwrap_or_default();
-            result.offset = self
+            r.missed = self.recover(channel, bound).await?;
+            r.result.recoverable = true;
+            r.result.positioned = true;
+            r.result.epoch = ok.epoch.clone().unwrap_or_default();
+            r.result.offset = self
                 .chans
                 .regs
                 .subs
-                .get(&channel)
+                .get(channel)
                 .and_then(|s| s.log.as_ref())
                 .map_or(0, |l| l.delivery.next().saturating_sub(1));
-            result.was_recovering = recovering;
-            result.recovered = since.is_some() && !lost;
+            r.result.was_recovering = recovering;
+            r.result.recovered = since.is_some() && !lost;
         }
-        let frames: Vec<StoredFrame> =
-            missed.iter().filter_map(|m| StoredFrame::parse(&m.frame).ok()).collect();
-        result.publications = frames.iter().map(|f| Publication::from_stored(f, cf::null_value())).collect();
-        let closes = missed.iter().any(|m| m.closes);
-        self.state.metrics.delivered.inc_by(result.publications.len() as u64);
-        self.send_bytes(self.wire.reply(&Reply::new(id, Answer::Subscribe(result)))).await?;
-        if ended || closes {
-            // A closed room: its final event was delivered.
-            self.end_subscription(&channel, "room_closed").await?;
+        Ok(Ok(r))
+    }
+
+    /// After a recovery's reply went out: a closed room whose final event
+    /// was delivered ends its subscription.
+    async fn after_recovery(&mut self, channel: &ChannelName, r: &Recovered) -> Result<(), SessionEnd> {
+        if r.ended || r.missed.iter().any(|m| m.closes) {
+            self.end_subscription(channel, "room_closed").await?;
             self.ws.flush().await.map_err(|_| SessionEnd::Gone)?;
         }
         Ok(())
+    }
+
+    /// The server-side subscriptions of a connect: the token's (or the
+    /// connect proxy's) channel names, then the personal channel, each
+    /// recovered from the position the SDK sent in `subs`. One that is
+    /// refused (an unknown namespace, a room not created) is logged and
+    /// left out of the reply; the connection stays.
+    async fn server_side_subscribe(
+        &mut self,
+        mut positions: BTreeMap<String, SubscribeRequest>,
+    ) -> Result<Vec<(ChannelName, Recovered)>, SessionEnd> {
+        let mut channels = self.identity.server_side.clone();
+        if let Some(personal) = self.personal_channel() {
+            if !channels.contains(&personal) {
+                channels.push(personal);
+            }
+        }
+        let mut out = Vec::with_capacity(channels.len());
+        for channel in channels {
+            let s = positions.remove(channel.as_str()).unwrap_or_default();
+            match self.subscribe_recovering(None, &channel, &s, Asker::Server).await? {
+                Ok(r) => out.push((channel, r)),
+                Err(e) => tracing::warn!(
+                    channel = %channel,
+                    code = e.code.as_str(),
+                    detail = %e.detail,
+                    "server-side subscription refused"
+                ),
+            }
+        }
+        Ok(out)
     }
 
     /// Make a just subscribed durable channel start after the head its
@@ -408,6 +472,36 @@ impl Session {
     async fn presence_members(&mut self, name: &str) -> Result<(u64, Vec<herald_proto::Member>), ApiError> {
         let ok = Box::pin(self.presence_list(&channel(name)?)).await?;
         Ok((ok.count.unwrap_or(0), ok.members.unwrap_or_default()))
+    }
+}
+
+/// A subscribe's recovery, before its reply is encoded.
+struct Recovered {
+    /// The reply's fields but `publications`.
+    result: SubscribeResult<'static>,
+    /// The missed messages the reply carries, in order.
+    missed: Vec<Arc<Message>>,
+    /// A closed room with nothing left to deliver.
+    ended: bool,
+}
+
+impl Recovered {
+    fn frames(&self) -> Vec<StoredFrame<'_>> {
+        self.missed.iter().filter_map(|m| StoredFrame::parse(&m.frame).ok()).collect()
+    }
+
+    /// The reply, its publications borrowed from `frames` ([`Self::frames`]).
+    fn result<'f>(&self, frames: &'f [StoredFrame<'_>]) -> SubscribeResult<'f> {
+        let r = &self.result;
+        SubscribeResult {
+            recoverable: r.recoverable,
+            positioned: r.positioned,
+            epoch: r.epoch.clone(),
+            offset: r.offset,
+            publications: frames.iter().map(|f| Publication::from_stored(f, cf::null_value())).collect(),
+            recovered: r.recovered,
+            was_recovering: r.was_recovering,
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use crate::error::ApiError;
 use crate::rooms;
 
 /// The presence fields of a subscribe frame.
+#[derive(Default)]
 pub(crate) struct PresenceArgs {
     pub client_id: Option<String>,
     pub info: Option<Box<RawValue>>,

@@ -12,32 +12,47 @@ use crate::gateway::wire::Acks;
 use crate::publish::{fingerprint, validate_idempotency_key, Publish, ScopedKey};
 use crate::rooms;
 
+/// Who asked for a subscription.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Asker {
+    /// The client, with a subscribe command: its permissions are checked.
+    Client,
+    /// The server, on the client's behalf (server-side subscriptions).
+    Server,
+}
+
 impl Session {
     /// Subscribe; the flag says the channel is a closed room with nothing
     /// left to deliver (the caller ends the subscription after the reply).
+    /// A subscription the server makes (`by`) was granted where it was
+    /// decided (the token, the connect proxy, the personal channel): the
+    /// token's patterns and the subscribe proxy are not asked again.
     pub(super) async fn subscribe(
         &mut self,
         req: Option<u64>,
         channel: &ChannelName,
         since: Option<herald_proto::Since>,
         presence: PresenceArgs,
+        by: Asker,
     ) -> Result<(OkFrame, bool), ApiError> {
         let state = self.state.clone();
         let ns = state.config.namespaces.resolve(channel)?;
-        if !self.identity.may_subscribe(channel, ns) {
+        if by == Asker::Client && !self.identity.may_subscribe(channel, ns) {
             return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
         }
         if self.chans.regs.subs.contains_key(channel) {
             return Err(ApiError::new(ErrorCode::AlreadySubscribed, "already subscribed on this connection"));
         }
-        // The backend's say, after the token's (proxies.rs).
-        crate::integration::proxies::subscribe(
-            &state,
-            &self.identity.sub,
-            self.identity.device.as_deref(),
-            channel,
-        )
-        .await?;
+        if by == Asker::Client {
+            // The backend's say, after the token's (proxies.rs).
+            crate::integration::proxies::subscribe(
+                &state,
+                &self.identity.sub,
+                self.identity.device.as_deref(),
+                channel,
+            )
+            .await?;
+        }
         if self.chans.regs.subs.len() >= state.config.websocket.max_subscriptions {
             return Err(ApiError::new(
                 ErrorCode::TooManySubscriptions,

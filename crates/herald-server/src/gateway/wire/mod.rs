@@ -103,6 +103,12 @@ impl Wire {
         }
     }
 
+    /// Whether the connection's identity is known at the upgrade (`/ws`),
+    /// or set by a command (Centrifugo's `connect`).
+    pub fn identified_at_upgrade(&self) -> bool {
+        matches!(self, Wire::Herald)
+    }
+
     /// The commands of a data frame (text or binary) read from the socket.
     pub fn decode<'a>(&self, msg: &'a WsMessage) -> Commands<'a> {
         match self {
