@@ -1,6 +1,8 @@
 """Herald's Centrifugo endpoint driven by the PyPI `centrifuge-python` SDK
 (pinned in requirements.txt), against a real `herald serve` process on a
-free port with a temp data dir and an HS256 key, so tokens are real.
+free port with a temp data dir and an HS256 key, so tokens are real. Every
+scenario runs on the JSON wire and again on the Protobuf one
+(`use_protobuf=True`, where `data` is the stored JSON as bytes).
 
 Run by scripts/test-centrifuge-sdks: `python test_sdk.py` (exit 0 = pass).
 $HERALD_BIN names the binary (default target/debug/herald). Every wait is
@@ -26,6 +28,8 @@ from centrifuge import (
     Client,
     ClientEventHandler,
     PublicationContext,
+    ServerPublicationContext,
+    ServerSubscribedContext,
     StreamPosition,
     SubscribedContext,
     SubscriptionEventHandler,
@@ -41,9 +45,9 @@ def b64url(raw: bytes) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
-def token(sub: str, ttl: int = 3600) -> str:
+def token(sub: str, ttl: int = 3600, channels=("*",)) -> str:
     head = b64url(json.dumps({"alg": "HS256", "typ": "JWT"}).encode())
-    claims = {"sub": sub, "exp": int(time.time()) + ttl, "channels": ["*"], "publish": ["*"]}
+    claims = {"sub": sub, "exp": int(time.time()) + ttl, "channels": list(channels), "publish": ["*"]}
     body = b64url(json.dumps(claims).encode())
     sig = hmac.new(JWT_SECRET.encode(), f"{head}.{body}".encode(), hashlib.sha256).digest()
     return f"{head}.{body}.{b64url(sig)}"
@@ -114,32 +118,91 @@ async def eventually(what: str, check) -> None:
         await asyncio.sleep(0.02)
 
 
-async def run(herald: Herald) -> None:
+class Wire:
+    """JSON or Protobuf: how `data` reads and is published."""
+
+    def __init__(self, protobuf: bool) -> None:
+        self.protobuf = protobuf
+        self.name = "protobuf" if protobuf else "json"
+
+    def data(self, d):
+        return json.loads(d) if self.protobuf else d
+
+    def payload(self, v):
+        return json.dumps(v).encode() if self.protobuf else v
+
+
+class ServerSide(ClientEventHandler):
+    """A client's server-side subscriptions and their publications."""
+
+    def __init__(self) -> None:
+        self.subscribed = []
+        self.pubs = []
+
+    async def on_subscribed(self, ctx: ServerSubscribedContext) -> None:
+        self.subscribed.append(ctx)
+
+    async def on_publication(self, ctx: ServerPublicationContext) -> None:
+        self.pubs.append((ctx.channel, ctx.pub))
+
+
+async def server_side(herald: Herald, wire: Wire) -> None:
+    """A channel of the token's `channels` is subscribed on connect and
+    recovered on reconnect with nothing missing or doubled."""
     url = f"ws://127.0.0.1:{herald.port}/connection/websocket"
+    channel = f"chat:py-ss-{wire.name}"
+    tok = token("py-ss", channels=(channel, "chat:*"))
+
+    async def get_token() -> str:
+        return tok
+
+    events = ServerSide()
+    client = Client(url, events=events, token=tok, get_token=get_token, use_protobuf=wire.protobuf,
+                    min_reconnect_delay=0.05, max_reconnect_delay=0.3)
+    await client.connect()
+    await eventually("server-side subscribed", lambda: [s.channel for s in events.subscribed] == [channel])
+    for i in range(1, 4):
+        herald.publish(channel, i)
+    await eventually("3 publications", lambda: len(events.pubs) >= 3)
+    await client.disconnect()
+    for i in range(4, 7):
+        herald.publish(channel, i)
+    await client.connect()
+    await eventually("recovered", lambda: len(events.subscribed) >= 2)
+    assert events.subscribed[-1].recovered and events.subscribed[-1].was_recovering, events.subscribed[-1]
+    await eventually("6 publications", lambda: len(events.pubs) >= 6)
+    assert [(c, p.offset) for c, p in events.pubs] == [(channel, i) for i in range(1, 7)], events.pubs
+    assert [wire.data(p.data) for _, p in events.pubs] == list(range(1, 7))
+    await client.disconnect()
+
+
+async def run(herald: Herald, wire: Wire) -> None:
+    url = f"ws://127.0.0.1:{herald.port}/connection/websocket"
+    channel = f"chat:py-{wire.name}"
 
     async def get_token() -> str:
         return token("py-user")
 
     client = Client(url, events=ClientEventHandler(), token=token("py-user"), get_token=get_token,
-                    min_reconnect_delay=0.05, max_reconnect_delay=0.3)
+                    use_protobuf=wire.protobuf, min_reconnect_delay=0.05, max_reconnect_delay=0.3)
     rec = Recorder()
-    sub = client.new_subscription("chat:py", events=rec)
+    sub = client.new_subscription(channel, events=rec)
     await client.connect()
     await sub.subscribe()
     await eventually("subscribed", lambda: len(rec.subscribed) == 1)
     assert rec.subscribed[0].recoverable and rec.subscribed[0].positioned
 
     # Receive in order, data as published, Herald's id in the tags.
-    ids = [herald.publish("chat:py", {"i": i, "text": f"a\nb{i}"})["id"] for i in range(1, 6)]
+    ids = [herald.publish(channel, {"i": i, "text": f"a\nb{i}"})["id"] for i in range(1, 6)]
     await eventually("5 publications", lambda: len(rec.pubs) >= 5)
     assert [p.offset for p in rec.pubs] == [1, 2, 3, 4, 5], [p.offset for p in rec.pubs]
-    assert [p.data for p in rec.pubs] == [{"i": i, "text": f"a\nb{i}"} for i in range(1, 6)]
+    assert [wire.data(p.data) for p in rec.pubs] == [{"i": i, "text": f"a\nb{i}"} for i in range(1, 6)]
     assert [p.tags["herald_id"] for p in rec.pubs] == ids
 
     # Publish from the SDK.
-    await sub.publish({"from": "python"})
+    await sub.publish(wire.payload({"from": "python"}))
     await eventually("own publication", lambda: len(rec.pubs) >= 6)
-    assert rec.pubs[5].offset == 6 and rec.pubs[5].data == {"from": "python"}
+    assert rec.pubs[5].offset == 6 and wire.data(rec.pubs[5].data) == {"from": "python"}
 
     # History with a limit and a position.
     epoch = rec.subscribed[0].stream_position.epoch
@@ -149,11 +212,11 @@ async def run(herald: Herald) -> None:
     # disconnect(), missed messages, connect(): recovered, nothing lost or doubled.
     await client.disconnect()
     for i in range(7, 12):
-        herald.publish("chat:py", i)
+        herald.publish(channel, i)
     await client.connect()
     await eventually("resubscribed", lambda: len(rec.subscribed) >= 2)
     assert rec.subscribed[-1].recovered and rec.subscribed[-1].was_recovering, rec.subscribed[-1]
-    herald.publish("chat:py", 12)
+    herald.publish(channel, 12)
     await eventually("12 publications", lambda: len(rec.pubs) >= 12)
     assert [p.offset for p in rec.pubs] == list(range(1, 13)), [p.offset for p in rec.pubs]
 
@@ -163,10 +226,12 @@ async def run(herald: Herald) -> None:
 def main() -> int:
     herald = Herald()
     try:
-        asyncio.run(asyncio.wait_for(run(herald), timeout=120))
+        for wire in (Wire(False), Wire(True)):
+            asyncio.run(asyncio.wait_for(run(herald, wire), timeout=120))
+            asyncio.run(asyncio.wait_for(server_side(herald, wire), timeout=120))
+            print(f"centrifuge-python ({wire.name}): ok")
     finally:
         herald.close()
-    print("centrifuge-python: ok")
     return 0
 
 

@@ -1,10 +1,11 @@
 // Herald's Centrifugo endpoint driven by the real centrifuge-js SDK (pinned
 // in package-lock.json), against a real `herald serve` process (the
-// TypeScript client's harness: free port, temp data dir, HS256 tokens).
-import { test, before, after } from 'node:test';
+// TypeScript client's harness: free port, temp data dir, HS256 tokens),
+// over the wire CENTRIFUGE_PROTOCOL names (wire.mjs).
+import { test as nodeTest, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import WebSocket from 'ws';
-import { Centrifuge } from 'centrifuge';
+import { Centrifuge, PROTOCOL, data, num, payload } from './wire.mjs';
 import { API_KEY, HeraldProcess, eventually, token } from '../../typescript/test/harness.mjs';
 
 let herald;
@@ -14,6 +15,9 @@ before(async () => {
 after(async () => {
   await herald?.dispose();
 });
+
+// Every test's name says the wire.
+const test = (name, fn) => nodeTest(`${PROTOCOL}: ${name}`, fn);
 
 const endpoint = () => `ws://127.0.0.1:${herald.port}/connection/websocket`;
 
@@ -58,7 +62,7 @@ function subscribed(sub) {
   return new Promise((resolve) => sub.once('subscribed', resolve));
 }
 
-const offsets = (got) => got.map((p) => p.offset);
+const offsets = (got) => got.map((p) => num(p.offset));
 const range = (from, to) => Array.from({ length: to - from + 1 }, (_, i) => from + i);
 
 test('connect, subscribe and receive in order, data byte for byte, id and meta in tags', async (t) => {
@@ -77,7 +81,7 @@ test('connect, subscribe and receive in order, data byte for byte, id and meta i
   await eventually('20 publications', () => got.length >= 20);
   assert.deepEqual(offsets(got), range(1, 20));
   assert.deepEqual(
-    got.map((p) => p.data),
+    got.map((p) => data(p.data)),
     range(1, 20).map((i) => ({ i, text: `line\n${i}` })),
   );
   assert.deepEqual(
@@ -112,7 +116,7 @@ async function recoversAfter(t, name, gone) {
   assert.equal(again.recovered, true);
   assert.deepEqual(offsets(got), range(1, 20), 'nothing missing, nothing doubled');
   assert.deepEqual(
-    got.map((p) => p.data),
+    got.map((p) => data(p.data)),
     range(1, 20),
   );
 }
@@ -159,7 +163,7 @@ test('publish from the SDK reaches subscribers and history', async (t) => {
   a.connect();
   b.connect();
   await ready;
-  for (let i = 1; i <= 5; i++) await subA.publish({ from: 'sdk', i });
+  for (let i = 1; i <= 5; i++) await subA.publish(payload({ from: 'sdk', i }));
   await eventually('5 on the other client', () => got.length >= 5);
   assert.deepEqual(offsets(got), range(1, 5));
   const h = await api('GET', '/api/v1/channels/chat:sdkpub/messages?after=0&limit=10');
@@ -170,10 +174,10 @@ test('publish from the SDK reaches subscribers and history', async (t) => {
   // The SDK's history call, with a position and a limit.
   const hist = await subA.history({ limit: 2, since: { offset: 2, epoch: h.body.epoch } });
   assert.deepEqual(
-    hist.publications.map((p) => p.offset),
+    hist.publications.map((p) => num(p.offset)),
     [3, 4],
   );
-  assert.equal(hist.offset, 5);
+  assert.equal(num(hist.offset), 5);
   assert.equal(hist.epoch, h.body.epoch);
 });
 
