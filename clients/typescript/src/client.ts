@@ -93,6 +93,14 @@ export interface PublishOptions {
 export interface HeraldEvents {
   /** A server `error` frame not tied to a request (e.g. a refused ack). */
   error: HeraldError;
+  /**
+   * The server subscribed this connection (the personal channel, when the
+   * server has `[personal] subscribe`), once per subscription: read it as
+   * one from `subscribe()` (`sub.onMessage`, `for await`); it resumes on
+   * every reconnect and `unsubscribe()` ends it. Without a listener the
+   * client declines it (unsubscribes at once).
+   */
+  subscribed: Subscription<unknown>;
 }
 
 /** A request kept until answered: publishes and `presence`. */
@@ -452,6 +460,8 @@ export class Herald extends Emitter<HeraldEvents> {
         return sub?._onPresence(f.type, f);
       case 'unsubscribed':
         return sub?._onUnsubscribed(String(f.reason ?? ''));
+      case 'subscribed':
+        return this.#onServerSubscribed(f, sub);
       case 'disconnect':
         this.#disconnect = { code: Number(f.code), reason: String(f.reason ?? ''), reconnect: f.reconnect !== false };
         return;
@@ -460,6 +470,26 @@ export class Herald extends Emitter<HeraldEvents> {
       case 'pong':
         return this.#onReply(f);
     }
+  }
+
+  /** A `subscribed` frame: a subscription the server made (see `HeraldEvents`). */
+  #onServerSubscribed(f: Record<string, unknown>, known: AnySubscription | undefined): void {
+    const reply = { ...f, type: 'ok' };
+    if (known) {
+      // Made again on a new connection: its reply resumes it.
+      if (known.serverSide) known._onReply(reply);
+      return;
+    }
+    const channel = String(f.channel ?? '');
+    if (!this.listens('subscribed')) {
+      this.#link.sendUnsubscribe(channel);
+      return;
+    }
+    const sub = new Subscription<unknown>(this.#link, channel, {}, true);
+    this.#subs.set(channel, sub);
+    sub._subscribe();
+    sub._onReply(reply);
+    this.emit('subscribed', sub);
   }
 
   #onReply(f: Record<string, unknown>): void {

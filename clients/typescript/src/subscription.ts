@@ -123,10 +123,18 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents> imple
   #current: { done: (ok: boolean) => void } | undefined;
   #iterating = false;
 
-  constructor(link: Link, channel: string, opts: SubscribeOptions<T>) {
+  /**
+   * Made by the server (the personal channel; `Herald`'s `subscribed`
+   * event), not by `subscribe()`: the server makes it again on every
+   * connection, so the client never sends its subscribe.
+   */
+  readonly serverSide: boolean;
+
+  constructor(link: Link, channel: string, opts: SubscribeOptions<T>, serverSide = false) {
     super();
     this.#link = link;
     this.channel = channel;
+    this.serverSide = serverSide;
     this.#opts = opts;
     this.#cursor = new Cursor(opts.since);
     this.ready = new Promise((resolve, reject) => {
@@ -179,6 +187,19 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents> imple
     this.#end();
   }
 
+  /**
+   * Set the message handler (as `SubscribeOptions.onMessage`) after the
+   * fact: for a subscription the server made (`Herald`'s `subscribed`
+   * event). One consumer per subscription: a handler or an iterator.
+   */
+  handle(onMessage: (msg: Message<T>) => void | Promise<void>): void {
+    if (this.#opts.onMessage || this.#iterating) {
+      throw new TypeError('a subscription has one consumer: an onMessage handler or one iterator');
+    }
+    this.#opts = { ...this.#opts, onMessage };
+    void this.#pump();
+  }
+
   [Symbol.asyncIterator](): AsyncIterator<Message<T>> {
     if (this.#opts.onMessage || this.#iterating) {
       throw new TypeError('a subscription has one consumer: an onMessage handler or one iterator');
@@ -215,6 +236,8 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents> imple
     this.#held = false;
     if (this.#cursor.acked) this.#queue = this.#queue.filter((i) => i.kind !== 'message');
     this.#cursor.onResubscribe(this.#inProgress);
+    // The server's `subscribed` frame is its reply (`_onReply`).
+    if (this.serverSide) return;
     const frame: Record<string, unknown> = { type: 'subscribe', channel: this.channel, client_id: this.#link.clientId };
     const since = this.#cursor.since();
     if (since) frame.since = since;

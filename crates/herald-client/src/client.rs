@@ -14,7 +14,7 @@ use herald_proto::{ChannelName, Meta};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::command::{Command, PublishCmd, Shared, SubscribeCmd};
+use crate::command::{Command, PublishCmd, ServerSubscribed, Shared, SubscribeCmd};
 use crate::event::{ClientStatus, ConnState, Delivery, Event, PublishReply, SubscribeInfo};
 use crate::options::ClientOptions;
 use crate::worker::Worker;
@@ -32,6 +32,8 @@ pub struct Client {
     status_rx: watch::Receiver<ClientStatus>,
     request_timeout: Duration,
     event_capacity: usize,
+    /// Server-made subscriptions (`ClientOptions::server_subscriptions`).
+    server_subs: Option<tokio::sync::Mutex<mpsc::Receiver<ServerSubscribed>>>,
 }
 
 impl Client {
@@ -42,15 +44,42 @@ impl Client {
         let (status_tx, status_rx) =
             watch::channel(ClientStatus { state: ConnState::Connecting, connects: 0 });
         let shared = Arc::new(Shared::default());
+        let (server_tx, server_rx) = match opts.server_subscriptions {
+            true => {
+                let (tx, rx) = mpsc::channel(16);
+                (Some(tx), Some(tokio::sync::Mutex::new(rx)))
+            }
+            false => (None, None),
+        };
         let client = Self {
             cmd_tx,
             shared: shared.clone(),
             status_rx,
             request_timeout: opts.request_timeout,
             event_capacity: opts.event_capacity.max(1),
+            server_subs: server_rx,
         };
-        tokio::spawn(Worker::new(opts, cmd_rx, shared, status_tx).run());
+        tokio::spawn(Worker::new(opts, cmd_rx, shared, status_tx, server_tx).run());
         client
+    }
+
+    /// The next subscription the server made for this client (the personal
+    /// channel: docs/protocol.md, `subscribed`), once. It is resumed by the
+    /// server on each reconnect and ends like any [`Subscription`]
+    /// (dropping it unsubscribes). `None` when
+    /// [`ClientOptions::server_subscriptions`] is off or the client ended.
+    pub async fn next_server_subscription(&self) -> Option<Subscription> {
+        let ServerSubscribed { id, info, events_rx } = self.server_subs.as_ref()?.lock().await.recv().await?;
+        Some(Subscription {
+            id,
+            channel: info.channel.clone(),
+            info,
+            events_rx,
+            cmd_tx: self.cmd_tx.clone(),
+            shared: self.shared.clone(),
+            done: false,
+            unsubscribed: false,
+        })
     }
 
     /// Subscribe to `channel`, optionally resuming after `since = (seq,

@@ -29,6 +29,14 @@ pub(crate) struct SubscribeCmd {
     pub reply: oneshot::Sender<Result<SubscribeInfo, ClientError>>,
 }
 
+/// A subscription the server made (a `subscribed` frame: the personal
+/// channel), handed to [`crate::Client::next_server_subscription`].
+pub(crate) struct ServerSubscribed {
+    pub id: u64,
+    pub info: SubscribeInfo,
+    pub events_rx: mpsc::Receiver<Result<Event, ClientError>>,
+}
+
 /// A publish request; also how it waits for a connection.
 pub(crate) struct PublishCmd {
     pub channel: Box<str>,

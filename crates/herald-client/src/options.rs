@@ -35,6 +35,12 @@ pub struct ClientOptions {
     /// server's lease keeps the membership (no leave/join pair). Default:
     /// random per `ClientOptions`.
     pub client_id: String,
+    /// Take the subscriptions the server makes (the personal channel, a
+    /// `subscribed` frame) as [`crate::Subscription`]s from
+    /// [`crate::Client::next_server_subscription`]. Off (the default), the
+    /// client unsubscribes them at once, so nothing queues for a reader
+    /// that does not exist.
+    pub server_subscriptions: bool,
 }
 
 impl ClientOptions {
@@ -49,6 +55,7 @@ impl ClientOptions {
             event_capacity: 256,
             command_capacity: 64,
             client_id: format!("rc-{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
+            server_subscriptions: false,
         }
     }
 }

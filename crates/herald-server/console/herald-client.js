@@ -278,10 +278,17 @@ var Subscription = class extends Emitter {
   #waiterFail;
   #current;
   #iterating = false;
-  constructor(link, channel, opts) {
+  /**
+   * Made by the server (the personal channel; `Herald`'s `subscribed`
+   * event), not by `subscribe()`: the server makes it again on every
+   * connection, so the client never sends its subscribe.
+   */
+  serverSide;
+  constructor(link, channel, opts, serverSide = false) {
     super();
     this.#link = link;
     this.channel = channel;
+    this.serverSide = serverSide;
     this.#opts = opts;
     this.#cursor = new Cursor(opts.since);
     this.ready = new Promise((resolve, reject) => {
@@ -328,6 +335,18 @@ var Subscription = class extends Emitter {
     if (this.#confirmed || this.#sent) this.#link.sendUnsubscribe(this.channel);
     this.#end();
   }
+  /**
+   * Set the message handler (as `SubscribeOptions.onMessage`) after the
+   * fact: for a subscription the server made (`Herald`'s `subscribed`
+   * event). One consumer per subscription: a handler or an iterator.
+   */
+  handle(onMessage) {
+    if (this.#opts.onMessage || this.#iterating) {
+      throw new TypeError("a subscription has one consumer: an onMessage handler or one iterator");
+    }
+    this.#opts = { ...this.#opts, onMessage };
+    void this.#pump();
+  }
   [Symbol.asyncIterator]() {
     if (this.#opts.onMessage || this.#iterating) {
       throw new TypeError("a subscription has one consumer: an onMessage handler or one iterator");
@@ -359,6 +378,7 @@ var Subscription = class extends Emitter {
     this.#held = false;
     if (this.#cursor.acked) this.#queue = this.#queue.filter((i) => i.kind !== "message");
     this.#cursor.onResubscribe(this.#inProgress);
+    if (this.serverSide) return;
     const frame = { type: "subscribe", channel: this.channel, client_id: this.#link.clientId };
     const since = this.#cursor.since();
     if (since) frame.since = since;
@@ -947,6 +967,8 @@ var Herald = class extends Emitter {
         return sub?._onPresence(f.type, f);
       case "unsubscribed":
         return sub?._onUnsubscribed(String(f.reason ?? ""));
+      case "subscribed":
+        return this.#onServerSubscribed(f, sub);
       case "disconnect":
         this.#disconnect = { code: Number(f.code), reason: String(f.reason ?? ""), reconnect: f.reconnect !== false };
         return;
@@ -955,6 +977,24 @@ var Herald = class extends Emitter {
       case "pong":
         return this.#onReply(f);
     }
+  }
+  /** A `subscribed` frame: a subscription the server made (see `HeraldEvents`). */
+  #onServerSubscribed(f, known) {
+    const reply = { ...f, type: "ok" };
+    if (known) {
+      if (known.serverSide) known._onReply(reply);
+      return;
+    }
+    const channel = String(f.channel ?? "");
+    if (!this.listens("subscribed")) {
+      this.#link.sendUnsubscribe(channel);
+      return;
+    }
+    const sub = new Subscription(this.#link, channel, {}, true);
+    this.#subs.set(channel, sub);
+    sub._subscribe();
+    sub._onReply(reply);
+    this.emit("subscribed", sub);
   }
   #onReply(f) {
     const p = typeof f.req === "number" ? this.#pending.get(f.req) : void 0;

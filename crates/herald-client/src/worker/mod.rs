@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use self::queue::Sub;
 use self::requests::Pending;
-use crate::command::{Command, PublishCmd, Shared};
+use crate::command::{Command, PublishCmd, ServerSubscribed, Shared};
 use crate::event::{ClientStatus, ConnState};
 use crate::options::ClientOptions;
 use crate::{ClientError, ConnectOptions, Connection, ServerEvent};
@@ -81,6 +81,8 @@ pub(crate) struct Worker {
     shared: Arc<Shared>,
     status_tx: watch::Sender<ClientStatus>,
     connects: u64,
+    /// Where server-made subscriptions go (`server_subscriptions` on).
+    server_subs: Option<mpsc::Sender<ServerSubscribed>>,
 }
 
 impl Worker {
@@ -89,6 +91,7 @@ impl Worker {
         cmd_rx: mpsc::Receiver<Command>,
         shared: Arc<Shared>,
         status_tx: watch::Sender<ClientStatus>,
+        server_subs: Option<mpsc::Sender<ServerSubscribed>>,
     ) -> Self {
         Self {
             connect: Arc::new(opts.connect.clone()),
@@ -102,6 +105,7 @@ impl Worker {
             shared,
             status_tx,
             connects: 0,
+            server_subs,
         }
     }
 
@@ -286,7 +290,9 @@ impl Worker {
         // Subscriptions whose caller went away are not resumed.
         self.subs
             .retain(|_, s| !s.events_tx.is_closed() && !s.initial.as_ref().is_some_and(|i| i.is_closed()));
-        let channels: Vec<Box<str>> = self.subs.keys().cloned().collect();
+        // The server makes its own again (a `subscribed` frame).
+        let channels: Vec<Box<str>> =
+            self.subs.iter().filter(|(_, s)| !s.server_side).map(|(c, _)| c.clone()).collect();
         for channel in channels {
             self.send_subscribe(conn, &channel).await?;
         }
@@ -403,6 +409,7 @@ mod tests {
             rx,
             Arc::new(Shared::default()),
             status_tx,
+            None,
         );
         let task = worker.run();
         assert!(std::mem::size_of_val(&task) <= 5 * 1024, "{}", std::mem::size_of_val(&task));

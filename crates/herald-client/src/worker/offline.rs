@@ -68,6 +68,7 @@ impl Worker {
             resume: ResumePoint::new(since),
             initial: Some(reply),
             confirmed: false,
+            server_side: false,
         };
         self.subs.insert(channel.as_str().into(), sub);
         true

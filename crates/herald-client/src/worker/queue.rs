@@ -35,6 +35,9 @@ pub(super) struct Sub {
     /// messages before it are leftovers of an earlier subscription to the
     /// same channel (the server sends `ok` before any message).
     pub confirmed: bool,
+    /// Made by the server (`subscribed`): the server makes it again on
+    /// each connection, so it is not resubscribed.
+    pub server_side: bool,
 }
 
 impl Worker {

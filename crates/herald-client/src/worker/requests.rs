@@ -5,12 +5,16 @@
 //! `unsubscribed` are dispatched here too.
 
 use herald_proto::{ChannelName, ErrorCode, MessageView, OutFrame};
-use tokio::sync::oneshot;
+use std::sync::atomic::Ordering;
 
+use tokio::sync::{mpsc, oneshot};
+
+use super::queue::Sub;
 use super::{Disconnect, SessionEnd, Worker};
-use crate::command::PublishCmd;
+use crate::command::{PublishCmd, ServerSubscribed};
 use crate::error::{parse_error_code, view_code};
 use crate::event::{Event, PublishReply, SubscribeInfo};
+use crate::resume::ResumePoint;
 use crate::resume::Subscribed;
 use crate::{ClientError, Connection};
 
@@ -122,6 +126,7 @@ impl Worker {
                     reconnect: view.reconnect.unwrap_or(true),
                 });
             }
+            "subscribed" => self.on_server_subscribed(conn, view).await,
             "unsubscribed" => {
                 if let Some(channel) = view.channel.as_deref().and_then(|c| ChannelName::new(c).ok()) {
                     let reason = view.reason.unwrap_or_default();
@@ -205,6 +210,57 @@ impl Worker {
             self.deliver(conn, channel.as_str(), Ok(ev)).await;
         }
         None
+    }
+
+    /// A `subscribed` frame: a subscription the server made. Known from an
+    /// earlier connection, it continues (its resume point judges what
+    /// comes); new, it goes to the application when it takes them
+    /// (`server_subscriptions`), else it is declined with an unsubscribe.
+    async fn on_server_subscribed(&mut self, conn: &mut Connection, view: MessageView) {
+        let Some(channel) = view.channel.as_deref().and_then(|c| ChannelName::new(c).ok()) else { return };
+        let subscribed = Subscribed {
+            epoch: view.epoch.as_deref(),
+            first: view.first,
+            head: view.head,
+            truncated: view.truncated.unwrap_or(false),
+            epoch_changed: view.epoch_changed.unwrap_or(false),
+        };
+        if let Some(sub) = self.subs.get_mut(channel.as_str()).filter(|s| s.server_side) {
+            sub.resume.on_subscribed(&subscribed);
+            sub.confirmed = true;
+            return;
+        }
+        let taken =
+            self.server_subs.as_ref().filter(|tx| !tx.is_closed()).and_then(|tx| tx.try_reserve().ok());
+        let Some(slot) = taken.filter(|_| !self.subs.contains_key(channel.as_str())) else {
+            tracing::debug!(%channel, "declining a server-made subscription");
+            let _ = self.send_unsubscribe(conn, channel.as_str()).await;
+            return;
+        };
+        let (events_tx, events_rx) = mpsc::channel(self.opts.event_capacity.max(1));
+        let id = self.shared.next_sub_id.fetch_add(1, Ordering::Relaxed);
+        // Acked: delivery starts after the device's cursor, not the head.
+        let mut resume = ResumePoint::new(view.cursor.zip(view.epoch.clone()));
+        resume.on_subscribed(&subscribed);
+        let info = SubscribeInfo {
+            channel: channel.clone(),
+            epoch: view.epoch.clone(),
+            first: view.first,
+            head: view.head,
+            truncated: false,
+            epoch_changed: false,
+        };
+        let sub = Sub {
+            id,
+            channel: channel.clone(),
+            events_tx,
+            resume,
+            initial: None,
+            confirmed: true,
+            server_side: true,
+        };
+        self.subs.insert(channel.as_str().into(), sub);
+        slot.send(ServerSubscribed { id, info, events_rx });
     }
 
     /// Answer requests of the ended connection. Subscribes are not lost:
