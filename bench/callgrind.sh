@@ -5,7 +5,7 @@
 #
 #   bench/callgrind.sh [--namespaces "chat live"] [--p2p "1000 10000"] [--p2p-users 1]
 #                      [--fanout "100 1000"] [--subs 200] [--fanout-rate max] [--reps 1]
-#                      [--out DIR] [--herald PATH]
+#                      [--wire herald|centrifugo-protobuf] [--out DIR] [--herald PATH]
 #
 # The binary: --herald, else $HERALD, else target/profiling/herald (the
 # release build with debug info: cargo build --profile profiling -p herald).
@@ -33,6 +33,10 @@
 #   per delivery                   D = (F − P) / (S − 1)
 #   per publish (without delivery)     P − D
 #
+# --wire: the subscribers' wire (`herald bench --wire`): Herald's own
+# (`/ws`, the default) or the Centrifugo endpoint's Protobuf wire; the
+# publisher is the same pipelined `/ws` connection either way.
+#
 # Keep N_B / --p2p-users within the namespace's `history_size` (10,000 on
 # the default `chat`): beyond it every append also trims the channel's
 # oldest entry, and the count measures the trim as well. Many users
@@ -59,6 +63,7 @@ FANOUT="100 1000"
 FANOUT_RATE=max
 SUBS=200
 REPS=1
+WIRE=herald
 OUT=
 # A free port unless one is given: two runs at once (two worktrees) must
 # not bench each other's server.
@@ -72,9 +77,10 @@ while [ $# -gt 0 ]; do
     --subs) SUBS=$2; shift 2 ;;
     --fanout-rate) FANOUT_RATE=$2; shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
+    --wire) WIRE=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --herald) HERALD=$2; shift 2 ;;
-    -h|--help) sed -n '2,49p' "$ROOT/bench/callgrind.sh"; exit 0 ;;
+    -h|--help) sed -n '2,53p' "$ROOT/bench/callgrind.sh"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
@@ -118,7 +124,7 @@ run() {
   local name=$1
   shift
   start_callgrind_herald "$OUT/$name.callgrind" "$CONFIG" "$PORT" "$OUT/$name.server.log" || return 1
-  if ! "$HERALD" bench "$@" --target "http://127.0.0.1:$PORT" --dev --publish-via ws --timeout 900s \
+  if ! "$HERALD" bench "$@" --target "http://127.0.0.1:$PORT" --dev --publish-via ws --wire "$WIRE" --timeout 900s \
       --label "$name" --json "$OUT/results.jsonl" >>"$LOG" 2>&1; then
     echo "   !! $name: the bench failed (see $LOG)" >&2
     stop_callgrind_herald

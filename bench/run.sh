@@ -9,7 +9,9 @@
 # --suite hot (the default): the hot-paths table (docs/benchmarks.md):
 #   servers "herald-chat herald-live nats ws" (Herald with the bench
 #   channels on durable `chat:` and on volatile `live:`; socketio and
-#   socketioxide may be added), scenarios "p2p fanout idle publish":
+#   socketioxide may be added, and herald-chat-pb / herald-live-pb: the
+#   same with the p2p and fan-out subscribers on the Centrifugo endpoint's
+#   Protobuf wire, `--wire centrifugo-protobuf`), scenarios "p2p fanout idle publish":
 #   p2p and fanout with pipelined WebSocket publishers (--publish-via ws),
 #   idle (Herald on `chat:`), HTTP publish (Herald only). Medians of
 #   --reps (default 2), Herald/NATS ratios, and the targets.
@@ -132,6 +134,10 @@ trap 'stop_server; exit 130' INT TERM
 # Whether this suite runs SCENARIO against SERVER.
 runs() {
   local scenario=$1 server=$2
+  # The Protobuf wire (`-pb`) is measured where subscribers receive.
+  if [ "${server%-pb}" != "$server" ]; then
+    case $scenario in p2p|fanout) return 0 ;; *) return 1 ;; esac
+  fi
   case $SUITE/$scenario in
     */reconnect|*/acked) [ "$server" = herald ] ;;
     # One connection's idle cost does not depend on the namespace.
@@ -147,6 +153,8 @@ scenario_args() {
   case $server in
     herald-chat) echo -n "--namespace chat " ;;
     herald-live) echo -n "--namespace live " ;;
+    herald-chat-pb) echo -n "--namespace chat --wire centrifugo-protobuf " ;;
+    herald-live-pb) echo -n "--namespace live --wire centrifugo-protobuf " ;;
   esac
   case $SUITE/$scenario in
     hot/*) echo -n "--timeout $TIMEOUT " ;;

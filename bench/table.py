@@ -133,7 +133,8 @@ def column(run):
     """The hot table's column of a run: Herald per namespace, peers by name."""
     if run["peer"] != "herald":
         return run["peer"]
-    return f"herald {run.get('namespace') or 'chat'}:"
+    wire = " protobuf" if run.get("wire") == "centrifugo-protobuf" else ""
+    return f"herald {run.get('namespace') or 'chat'}:{wire}"
 
 
 def n(v):

@@ -81,6 +81,26 @@ impl Peer {
     }
 }
 
+/// Which of Herald's wires the subscribers speak (`--peer herald`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SubWire {
+    /// Herald's JSON protocol on `/ws`
+    Herald,
+    /// Centrifugo's client protocol, Protobuf encoding, on
+    /// `/connection/websocket` (the phone SDKs' wire)
+    CentrifugoProtobuf,
+}
+
+impl SubWire {
+    pub fn name(self) -> &'static str {
+        match self {
+            SubWire::Herald => "herald",
+            SubWire::CentrifugoProtobuf => "centrifugo-protobuf",
+        }
+    }
+}
+
 /// How the fan-out and p2p publishers reach the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -207,6 +227,9 @@ pub struct BenchArgs {
     /// or over pipelined WebSocket connections
     #[arg(long, value_enum, default_value_t = PublishVia::Http)]
     pub publish_via: PublishVia,
+    /// `--peer herald`, fanout and p2p: the wire the subscribers speak
+    #[arg(long, value_enum, default_value_t = SubWire::Herald)]
+    pub wire: SubWire,
     /// `--publish-via ws`: most unacknowledged publishes per connection
     #[arg(long, default_value_t = 1000)]
     pub window: usize,
@@ -335,6 +358,11 @@ impl BenchArgs {
             if self.scenario == Scenario::Fanout && self.ws_publishers != 1 {
                 bail!("fanout publishes to one channel: --ws-publishers must be 1");
             }
+        }
+        if self.wire != SubWire::Herald
+            && (self.peer != Peer::Herald || !matches!(self.scenario, Scenario::Fanout | Scenario::P2p))
+        {
+            bail!("--wire applies to `--peer herald` fanout and p2p subscribers");
         }
         if self.scenario == Scenario::Scheduled && self.peer != Peer::Herald {
             bail!("`scheduled` runs against Herald only: the peers have no scheduled delivery");

@@ -54,6 +54,9 @@ pub struct Report {
     /// (pipelined WebSocket publishers).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub publish_via: Option<&'static str>,
+    /// Herald: the subscribers' wire when not `/ws` (`centrifugo-protobuf`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wire: Option<&'static str>,
     /// `ws` publishing: most unanswered publishes per connection, and the
     /// number of publishing connections.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -178,6 +181,7 @@ impl Report {
             namespace: None,
             workers: 0,
             publish_via: None,
+            wire: (args.wire != crate::args::SubWire::Herald).then(|| args.wire.name()),
             window: None,
             ws_publishers: None,
             expected: 0,
@@ -300,6 +304,9 @@ impl Report {
 
     fn summary(&self) -> String {
         let mut s = format!("== {} against {}", self.scenario, self.peer);
+        if let Some(wire) = self.wire {
+            s.push_str(&format!(" ({wire} subscribers)"));
+        }
         if let Some(phase) = self.phase {
             s.push_str(&format!(", {phase}"));
         }

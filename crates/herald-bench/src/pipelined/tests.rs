@@ -85,7 +85,13 @@ const OVERRUN_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 async fn setup() -> (TcpListener, Endpoint) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
-    let ep = Endpoint { peer: Peer::Herald, addr, authority: addr.to_string(), auth: WsAuth::Dev };
+    let ep = Endpoint {
+        peer: Peer::Herald,
+        addr,
+        authority: addr.to_string(),
+        auth: WsAuth::Dev,
+        wire: crate::args::SubWire::Herald,
+    };
     (listener, ep)
 }
 

@@ -7,12 +7,15 @@
 //!   payloads);
 //! - [`socketio`]: Engine.IO 4 / Socket.IO 5 framing (Socket.IO and
 //!   socketioxide peers);
-//! - [`nats`]: the NATS text protocol over the WebSocket listener.
+//! - [`nats`]: the NATS text protocol over the WebSocket listener;
+//! - [`centrifugo`]: Herald's Centrifugo endpoint, Protobuf wire
+//!   (`--wire centrifugo-protobuf`).
 //!
 //! The connection is built on tokio-websockets over a [`TcpSocket`] bound to
 //! the worker's source address (herald-client's `Connection` cannot choose
 //! one), and keeps per-connection client memory small.
 
+pub mod centrifugo;
 pub mod herald;
 pub mod nats;
 pub mod plain_ws;
@@ -29,7 +32,7 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::Instant;
 use tokio_websockets::{ClientBuilder, Limits, Message};
 
-use crate::args::Peer;
+use crate::args::{Peer, SubWire};
 use crate::payload::Stamp;
 
 pub type Ws = tokio_websockets::WebSocketStream<TcpStream>;
@@ -54,6 +57,8 @@ pub struct Endpoint {
     /// `host:port` as given on the command line, for the `Host` header.
     pub authority: String,
     pub auth: WsAuth,
+    /// Herald: the wire its subscribers speak.
+    pub wire: SubWire,
 }
 
 /// What a subscription needs to resume where it stopped (Herald only).
@@ -119,6 +124,7 @@ pub struct SubConn {
 /// Per-connection protocol state.
 enum Codec {
     Herald,
+    CentrifugoProtobuf,
     PlainWs,
     SocketIo,
     Nats(nats::Parser),
@@ -138,6 +144,7 @@ impl SubConn {
         // One deadline for every step, so a timeout names the step that hung.
         let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
         let path = match ep.peer {
+            Peer::Herald if ep.wire == SubWire::CentrifugoProtobuf => centrifugo::path(&ep.auth, user),
             Peer::Herald => herald::path(&ep.auth, user),
             Peer::Ws => plain_ws::PATH.to_owned(),
             Peer::Socketio | Peer::Socketioxide => socketio::PATH.to_owned(),
@@ -146,6 +153,10 @@ impl SubConn {
         let mut ws = connect(ep, source, &path, deadline).await?;
         let mut pending = VecDeque::new();
         let (codec, subscribed) = match ep.peer {
+            Peer::Herald if ep.wire == SubWire::CentrifugoProtobuf => (
+                Codec::CentrifugoProtobuf,
+                centrifugo::subscribe(&mut ws, &ep.auth, channel, resume, &mut pending, deadline).await?,
+            ),
             Peer::Herald => {
                 (Codec::Herald, herald::subscribe(&mut ws, channel, resume, &mut pending, deadline).await?)
             }
@@ -202,6 +213,7 @@ impl SubConn {
             }
             let reply = match &mut self.codec {
                 Codec::Herald => herald::decode(&msg, &mut self.pending)?,
+                Codec::CentrifugoProtobuf => centrifugo::decode(&msg, &mut self.pending)?,
                 Codec::PlainWs => plain_ws::decode(&msg, &mut self.pending)?,
                 Codec::SocketIo => socketio::decode(&msg, &mut self.pending)?,
                 Codec::Nats(parser) => parser.feed(msg.as_payload(), &mut self.pending)?,

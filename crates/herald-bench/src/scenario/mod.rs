@@ -127,7 +127,7 @@ async fn endpoint(args: &BenchArgs) -> anyhow::Result<Endpoint> {
         Some(token) => WsAuth::Token(token.clone()),
         None => WsAuth::Dev,
     };
-    Ok(Endpoint { peer: args.peer, addr, authority, auth })
+    Ok(Endpoint { peer: args.peer, addr, authority, auth, wire: args.wire })
 }
 
 /// The peer servers in bench/peers answer `GET /version`; NATS says it in

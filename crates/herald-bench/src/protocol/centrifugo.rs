@@ -1,0 +1,153 @@
+//! Herald's Centrifugo endpoint on its Protobuf wire (docs/centrifugo.md):
+//! `connect`, `subscribe` with `recover` on reconnect, then `pub` pushes,
+//! each binary frame holding varint-length-prefixed replies; the server's
+//! ping is an empty reply, answered with an empty command. The wire the
+//! Swift, Java and Dart SDKs speak, measured beside `/ws` (`--wire`).
+
+use std::collections::VecDeque;
+
+use anyhow::{anyhow, bail, Context};
+use futures_util::SinkExt;
+use herald_proto::centrifugo_pb::{self as cf, pb};
+use tokio::time::Instant;
+use tokio_websockets::Message;
+
+use super::{clip, next_data, Incoming, ResumePoint, Subscribed, Ws, WsAuth};
+use crate::payload;
+
+const CONNECT_ID: u32 = 1;
+const SUBSCRIBE_ID: u32 = 2;
+/// Largest frame a reply may be read from (the server's outbox bound).
+const MAX_FRAME: usize = 16 * 1024 * 1024;
+
+pub fn path(auth: &WsAuth, user: &str) -> String {
+    match auth {
+        WsAuth::Dev => format!("/connection/websocket?format=protobuf&user={user}"),
+        WsAuth::Token(_) => format!("/connection/websocket?format=protobuf&device={user}"),
+    }
+}
+
+fn frame(command: pb::Command) -> Message {
+    let mut out = Vec::new();
+    cf::append(&mut out, &command);
+    Message::binary(out)
+}
+
+/// The replies of a data frame.
+fn replies(msg: &Message) -> anyhow::Result<Vec<pb::Reply>> {
+    let bytes = msg.as_payload();
+    if !msg.is_binary() {
+        bail!("text frame on the Protobuf wire: {}", clip(bytes));
+    }
+    cf::decode_replies(bytes, MAX_FRAME)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| anyhow!("undecodable reply frame: {e}"))
+}
+
+/// Connect, then subscribe (recovering from `resume`), returning once the
+/// subscribe reply arrived; recovered publications go to `pending`.
+pub async fn subscribe(
+    ws: &mut Ws,
+    auth: &WsAuth,
+    channel: &str,
+    resume: &ResumePoint,
+    pending: &mut VecDeque<Incoming>,
+    deadline: Instant,
+) -> anyhow::Result<Subscribed> {
+    let token = match auth {
+        WsAuth::Token(t) => t.clone(),
+        WsAuth::Dev => String::new(),
+    };
+    let connect = pb::ConnectRequest { token, ..Default::default() };
+    ws.send(frame(pb::Command { id: CONNECT_ID, connect: Some(connect), ..Default::default() }))
+        .await
+        .context("cannot send connect")?;
+    let sent_us = payload::now_micros();
+    let subscribe = pb::SubscribeRequest {
+        channel: channel.to_owned(),
+        recover: resume.last_seq.is_some(),
+        offset: resume.last_seq.unwrap_or(0),
+        epoch: resume.epoch.clone().unwrap_or_default(),
+        ..Default::default()
+    };
+    ws.send(frame(pb::Command { id: SUBSCRIBE_ID, subscribe: Some(subscribe), ..Default::default() }))
+        .await
+        .context("cannot send subscribe")?;
+    loop {
+        let msg = next_data(ws, deadline, "the subscribe reply").await?;
+        for r in replies(&msg)? {
+            if let Some(e) = r.error {
+                bail!("command {} refused: {} {}", r.id, e.code, e.message);
+            }
+            if r.id != SUBSCRIBE_ID {
+                push(r, pending)?;
+                continue;
+            }
+            let s = r.subscribe.ok_or_else(|| anyhow!("the subscribe reply has no result"))?;
+            let gap_reported = (resume.last_seq.is_some() && !s.recovered)
+                .then(|| "the resume was not recovered: messages were lost".to_owned());
+            for p in &s.publications {
+                delivery(p, pending)?;
+            }
+            let recovered = s.publications.last().map(|p| p.offset);
+            return Ok(Subscribed {
+                // What follows live: after the last recovered offset, or the
+                // head the reply names.
+                head: Some(recovered.unwrap_or(s.offset)),
+                epoch: Some(s.epoch).filter(|e| !e.is_empty()),
+                gap_reported,
+                acked: false,
+                unread: None,
+                sent_us,
+            });
+        }
+    }
+}
+
+fn delivery(p: &pb::Publication, pending: &mut VecDeque<Incoming>) -> anyhow::Result<()> {
+    let stamp =
+        payload::decode(&p.data).with_context(|| format!("not a bench payload: {}", clip(&p.data)))?;
+    let seq = (p.offset > 0).then_some(p.offset);
+    pending.push_back(Incoming::Delivery { stamp, seq, redelivered: false });
+    Ok(())
+}
+
+/// A push (or the server's ping, an empty reply).
+fn push(r: pb::Reply, pending: &mut VecDeque<Incoming>) -> anyhow::Result<bool> {
+    let Some(push) = r.push else { return Ok(r.id == 0) };
+    if let Some(p) = &push.r#pub {
+        delivery(p, pending)?;
+    } else if let Some(d) = push.disconnect {
+        pending.push_back(Incoming::Closing(format!("disconnect {}: {}", d.code, d.reason)));
+    }
+    Ok(false)
+}
+
+/// Decode one data frame; a ping gets its pong (an empty command).
+pub fn decode(msg: &Message, pending: &mut VecDeque<Incoming>) -> anyhow::Result<Option<Message>> {
+    let mut ping = false;
+    for r in replies(msg)? {
+        ping |= push(r, pending)?;
+    }
+    Ok(ping.then(|| frame(pb::Command::default())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_of_a_push_and_a_ping_gives_the_delivery_and_a_pong() {
+        let mut bytes = Vec::new();
+        let publication = pb::Publication { data: payload::encode(5, 64), offset: 7, ..Default::default() };
+        let push = pb::Push { channel: "chat:x".into(), r#pub: Some(publication), ..Default::default() };
+        cf::append(&mut bytes, &pb::Reply { push: Some(push), ..Default::default() });
+        cf::append(&mut bytes, &pb::Reply::default());
+        let mut pending = VecDeque::new();
+        let pong = decode(&Message::binary(bytes), &mut pending).unwrap().expect("a pong");
+        assert_eq!(pong.as_payload().as_ref(), [0u8], "an empty command, length-prefixed");
+        let Some(Incoming::Delivery { stamp, seq, .. }) = pending.pop_front() else { panic!("{pending:?}") };
+        assert_eq!((stamp.n, seq), (5, Some(7)));
+        assert!(decode(&Message::text("{}"), &mut pending).is_err(), "text is not this wire");
+    }
+}
