@@ -58,8 +58,10 @@ impl prometheus_client::collector::Collector for EngineCollector {
 pub enum Protocol {
     /// Herald's own, on `/ws`.
     Herald = 0,
-    /// Centrifugo's client protocol, on `/connection/websocket`.
+    /// Centrifugo's client protocol, JSON, on `/connection/websocket`.
     Centrifugo = 1,
+    /// The same, Protobuf.
+    CentrifugoProtobuf = 2,
 }
 
 impl Protocol {
@@ -67,6 +69,7 @@ impl Protocol {
         match self {
             Protocol::Herald => "herald",
             Protocol::Centrifugo => "centrifugo",
+            Protocol::CentrifugoProtobuf => "centrifugo_protobuf",
         }
     }
 }
@@ -263,11 +266,11 @@ server_metrics! {
         pub outbox_full_bytes: Counter = outbox_full.get_or_create(&[("limit", "bytes")]).clone(),
         /// `outbox_full{limit="server"}`: the server was at its ceiling.
         pub outbox_full_total: Counter = outbox_full.get_or_create(&[("limit", "server")]).clone(),
-        /// The two series of `protocol_frames`, looked up once and indexed by
+        /// The series of `protocol_frames`, looked up once and indexed by
         /// `Protocol as usize`: counted on every frame read, where the family's
         /// lookup (a lock and a hash of the labels) cost more than the count.
         /// A family's series is a clone of one shared counter.
-        frames_of: [Counter; 2] = [Protocol::Herald, Protocol::Centrifugo]
+        frames_of: [Counter; 3] = [Protocol::Herald, Protocol::Centrifugo, Protocol::CentrifugoProtobuf]
             .map(|p| protocol_frames.get_or_create(&[("protocol", p.label())]).clone()),
     }
 }

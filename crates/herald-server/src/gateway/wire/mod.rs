@@ -99,7 +99,8 @@ impl Wire {
     pub fn protocol(&self) -> Protocol {
         match self {
             Wire::Herald => Protocol::Herald,
-            Wire::CentrifugoJson(_) | Wire::CentrifugoProtobuf(_) => Protocol::Centrifugo,
+            Wire::CentrifugoJson(_) => Protocol::Centrifugo,
+            Wire::CentrifugoProtobuf(_) => Protocol::CentrifugoProtobuf,
         }
     }
 
