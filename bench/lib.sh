@@ -51,7 +51,7 @@ start_server() {
       # bench channels on `chat:` (durable) or `live:` (volatile); the
       # `-pb` ones have their subscribers on the Centrifugo Protobuf wire.
       PEER_ARGS=(--peer herald --dev)
-      HERALD_LOG=warn "$HERALD" serve --dev --config "$ROOT/bench/herald.toml" --data-dir "$SERVER_DIR/data" \
+      HERALD_LOG=warn HERALD_DRAIN_PERIOD=0s "$HERALD" serve --dev --config "$ROOT/bench/herald.toml" --data-dir "$SERVER_DIR/data" \
         --listen "127.0.0.1:$HERALD_PORT" >"$log" 2>&1 &
       SERVER_PID=$!
       TARGET=http://127.0.0.1:$HERALD_PORT
@@ -117,7 +117,7 @@ CALLGRIND_DIR=
 start_callgrind_herald() {
   local out=$1 config=$2 port=$3 log=$4 i
   CALLGRIND_DIR=$(mktemp -d /tmp/herald-callgrind.XXXXXX)
-  HERALD_LOG=warn valgrind --tool=callgrind --callgrind-out-file="$out" "$HERALD" serve --dev \
+  HERALD_LOG=warn HERALD_DRAIN_PERIOD=0s valgrind --tool=callgrind --callgrind-out-file="$out" "$HERALD" serve --dev \
     --config "$config" --data-dir "$CALLGRIND_DIR/data" --listen "127.0.0.1:$port" >"$log" 2>&1 &
   CALLGRIND_PID=$!
   for i in $(seq 1 1200); do

@@ -12,7 +12,7 @@ export interface DisconnectFrame {
 export type CloseAction =
   /** Reconnect with exponential backoff. */
   | 'retry'
-  /** Reconnect at once (backoff starts over) and resume with `since`: 4005, 4008. */
+  /** Reconnect at once (backoff starts over) and resume with `since`: 4005, 4008, 4010. */
   | 'resume'
   /** Reconnect with a fresh token from `getToken`: 4003. */
   | 'refresh_token'
@@ -37,6 +37,7 @@ export function closeAction(code: number | undefined, disconnect?: DisconnectFra
       return 'refresh_token';
     case CloseCode.RESYNC:
     case CloseCode.SLOW_CONSUMER:
+    case CloseCode.DRAINING:
       return 'resume';
     case CloseCode.RATE_LIMITED:
       return 'slow';

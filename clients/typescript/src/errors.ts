@@ -75,6 +75,7 @@ export const CloseCode = {
   RESYNC: 4005,
   SLOW_CONSUMER: 4008,
   RATE_LIMITED: 4009,
+  DRAINING: 4010,
 } as const;
 
 /** Server conditions that pass: the same request may succeed later. */

@@ -68,8 +68,9 @@ max_attempts = 10
  */
 export class HeraldProcess {
   /** `topConfig`: top-level keys (before the tables); `extraConfig`: tables appended. */
-  constructor({ dev = true, topConfig = '', extraConfig = '' } = {}) {
+  constructor({ dev = true, topConfig = '', extraConfig = '', env = {} } = {}) {
     this.dev = dev;
+    this.env = env;
     this.dir = mkdtempSync(join(tmpdir(), 'herald-ts-'));
     this.dataDir = join(this.dir, 'data');
     this.configFile = join(this.dir, 'herald.toml');
@@ -86,7 +87,8 @@ export class HeraldProcess {
     this.port ??= await freePort();
     const args = ['serve', '--listen', `127.0.0.1:${this.port}`, '--data-dir', this.dataDir, '--config', this.configFile];
     if (this.dev) args.push('--dev');
-    const env = { ...process.env, HERALD_API_KEYS: API_KEY, HERALD_JWT_SECRET: JWT_SECRET, HERALD_LOG: 'warn' };
+    // SIGTERM closes every session at once unless a test asks for a drain.
+    const env = { HERALD_DRAIN_PERIOD: '0s', ...process.env, HERALD_API_KEYS: API_KEY, HERALD_JWT_SECRET: JWT_SECRET, HERALD_LOG: 'warn', ...this.env };
     delete env.HERALD_DEV;
     const proc = spawn(heraldBinary(), args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
     this.proc = proc;

@@ -69,7 +69,7 @@ test('backoff: full jitter within a window that doubles up to the cap', () => {
 test('close codes: which reconnect, how, and which do not', () => {
   const table = {
     1000: 'retry', 1001: 'retry', 1006: 'retry', 1009: 'fatal', 1011: 'retry', 4000: 'fatal', 4001: 'fatal',
-    4003: 'refresh_token', 4004: 'retry', 4005: 'resume', 4008: 'resume', 4009: 'slow', 4999: 'retry',
+    4003: 'refresh_token', 4004: 'retry', 4005: 'resume', 4008: 'resume', 4009: 'slow', 4010: 'resume', 4999: 'retry',
   };
   for (const [code, action] of Object.entries(table)) assert.equal(closeAction(Number(code)), action, `close ${code}`);
   assert.equal(closeAction(4008, { code: 4008, reason: 'x', reconnect: false }), 'fatal', 'the disconnect frame wins');

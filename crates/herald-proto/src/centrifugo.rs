@@ -70,7 +70,7 @@ pub mod disconnect {
 pub const fn disconnect_of(herald: u16) -> u16 {
     use crate::close;
     match herald {
-        close::GOING_AWAY => disconnect::SHUTDOWN,
+        close::GOING_AWAY | close::DRAINING => disconnect::SHUTDOWN,
         close::MESSAGE_TOO_BIG => disconnect::MESSAGE_TOO_BIG,
         close::BAD_REQUEST => disconnect::BAD_REQUEST,
         close::UNAUTHORIZED => disconnect::INVALID_TOKEN,

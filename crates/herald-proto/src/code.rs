@@ -25,6 +25,9 @@ pub mod close {
     pub const SLOW_CONSUMER: u16 = 4008;
     /// The client sent frames faster than allowed.
     pub const RATE_LIMITED: u16 = 4009;
+    /// The node is draining (a deploy): reconnect now, without backoff, to
+    /// another node, and resume.
+    pub const DRAINING: u16 = 4010;
 }
 
 /// Every wire-visible error, with a stable string code.

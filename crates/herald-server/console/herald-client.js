@@ -23,7 +23,8 @@ var CloseCode = {
   IDLE_TIMEOUT: 4004,
   RESYNC: 4005,
   SLOW_CONSUMER: 4008,
-  RATE_LIMITED: 4009
+  RATE_LIMITED: 4009,
+  DRAINING: 4010
 };
 var TRANSIENT = /* @__PURE__ */ new Set([
   "unavailable",
@@ -75,6 +76,7 @@ function closeAction(code, disconnect) {
       return "refresh_token";
     case CloseCode.RESYNC:
     case CloseCode.SLOW_CONSUMER:
+    case CloseCode.DRAINING:
       return "resume";
     case CloseCode.RATE_LIMITED:
       return "slow";

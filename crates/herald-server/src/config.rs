@@ -339,14 +339,20 @@ impl Default for PersonalConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ShutdownConfig {
-    /// Time given to connections to close before the engine is closed.
+    /// Time given to connections to close before the engine is closed;
+    /// also the longest a drain runs (the rest then close at once).
     #[serde(with = "humantime_serde")]
     pub grace: Duration,
+    /// On SIGTERM (or `POST /api/v1/admin/drain`), the WebSocket sessions
+    /// are closed one by one over this period (`0s`: all at once), so their
+    /// reconnects reach the other nodes spread out.
+    #[serde(with = "humantime_serde")]
+    pub drain_period: Duration,
 }
 
 impl Default for ShutdownConfig {
     fn default() -> Self {
-        Self { grace: Duration::from_secs(10) }
+        Self { grace: Duration::from_secs(30), drain_period: Duration::from_secs(15) }
     }
 }
 

@@ -168,6 +168,7 @@ impl Server {
                     .delete(api::rooms::delete_room),
             )
             .route("/api/v1/scheduled", get(api::scheduled::list))
+            .route("/api/v1/admin/drain", post(api::admin::drain))
             .route("/api/v1/scheduled/{id}", axum::routing::delete(api::scheduled::cancel))
             .route("/api/v1/webhooks", get(api::webhooks::status))
             .route("/api/v1/webhooks/{name}/channels/{channel}/skip", post(api::webhooks::skip))
@@ -190,9 +191,12 @@ impl Server {
             .with_state(self.state.clone())
     }
 
-    /// Serve until `signal` resolves, then shut down gracefully: stop
-    /// accepting, close every WebSocket with 1001, let HTTP requests finish,
-    /// wait up to the grace period, and close the engine (flush).
+    /// Serve until `signal` resolves, then shut down gracefully: drain (the
+    /// node says it is not ready and closes its WebSockets one by one over
+    /// `shutdown.drain_period`, still serving), stop accepting, close what
+    /// is left with 1001, let HTTP requests finish, wait up to the grace
+    /// period, and close the engine (flush). [`hub::Sessions::hurry`] cuts
+    /// the drain short.
     pub async fn run(self, signal: impl Future<Output = ()>) -> std::io::Result<()> {
         let state = self.state.clone();
         let http_tasks = TaskTracker::new();
@@ -214,9 +218,18 @@ impl Server {
         let scheduler = tokio::spawn(jobs::scheduler::run(state.clone()));
         let deliverer = tokio::spawn(integration::webhooks::run(state.clone()));
         tokio::pin!(signal);
+        let mut signalled = false;
         loop {
             tokio::select! {
-                () = &mut signal => break,
+                () = &mut signal, if !signalled => {
+                    // Without a drain period, every session closes at once (1001).
+                    if state.config.shutdown.drain_period.is_zero() {
+                        break;
+                    }
+                    signalled = true;
+                    tokio::spawn(api::admin::run(state.clone()));
+                }
+                () = state.sessions.drained(), if signalled => break,
                 () = state.shutdown.cancelled() => break,
                 accepted = self.listener.accept() => match accepted {
                     Ok((stream, _peer)) => serving.serve(stream),

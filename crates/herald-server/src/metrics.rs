@@ -289,6 +289,7 @@ fn close_reason(code: u16) -> &'static str {
         close::RESYNC => "resync",
         close::SLOW_CONSUMER => "slow_consumer",
         close::RATE_LIMITED => "rate_limited",
+        close::DRAINING => "drain",
         _ => "other",
     }
 }

@@ -27,7 +27,12 @@ impl HeraldProcess {
     /// never blocks on a full pipe. `dir` (its config, its data, its log)
     /// is kept as long as the process; a log the caller sent to
     /// [`Self::log_path`] in it is shown if the process does not start.
+    /// SIGTERM closes every session at once (`HERALD_DRAIN_PERIOD=0s`)
+    /// unless the caller set a drain period.
     pub fn spawn(cmd: &mut Command, dir: Option<TempDir>) -> Self {
+        if !cmd.get_envs().any(|(k, _)| k == "HERALD_DRAIN_PERIOD") {
+            cmd.env("HERALD_DRAIN_PERIOD", "0s");
+        }
         let child = cmd.env_remove("HERALD_CONFIG").stdin(Stdio::null()).stdout(Stdio::piped()).spawn();
         let child = child.expect("spawn herald");
         // Owned by the guard first, so a failed read below still kills it.
@@ -48,6 +53,19 @@ impl HeraldProcess {
 
     pub fn sigcont(&self) {
         signal(self.pid, "CONT");
+    }
+
+    /// Wait, at most [`WAIT`](crate::WAIT), for the process to exit by
+    /// itself (after a SIGTERM): its status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + crate::WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "herald did not exit in time:\n{}", self.log());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// SIGKILL and reap.

@@ -34,6 +34,9 @@ pub fn base_config() -> Config {
         ..Default::default()
     };
     c.jwt.hs256_secret = Some(JWT_SECRET.into());
+    // Stopping closes every session at once, as a test expects; drain
+    // tests set a period.
+    c.shutdown.drain_period = std::time::Duration::ZERO;
     c
 }
 

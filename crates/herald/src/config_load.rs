@@ -49,6 +49,10 @@ pub struct ServeFlags {
     /// has the write)
     #[arg(long, env = "HERALD_FSYNC")]
     pub fsync: Option<String>,
+    /// Time over which SIGTERM closes the WebSocket sessions one by one
+    /// (shutdown.drain_period, e.g. `15s`; `0s`: all at once)
+    #[arg(long, env = "HERALD_DRAIN_PERIOD")]
+    pub drain_period: Option<String>,
 }
 
 /// Read when no `--config` / `HERALD_CONFIG` is given and it exists.
@@ -99,6 +103,10 @@ pub fn load(flags: &ServeFlags) -> Result<Loaded, String> {
     if let Some(n) = flags.max_connections {
         config.websocket.max_connections = n;
     }
+    if let Some(period) = &flags.drain_period {
+        config.shutdown.drain_period = humantime::parse_duration(period)
+            .map_err(|e| format!("--drain-period / HERALD_DRAIN_PERIOD: `{period}`: {e}"))?;
+    }
     if let Some(mode) = &flags.fsync {
         config.storage.fsync = match mode.as_str() {
             "always" => herald_store::FsyncMode::Always,
@@ -122,7 +130,7 @@ pub fn default_toml() -> String {
          # Environment overrides: HERALD_LISTEN, HERALD_DATA_DIR, HERALD_ENGINE,\n\
          # HERALD_REDIS_URL (redis.url), HERALD_API_KEYS (comma-separated), HERALD_JWT_SECRET,\n\
          # HERALD_DEV, HERALD_MAX_CONNECTIONS (websocket.max_connections), HERALD_FSYNC\n\
-         # (storage.fsync), HERALD_CONFIG. Keys of earlier layouts (`[limits]`, `redis_url`, ...)\n\
+         # (storage.fsync), HERALD_DRAIN_PERIOD (shutdown.drain_period), HERALD_CONFIG. Keys of earlier layouts (`[limits]`, `redis_url`, ...)\n\
          # are still read, each with a warning naming its new key (docs/configuration.md).\n\n",
     );
     out.push_str(&toml::to_string_pretty(&Config::default()).expect("default config serialises"));

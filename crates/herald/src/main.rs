@@ -150,7 +150,22 @@ async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
     } else {
         println!("  subscribe: ws://{addr}/ws with Authorization: Bearer <JWT>");
     }
-    server.run(shutdown_signal()).await?;
+    // The first SIGTERM (or Ctrl-C) drains and shuts down; a second one
+    // closes what the drain has not closed yet at once.
+    let state = server.state().clone();
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = first_tx.send(());
+        shutdown_signal().await;
+        tracing::info!("second signal: closing the remaining connections at once");
+        state.sessions.hurry();
+    });
+    server
+        .run(async move {
+            let _ = first_rx.await;
+        })
+        .await?;
     Ok(())
 }
 

@@ -188,7 +188,13 @@ impl Worker {
                     });
                 }
             }
-            let delay = self.opts.backoff.delay(attempt, &mut self.rng);
+            // A draining node sends its clients elsewhere: at once, no backoff.
+            let drained = matches!(&error, ClientError::Closed { code: Some(close::DRAINING), .. });
+            if drained {
+                attempt = 0;
+            }
+            let delay =
+                if drained { Duration::ZERO } else { self.opts.backoff.delay(attempt, &mut self.rng) };
             attempt = attempt.saturating_add(1);
             tracing::debug!(error = %error, ?delay, attempt, "herald client reconnecting");
             if let Err(done) = self.while_offline(Box::pin(tokio::time::sleep(delay))).await {

@@ -18,6 +18,9 @@ pub async fn readyz(State(state): St) -> Result<&'static str, ApiError> {
     if state.shutdown.is_cancelled() {
         return Err(ApiError::new(ErrorCode::ShuttingDown, "shutting down"));
     }
+    if state.sessions.is_draining() {
+        return Err(ApiError::new(ErrorCode::ShuttingDown, "draining: send new connections elsewhere"));
+    }
     match state.engine.health() {
         Health::Ready => Ok("ready\n"),
         Health::Unavailable(why) | Health::Failed(why) => {

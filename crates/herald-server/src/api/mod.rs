@@ -1,7 +1,8 @@
 //! The HTTP API: one module per resource (`messages`: publish and
 //! history; `batch`: many messages in one request; `cursors`: delivery receipts; `rooms`: rooms and presence;
 //! `scheduled`; `webhooks`: their status and the operator's actions;
-//! `health`: operations endpoints), the typed extractors that check a
+//! `health`: operations endpoints; `admin`: the operator's actions on the
+//! node), the typed extractors that check a
 //! request before its handler runs (`extract`), and the web console.
 //! Errors are [`ApiError`](crate::ApiError)s, mapped once in `error.rs`.
 
@@ -14,6 +15,7 @@ use serde::Serialize;
 
 use crate::state::AppState;
 
+pub(crate) mod admin;
 pub(crate) mod batch;
 pub(crate) mod console;
 pub(crate) mod cursors;

@@ -233,6 +233,11 @@ impl Session {
                         self.state.metrics.slow_consumers.inc();
                         SessionEnd::Close { code: close::SLOW_CONSUMER, reason: "slow consumer", reconnect: true }
                     }
+                    Stop::Drain => SessionEnd::Close {
+                        code: close::DRAINING,
+                        reason: "node draining: reconnect elsewhere",
+                        reconnect: true,
+                    },
                 }),
                 () = std::future::poll_fn(|cx| poll_deadline(&mut expiry, cx)) => Err(SessionEnd::Close {
                     code: close::TOKEN_EXPIRED,

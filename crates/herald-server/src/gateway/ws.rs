@@ -149,6 +149,11 @@ pub(crate) fn precheck(state: &AppState, headers: &HeaderMap) -> Result<(), ApiE
     if state.shutdown.is_cancelled() {
         return Err(ApiError::new(ErrorCode::ShuttingDown, "server is shutting down"));
     }
+    if state.sessions.is_draining() {
+        let mut e = ApiError::new(ErrorCode::ShuttingDown, "this node is draining: connect to another");
+        e.retry_after = Some(1);
+        return Err(e);
+    }
     crate::browser::check_ws_origin(state.config.dev, &state.ws_origins, headers).inspect_err(|_| {
         state.metrics.origin_refused.inc();
     })

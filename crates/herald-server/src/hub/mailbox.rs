@@ -17,11 +17,15 @@ pub enum Stop {
     Shutdown,
     /// The connection fell too far behind ([`Mailbox::kick`]).
     SlowConsumer,
+    /// The node is draining: this connection's turn to go
+    /// ([`Mailbox::drain`]).
+    Drain,
 }
 
 /// Bits of [`Mailbox::stop`].
 const STOP_SLOW: u8 = 1;
 const STOP_SHUTDOWN: u8 = 2;
+const STOP_DRAIN: u8 = 4;
 
 /// One connection's mailbox, shared by its session and the server (one
 /// allocation per connection). It has four roles:
@@ -155,6 +159,8 @@ impl Mailbox {
         let bits = self.stop.load(Ordering::Acquire);
         if bits & STOP_SHUTDOWN != 0 {
             Some(Stop::Shutdown)
+        } else if bits & STOP_DRAIN != 0 {
+            Some(Stop::Drain)
         } else if bits & STOP_SLOW != 0 {
             Some(Stop::SlowConsumer)
         } else {
@@ -170,6 +176,11 @@ impl Mailbox {
 
     pub fn is_kicked(&self) -> bool {
         self.stop.load(Ordering::Acquire) & STOP_SLOW != 0
+    }
+
+    /// Close the connection for a drain (4010: reconnect elsewhere now).
+    pub(super) fn drain(&self) {
+        self.stop_with(STOP_DRAIN);
     }
 
     /// Stop the session for shutdown ([`Sessions`](super::Sessions)).

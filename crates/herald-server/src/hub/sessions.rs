@@ -1,12 +1,15 @@
 //! The session registry and shedding: every socket session's
-//! [`Mailbox`], through which shutdown stops them all, and the kicking of
-//! the connections holding the most bytes when the server reaches its
-//! ceiling ([`Hub::shed`]).
+//! [`Mailbox`], through which a drain closes them one by one and shutdown
+//! stops them all, and the kicking of the connections holding the most
+//! bytes when the server reaches its ceiling ([`Hub::shed`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::{Hub, Mailbox, SHARDS};
 
@@ -21,6 +24,12 @@ const SHED_INTERVAL: Duration = Duration::from_millis(100);
 pub struct Sessions {
     shards: Vec<Mutex<HashMap<u64, Arc<Mailbox>>>>,
     stopping: AtomicBool,
+    /// A drain began ([`Sessions::drain`]); for good.
+    draining: AtomicBool,
+    /// Cancelled to close what the drain has not closed yet at once.
+    hurry: CancellationToken,
+    /// Cancelled when the drain has told every session.
+    drained: CancellationToken,
 }
 
 impl Default for Sessions {
@@ -28,6 +37,9 @@ impl Default for Sessions {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             stopping: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            hurry: CancellationToken::new(),
+            drained: CancellationToken::new(),
         }
     }
 }
@@ -51,6 +63,67 @@ impl Sessions {
         self.shard(id).lock().expect("sessions lock poisoned").remove(&id);
     }
 
+    /// Whether a drain began: the node takes no new sessions and says it is
+    /// not ready.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Drain: close every open session (4010, "reconnect elsewhere now"),
+    /// one at a time, spread evenly over `period` (the first at once), so
+    /// their reconnects reach the other nodes as a steady stream, not a
+    /// burst; after `bound`, or on [`Sessions::hurry`], the rest at once.
+    /// New sessions are refused meanwhile (the upgrade checks
+    /// [`Sessions::is_draining`]). Returns once every session was told; a
+    /// second call waits for the first one's end.
+    pub async fn drain(&self, period: Duration, bound: Duration) {
+        if self.draining.swap(true, Ordering::SeqCst) {
+            self.drained.cancelled().await;
+            return;
+        }
+        let conns = self.snapshot();
+        let start = Instant::now();
+        let deadline = start + bound;
+        let step = period.checked_div(u32::try_from(conns.len()).unwrap_or(u32::MAX)).unwrap_or_default();
+        tracing::info!(connections = conns.len(), ?period, "draining");
+        let mut next = start;
+        let mut conns = conns.into_iter();
+        for conn in conns.by_ref() {
+            if next > Instant::now() {
+                tokio::select! {
+                    () = tokio::time::sleep_until(next.min(deadline)) => {}
+                    () = self.hurry.cancelled() => {
+                        conn.drain();
+                        break;
+                    }
+                }
+            }
+            conn.drain();
+            next += step;
+            if Instant::now() >= deadline {
+                break;
+            }
+        }
+        let rest: Vec<_> = conns.collect();
+        if !rest.is_empty() {
+            tracing::info!(connections = rest.len(), "drain cut short: closing the rest at once");
+        }
+        for conn in rest {
+            conn.drain();
+        }
+        self.drained.cancel();
+    }
+
+    /// Resolves once a drain has told every session.
+    pub async fn drained(&self) {
+        self.drained.cancelled().await;
+    }
+
+    /// Close what the drain has not closed yet at once (a second SIGTERM).
+    pub fn hurry(&self) {
+        self.hurry.cancel();
+    }
+
     /// Shutdown: every session, present and future, stops (with 1001).
     pub fn stop_all(&self) {
         self.stopping.store(true, Ordering::SeqCst);
@@ -59,6 +132,15 @@ impl Sessions {
                 conn.shut_down();
             }
         }
+    }
+
+    /// The sessions open now, to drain one by one.
+    pub fn snapshot(&self) -> Vec<Arc<Mailbox>> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            out.extend(shard.lock().expect("sessions lock poisoned").values().cloned());
+        }
+        out
     }
 
     /// Sessions now.
@@ -171,5 +253,67 @@ mod tests {
         let late = Arc::new(Mailbox::new(4));
         sessions.add(3, &late);
         assert_eq!(wait(late).await.unwrap(), Some(Stop::Shutdown));
+    }
+
+    fn drained(conns: &[Arc<Mailbox>]) -> usize {
+        let mut cx = std::task::Context::from_waker(futures_util::task::noop_waker_ref());
+        conns.iter().filter(|c| matches!(c.poll_stop(&mut cx), Poll::Ready(Stop::Drain))).count()
+    }
+
+    fn open(sessions: &Sessions, n: u64) -> Vec<Arc<Mailbox>> {
+        (0..n)
+            .map(|i| {
+                let m = Arc::new(Mailbox::new(4));
+                sessions.add(i, &m);
+                m
+            })
+            .collect()
+    }
+
+    /// Sleep until `start + t`, then let the drain task act on what is due.
+    async fn at(t: Duration, start: Instant) {
+        tokio::time::sleep_until(start + t).await;
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// A drain closes one session per `period / n`, the first at once; a
+    /// second call waits for the first; `hurry` closes the rest at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_spreads_the_closes_over_its_period_until_hurried() {
+        let sessions = Arc::new(Sessions::default());
+        let conns = open(&sessions, 10);
+        let start = Instant::now();
+        let s = sessions.clone();
+        let first =
+            tokio::spawn(async move { s.drain(Duration::from_secs(10), Duration::from_secs(60)).await });
+        at(Duration::from_millis(100), start).await;
+        assert!(sessions.is_draining());
+        assert_eq!(drained(&conns), 1, "the first at once");
+        at(Duration::from_millis(4500), start).await;
+        assert_eq!(drained(&conns), 5, "one a second");
+        let s = sessions.clone();
+        let second =
+            tokio::spawn(async move { s.drain(Duration::from_secs(10), Duration::from_secs(60)).await });
+        at(Duration::from_millis(4600), start).await;
+        assert!(!second.is_finished(), "a second drain waits for the first");
+        sessions.hurry();
+        first.await.unwrap();
+        second.await.unwrap();
+        assert_eq!(drained(&conns), 10, "hurried: the rest at once");
+        assert!(Instant::now() < start + Duration::from_secs(5));
+    }
+
+    /// The bound (`shutdown.grace`) cuts a drain longer than it short.
+    #[tokio::test(start_paused = true)]
+    async fn the_bound_closes_the_rest_at_once() {
+        let sessions = Arc::new(Sessions::default());
+        let conns = open(&sessions, 10);
+        let start = Instant::now();
+        sessions.drain(Duration::from_secs(10), Duration::from_secs(3)).await;
+        assert_eq!(drained(&conns), 10);
+        let took = Instant::now() - start;
+        assert!(took >= Duration::from_secs(3) && took < Duration::from_secs(4), "{took:?}");
     }
 }
