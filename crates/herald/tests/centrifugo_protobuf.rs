@@ -234,3 +234,61 @@ async fn server_side_subscriptions_and_their_recovery_on_the_protobuf_wire() {
         [(3, b"3".to_vec())]
     );
 }
+
+impl Pb {
+    /// Read until the server closes; its close code.
+    async fn close_code(&mut self) -> Option<u16> {
+        loop {
+            match tokio::time::timeout(WAIT, self.ws.next()).await.expect("close in time") {
+                Some(Ok(m)) if m.is_close() => return m.as_close().map(|(code, _)| u16::from(code)),
+                Some(Ok(_)) => {}
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// Framing faults at the socket: a message cut across two WebSocket frames
+/// (each frame must hold whole messages), a length beyond the message
+/// limit, each closed as a bad request (3501, the SDKs stop) with nothing
+/// of it applied; an unknown field is ignored.
+#[tokio::test]
+async fn framing_faults_close_and_unknown_fields_pass() {
+    let srv = TestServer::start_with(|c| c.websocket.max_message_bytes = 4096).await;
+    let bad_request = Some(herald_proto::centrifugo::disconnect_of(herald_proto::close::BAD_REQUEST));
+
+    // An unknown field (99, a varint) after a ping command: answered as a ping.
+    let (mut c, _) = Pb::dial(&srv, "?user=u1&format=protobuf", None).await;
+    c.call(connect()).await;
+    let mut ping = Vec::new();
+    let body = {
+        use prost::Message as _;
+        let mut b =
+            pb::Command { id: 7, ping: Some(pb::PingRequest {}), ..Default::default() }.encode_to_vec();
+        prost::encoding::encode_key(99, prost::encoding::WireType::Varint, &mut b);
+        b.push(1);
+        b
+    };
+    prost::encoding::encode_varint(body.len() as u64, &mut ping);
+    ping.extend_from_slice(&body);
+    c.ws.send(Message::binary(ping)).await.unwrap();
+    assert!(c.reply(7).await.ping.is_some(), "the unknown field is skipped");
+
+    // A publish cut in two frames: the first is truncated.
+    let mut whole = Vec::new();
+    cf_pb::append(&mut whole, &publish("chat:cut", "1"));
+    let (head, tail) = whole.split_at(whole.len() / 2);
+    c.ws.send(Message::binary(head.to_vec())).await.unwrap();
+    c.ws.send(Message::binary(tail.to_vec())).await.unwrap();
+    assert_eq!(c.close_code().await, bad_request);
+    assert!(srv.history("chat:cut").await.is_empty(), "nothing of it was published");
+
+    // A length prefix above websocket.max_message_bytes.
+    let (mut c, _) = Pb::dial(&srv, "?user=u2&format=protobuf", None).await;
+    c.call(connect()).await;
+    let mut huge = Vec::new();
+    prost::encoding::encode_varint(1 << 20, &mut huge);
+    huge.extend_from_slice(&[0; 16]);
+    c.ws.send(Message::binary(huge)).await.unwrap();
+    assert_eq!(c.close_code().await, bad_request);
+}
