@@ -123,13 +123,115 @@ fn push(r: pb::Reply, pending: &mut VecDeque<Incoming>) -> anyhow::Result<bool> 
     Ok(false)
 }
 
-/// Decode one data frame; a ping gets its pong (an empty command).
+/// Decode one data frame; a ping gets its pong (an empty command). A
+/// frame of `pub` pushes (what fan-out sends) is read in place, without
+/// building the messages (the subscribers decode one per delivery: with
+/// prost's allocations the figure would measure the bench); anything else
+/// goes through prost.
 pub fn decode(msg: &Message, pending: &mut VecDeque<Incoming>) -> anyhow::Result<Option<Message>> {
+    if msg.is_binary() {
+        if let Some(fast) = pub_pushes(msg.as_payload()) {
+            for (data, offset) in fast {
+                let stamp =
+                    payload::decode(data).with_context(|| format!("not a bench payload: {}", clip(data)))?;
+                pending.push_back(Incoming::Delivery {
+                    stamp,
+                    seq: (offset > 0).then_some(offset),
+                    redelivered: false,
+                });
+            }
+            return Ok(None);
+        }
+    }
     let mut ping = false;
     for r in replies(msg)? {
         ping |= push(r, pending)?;
     }
     Ok(ping.then(|| frame(pb::Command::default())))
+}
+
+/// A varint at the start of `b`, and the rest.
+fn varint(b: &[u8]) -> Option<(u64, &[u8])> {
+    let mut v = 0u64;
+    for (i, byte) in b.iter().enumerate().take(10) {
+        v |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((v, &b[i + 1..]));
+        }
+    }
+    None
+}
+
+/// Call `f` with each field of a message, `(field, value)` with the value
+/// a varint or a length-delimited slice; `None` at anything else (another
+/// wire type, a truncation) or when `f` says so.
+fn each_field<'a>(mut b: &'a [u8], mut f: impl FnMut(u64, Field<'a>) -> Option<()>) -> Option<()> {
+    while !b.is_empty() {
+        let (key, rest) = varint(b)?;
+        let (value, rest) = match key & 7 {
+            0 => {
+                let (v, rest) = varint(rest)?;
+                (Field::Varint(v), rest)
+            }
+            2 => {
+                let (len, rest) = varint(rest)?;
+                let len = usize::try_from(len).ok().filter(|&l| l <= rest.len())?;
+                (Field::Bytes(&rest[..len]), &rest[len..])
+            }
+            _ => return None,
+        };
+        f(key >> 3, value)?;
+        b = rest;
+    }
+    Some(())
+}
+
+#[derive(Clone, Copy)]
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+}
+
+/// `(data, offset)` of each message of a frame made only of `pub` pushes
+/// (`Reply.push` = field 4, `Push.pub` = 4, `Publication.data` = 4 and
+/// `.offset` = 6), read in place; `None` when any message is something
+/// else.
+fn pub_pushes(mut frame: &[u8]) -> Option<Vec<(&[u8], u64)>> {
+    let mut out = Vec::new();
+    while !frame.is_empty() {
+        let (len, rest) = varint(frame)?;
+        let len = usize::try_from(len).ok().filter(|&l| l <= rest.len())?;
+        let (reply, rest) = rest.split_at(len);
+        frame = rest;
+        let mut push = None;
+        each_field(reply, |field, value| match (field, value) {
+            (4, Field::Bytes(p)) => {
+                push = Some(p);
+                Some(())
+            }
+            _ => None,
+        })?;
+        let mut publication = None;
+        each_field(push?, |field, value| match (field, value) {
+            (4, Field::Bytes(p)) => {
+                publication = Some(p);
+                Some(())
+            }
+            (1 | 2, _) => Some(()),
+            _ => None,
+        })?;
+        let (mut data, mut offset) = (None, 0);
+        each_field(publication?, |field, value| {
+            match (field, value) {
+                (4, Field::Bytes(d)) => data = Some(d),
+                (6, Field::Varint(o)) => offset = o,
+                _ => {}
+            }
+            Some(())
+        })?;
+        out.push((data?, offset));
+    }
+    Some(out)
 }
 
 #[cfg(test)]
@@ -149,5 +251,28 @@ mod tests {
         let Some(Incoming::Delivery { stamp, seq, .. }) = pending.pop_front() else { panic!("{pending:?}") };
         assert_eq!((stamp.n, seq), (5, Some(7)));
         assert!(decode(&Message::text("{}"), &mut pending).is_err(), "text is not this wire");
+    }
+
+    #[test]
+    fn pub_pushes_read_in_place_match_prost() {
+        let mut bytes = Vec::new();
+        for (n, offset) in [(1, 11), (2, 0)] {
+            let mut tags = std::collections::BTreeMap::new();
+            tags.insert("herald_id".to_owned(), "x".to_owned());
+            let publication =
+                pb::Publication { data: payload::encode(n, 64), offset, tags, time: 5, ..Default::default() };
+            let push = pb::Push { channel: "chat:x".into(), r#pub: Some(publication), ..Default::default() };
+            cf::append(&mut bytes, &pb::Reply { push: Some(push), ..Default::default() });
+        }
+        let fast = pub_pushes(&bytes).expect("pub pushes only");
+        let slow: Vec<_> =
+            cf::decode_replies(&bytes, MAX_FRAME).map(|r| r.unwrap().push.unwrap().r#pub.unwrap()).collect();
+        assert_eq!(fast.len(), 2);
+        for ((data, offset), p) in fast.iter().zip(&slow) {
+            assert_eq!((*data, *offset), (&p.data[..], p.offset));
+        }
+        // A ping (an empty reply) is not a pub push: prost reads that frame.
+        cf::append(&mut bytes, &pb::Reply::default());
+        assert!(pub_pushes(&bytes).is_none());
     }
 }
