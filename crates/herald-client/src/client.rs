@@ -70,7 +70,17 @@ impl Client {
     /// [`ClientOptions::server_subscriptions`] is off or the client ended.
     pub async fn next_server_subscription(&self) -> Option<Subscription> {
         let ServerSubscribed { id, info, events_rx } = self.server_subs.as_ref()?.lock().await.recv().await?;
-        Some(Subscription {
+        Some(self.subscription(id, info, events_rx))
+    }
+
+    /// The handle of subscription `id`, reading `events_rx`.
+    fn subscription(
+        &self,
+        id: u64,
+        info: SubscribeInfo,
+        events_rx: mpsc::Receiver<Result<Event, ClientError>>,
+    ) -> Subscription {
+        Subscription {
             id,
             channel: info.channel.clone(),
             info,
@@ -79,7 +89,7 @@ impl Client {
             shared: self.shared.clone(),
             done: false,
             unsubscribed: false,
-        })
+        }
     }
 
     /// Subscribe to `channel`, optionally resuming after `since = (seq,
@@ -98,22 +108,13 @@ impl Client {
         let id = self.shared.next_sub_id.fetch_add(1, Ordering::Relaxed);
         let cmd = Command::Subscribe(Box::new(SubscribeCmd {
             id,
-            channel: channel.clone(),
+            channel,
             since,
             events_tx,
             reply: reply_tx,
         }));
         let info = self.call(cmd, reply_rx).await?;
-        Ok(Subscription {
-            id,
-            channel,
-            info,
-            events_rx,
-            cmd_tx: self.cmd_tx.clone(),
-            shared: self.shared.clone(),
-            done: false,
-            unsubscribed: false,
-        })
+        Ok(self.subscription(id, info, events_rx))
     }
 
     /// Publish over the socket (the namespace must allow client publishes).
