@@ -1,8 +1,11 @@
 """Herald's Centrifugo endpoint driven by the PyPI `centrifuge-python` SDK
 (pinned in requirements.txt), against a real `herald serve` process on a
-free port with a temp data dir and an HS256 key, so tokens are real. Every
-scenario runs on the JSON wire and again on the Protobuf one
-(`use_protobuf=True`, where `data` is the stored JSON as bytes).
+free port with a temp data dir and an HS256 key, so tokens are real:
+in-order receive, publish, history, disconnect()/connect() and a kill -9
+server restart each followed by a complete recovery, server-side
+subscriptions, presence with join/leave, token refresh. Every scenario
+runs on the JSON wire and again on the Protobuf one (`use_protobuf=True`,
+where `data` is the stored JSON as bytes).
 
 Run by scripts/test-centrifuge-sdks: `python test_sdk.py` (exit 0 = pass).
 $HERALD_BIN names the binary (default target/debug/herald). Every wait is
@@ -27,6 +30,10 @@ from pathlib import Path
 from centrifuge import (
     Client,
     ClientEventHandler,
+    ConnectingContext,
+    DisconnectedContext,
+    JoinContext,
+    LeaveContext,
     PublicationContext,
     ServerPublicationContext,
     ServerSubscribedContext,
@@ -66,6 +73,10 @@ class Herald:
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="herald-py-")
         self.port = free_port()
+        self.start()
+
+    def start(self) -> None:
+        """Starts the server on its port and data dir; returns once healthy."""
         binary = os.environ.get("HERALD_BIN", str(REPO / "target/debug/herald"))
         env = {**os.environ, "HERALD_API_KEYS": API_KEY, "HERALD_JWT_SECRET": JWT_SECRET, "HERALD_LOG": "warn"}
         env.pop("HERALD_DEV", None)
@@ -81,20 +92,29 @@ class Herald:
                     raise RuntimeError("herald did not start")
                 time.sleep(0.05)
 
-    def publish(self, channel: str, data) -> dict:
+    def api(self, method: str, path: str, body=None) -> tuple:
+        """An HTTP API call: (status, parsed body)."""
         req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/api/v1/channels/{channel}/messages",
-            data=json.dumps({"data": data}).encode(),
+            f"http://127.0.0.1:{self.port}{path}",
+            data=None if body is None else json.dumps(body).encode(),
             headers={"authorization": f"Bearer {API_KEY}", "content-type": "application/json"},
-            method="POST",
+            method=method,
         )
         with urllib.request.urlopen(req, timeout=WAIT) as r:
-            assert r.status == 201, r.status
-            return json.load(r)
+            return r.status, json.load(r)
 
-    def close(self) -> None:
+    def publish(self, channel: str, data) -> dict:
+        status, body = self.api("POST", f"/api/v1/channels/{channel}/messages", {"data": data})
+        assert status == 201, status
+        return body
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no goodbye to the clients."""
         self.proc.kill()
         self.proc.wait()
+
+    def close(self) -> None:
+        self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -102,12 +122,39 @@ class Recorder(SubscriptionEventHandler):
     def __init__(self) -> None:
         self.pubs = []
         self.subscribed = []
+        self.joins = []
+        self.leaves = []
 
     async def on_publication(self, ctx: PublicationContext) -> None:
         self.pubs.append(ctx.pub)
 
     async def on_subscribed(self, ctx: SubscribedContext) -> None:
         self.subscribed.append(ctx)
+
+    async def on_join(self, ctx: JoinContext) -> None:
+        self.joins.append(ctx.info.user)
+
+    async def on_leave(self, ctx: LeaveContext) -> None:
+        self.leaves.append(ctx.info.user)
+
+
+class Drops(ClientEventHandler):
+    """A client's connection losses: `on_connecting` after the first connect
+    is a reconnect, `on_disconnected` a stop."""
+
+    def __init__(self) -> None:
+        self.connected = False
+        self.drops = []
+
+    async def on_connected(self, ctx) -> None:
+        self.connected = True
+
+    async def on_connecting(self, ctx: ConnectingContext) -> None:
+        if self.connected:
+            self.drops.append(ctx)
+
+    async def on_disconnected(self, ctx: DisconnectedContext) -> None:
+        self.drops.append(ctx)
 
 
 async def eventually(what: str, check) -> None:
@@ -223,12 +270,100 @@ async def run(herald: Herald, wire: Wire) -> None:
     await client.disconnect()
 
 
+async def restart(herald: Herald, wire: Wire) -> None:
+    """A server restart (kill -9), messages published after it: the SDK
+    reconnects and recovers them, nothing missing or doubled."""
+    url = f"ws://127.0.0.1:{herald.port}/connection/websocket"
+    channel = f"chat:py-restart-{wire.name}"
+    client = Client(url, events=ClientEventHandler(), token=token("py-restart"), use_protobuf=wire.protobuf,
+                    min_reconnect_delay=0.05, max_reconnect_delay=0.3)
+    rec = Recorder()
+    sub = client.new_subscription(channel, events=rec)
+    await client.connect()
+    await sub.subscribe()
+    await eventually("subscribed", lambda: len(rec.subscribed) == 1)
+    for i in range(1, 4):
+        herald.publish(channel, i)
+    await eventually("3 publications", lambda: len(rec.pubs) >= 3)
+    herald.kill()
+    herald.start()
+    for i in range(4, 7):
+        herald.publish(channel, i)
+    await eventually("resubscribed", lambda: len(rec.subscribed) >= 2)
+    assert rec.subscribed[-1].recovered, rec.subscribed[-1]
+    herald.publish(channel, 7)
+    await eventually("7 publications", lambda: len(rec.pubs) >= 7)
+    assert [p.offset for p in rec.pubs] == list(range(1, 8)), [p.offset for p in rec.pubs]
+    assert [wire.data(p.data) for p in rec.pubs] == list(range(1, 8))
+    await client.disconnect()
+
+
+async def presence(herald: Herald, wire: Wire) -> None:
+    """A room: join, presence, presence stats, leave."""
+    url = f"ws://127.0.0.1:{herald.port}/connection/websocket"
+    room = f"room:py-{wire.name}"
+    status, _ = herald.api("PUT", f"/api/v1/rooms/{room}", {"host": "host"})
+    assert status == 201, status
+    clients = []
+    for user in ("py-alice", "py-bob"):
+        clients.append(Client(url, events=ClientEventHandler(), token=token(user), use_protobuf=wire.protobuf))
+    a, b = clients
+    rec_a, rec_b = Recorder(), Recorder()
+    sub_a = a.new_subscription(room, events=rec_a, join_leave=True)
+    sub_b = b.new_subscription(room, events=rec_b)
+    await a.connect()
+    await sub_a.subscribe()
+    await eventually("alice subscribed", lambda: len(rec_a.subscribed) == 1)
+    await b.connect()
+    await sub_b.subscribe()
+    await eventually("bob subscribed", lambda: len(rec_b.subscribed) == 1)
+    await eventually("bob joined", lambda: "py-bob" in rec_a.joins)
+    present = await sub_a.presence()
+    assert sorted(i.user for i in present.clients.values()) == ["py-alice", "py-bob"], present
+    stats = await sub_a.presence_stats()
+    assert (stats.num_clients, stats.num_users) == (2, 2), stats
+    await sub_b.unsubscribe()
+    await eventually("bob left", lambda: "py-bob" in rec_a.leaves)
+    for c in clients:
+        await c.disconnect()
+
+
+async def refresh(herald: Herald, wire: Wire) -> None:
+    """Tokens that live 2 s, refreshed through get_token: the connection
+    stays up and keeps receiving."""
+    url = f"ws://127.0.0.1:{herald.port}/connection/websocket"
+    channel = f"chat:py-refresh-{wire.name}"
+    fetched = []
+
+    async def get_token() -> str:
+        fetched.append(1)
+        return token("py-refresh", ttl=2)
+
+    drops = Drops()
+    client = Client(url, events=drops, token=token("py-refresh", ttl=2), get_token=get_token,
+                    use_protobuf=wire.protobuf)
+    rec = Recorder()
+    sub = client.new_subscription(channel, events=rec)
+    await client.connect()
+    await sub.subscribe()
+    await eventually("subscribed", lambda: len(rec.subscribed) == 1)
+    await eventually("two refreshes", lambda: len(fetched) >= 2)
+    herald.publish(channel, "still here")
+    await eventually("a publication after the refreshes", lambda: len(rec.pubs) == 1)
+    assert wire.data(rec.pubs[0].data) == "still here"
+    assert drops.drops == [], f"the connection dropped: {drops.drops}"
+    await client.disconnect()
+
+
 def main() -> int:
     herald = Herald()
     try:
         for wire in (Wire(False), Wire(True)):
             asyncio.run(asyncio.wait_for(run(herald, wire), timeout=120))
             asyncio.run(asyncio.wait_for(server_side(herald, wire), timeout=120))
+            asyncio.run(asyncio.wait_for(restart(herald, wire), timeout=120))
+            asyncio.run(asyncio.wait_for(presence(herald, wire), timeout=120))
+            asyncio.run(asyncio.wait_for(refresh(herald, wire), timeout=120))
             print(f"centrifuge-python ({wire.name}): ok")
     finally:
         herald.close()
