@@ -5,7 +5,7 @@
 #
 #   bench/callgrind.sh [--namespaces "chat live"] [--p2p "1000 10000"] [--p2p-users 1]
 #                      [--fanout "100 1000"] [--subs 200] [--fanout-rate max] [--reps 1]
-#                      [--wire herald|centrifugo-protobuf] [--out DIR] [--herald PATH]
+#                      [--wire herald|centrifugo-json|centrifugo-protobuf] [--out DIR] [--herald PATH]
 #
 # The binary: --herald, else $HERALD, else target/profiling/herald (the
 # release build with debug info: cargo build --profile profiling -p herald).
@@ -34,7 +34,7 @@
 #   per publish (without delivery)     P − D
 #
 # --wire: the subscribers' wire (`herald bench --wire`): Herald's own
-# (`/ws`, the default) or the Centrifugo endpoint's Protobuf wire; the
+# (`/ws`, the default) or the Centrifugo endpoint's JSON or Protobuf wire; the
 # publisher is the same pipelined `/ws` connection either way.
 #
 # Keep N_B / --p2p-users within the namespace's `history_size` (10,000 on

@@ -11,7 +11,8 @@
 #   channels on durable `chat:` and on volatile `live:`; socketio and
 #   socketioxide may be added, and herald-chat-pb / herald-live-pb: the
 #   same with the p2p and fan-out subscribers on the Centrifugo endpoint's
-#   Protobuf wire, `--wire centrifugo-protobuf`), scenarios "p2p fanout idle publish":
+#   Protobuf wire, `--wire centrifugo-protobuf`, and herald-chat-json /
+#   herald-live-json on its JSON wire), scenarios "p2p fanout idle publish":
 #   p2p and fanout with pipelined WebSocket publishers (--publish-via ws),
 #   idle (Herald on `chat:`), HTTP publish (Herald only). Medians of
 #   --reps (default 2), Herald/NATS ratios, and the targets.
@@ -134,8 +135,8 @@ trap 'stop_server; exit 130' INT TERM
 # Whether this suite runs SCENARIO against SERVER.
 runs() {
   local scenario=$1 server=$2
-  # The Protobuf wire (`-pb`) is measured where subscribers receive.
-  if [ "${server%-pb}" != "$server" ]; then
+  # The Centrifugo wires (`-pb`, `-json`) are measured where subscribers receive.
+  if [ "${server%-pb}" != "$server" ] || [ "${server%-json}" != "$server" ]; then
     case $scenario in p2p|fanout) return 0 ;; *) return 1 ;; esac
   fi
   case $SUITE/$scenario in
@@ -155,6 +156,8 @@ scenario_args() {
     herald-live) echo -n "--namespace live " ;;
     herald-chat-pb) echo -n "--namespace chat --wire centrifugo-protobuf " ;;
     herald-live-pb) echo -n "--namespace live --wire centrifugo-protobuf " ;;
+    herald-chat-json) echo -n "--namespace chat --wire centrifugo-json " ;;
+    herald-live-json) echo -n "--namespace live --wire centrifugo-json " ;;
   esac
   case $SUITE/$scenario in
     hot/*) echo -n "--timeout $TIMEOUT " ;;

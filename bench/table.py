@@ -133,7 +133,7 @@ def column(run):
     """The hot table's column of a run: Herald per namespace, peers by name."""
     if run["peer"] != "herald":
         return run["peer"]
-    wire = " protobuf" if run.get("wire") == "centrifugo-protobuf" else ""
+    wire = {"centrifugo-protobuf": " protobuf", "centrifugo-json": " centrifugo json"}.get(run.get("wire"), "")
     return f"herald {run.get('namespace') or 'chat'}:{wire}"
 
 

@@ -87,6 +87,9 @@ impl Peer {
 pub enum SubWire {
     /// Herald's JSON protocol on `/ws`
     Herald,
+    /// Centrifugo's client protocol, JSON encoding, on
+    /// `/connection/websocket` (centrifuge-js's and centrifuge-python's default)
+    CentrifugoJson,
     /// Centrifugo's client protocol, Protobuf encoding, on
     /// `/connection/websocket` (the phone SDKs' wire)
     CentrifugoProtobuf,
@@ -96,6 +99,7 @@ impl SubWire {
     pub fn name(self) -> &'static str {
         match self {
             SubWire::Herald => "herald",
+            SubWire::CentrifugoJson => "centrifugo-json",
             SubWire::CentrifugoProtobuf => "centrifugo-protobuf",
         }
     }

@@ -16,6 +16,7 @@
 //! one), and keeps per-connection client memory small.
 
 pub mod centrifugo;
+pub mod centrifugo_json;
 pub mod herald;
 pub mod nats;
 pub mod plain_ws;
@@ -124,6 +125,7 @@ pub struct SubConn {
 /// Per-connection protocol state.
 enum Codec {
     Herald,
+    CentrifugoJson,
     CentrifugoProtobuf,
     PlainWs,
     SocketIo,
@@ -144,6 +146,7 @@ impl SubConn {
         // One deadline for every step, so a timeout names the step that hung.
         let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
         let path = match ep.peer {
+            Peer::Herald if ep.wire == SubWire::CentrifugoJson => centrifugo_json::path(&ep.auth, user),
             Peer::Herald if ep.wire == SubWire::CentrifugoProtobuf => centrifugo::path(&ep.auth, user),
             Peer::Herald => herald::path(&ep.auth, user),
             Peer::Ws => plain_ws::PATH.to_owned(),
@@ -153,6 +156,11 @@ impl SubConn {
         let mut ws = connect(ep, source, &path, deadline).await?;
         let mut pending = VecDeque::new();
         let (codec, subscribed) = match ep.peer {
+            Peer::Herald if ep.wire == SubWire::CentrifugoJson => (
+                Codec::CentrifugoJson,
+                centrifugo_json::subscribe(&mut ws, &ep.auth, channel, resume, &mut pending, deadline)
+                    .await?,
+            ),
             Peer::Herald if ep.wire == SubWire::CentrifugoProtobuf => (
                 Codec::CentrifugoProtobuf,
                 centrifugo::subscribe(&mut ws, &ep.auth, channel, resume, &mut pending, deadline).await?,
@@ -213,6 +221,7 @@ impl SubConn {
             }
             let reply = match &mut self.codec {
                 Codec::Herald => herald::decode(&msg, &mut self.pending)?,
+                Codec::CentrifugoJson => centrifugo_json::decode(&msg, &mut self.pending)?,
                 Codec::CentrifugoProtobuf => centrifugo::decode(&msg, &mut self.pending)?,
                 Codec::PlainWs => plain_ws::decode(&msg, &mut self.pending)?,
                 Codec::SocketIo => socketio::decode(&msg, &mut self.pending)?,
