@@ -106,13 +106,8 @@ impl Client {
         let (events_tx, events_rx) = mpsc::channel(self.event_capacity);
         let (reply_tx, reply_rx) = oneshot::channel();
         let id = self.shared.next_sub_id.fetch_add(1, Ordering::Relaxed);
-        let cmd = Command::Subscribe(Box::new(SubscribeCmd {
-            id,
-            channel,
-            since,
-            events_tx,
-            reply: reply_tx,
-        }));
+        let cmd =
+            Command::Subscribe(Box::new(SubscribeCmd { id, channel, since, events_tx, reply: reply_tx }));
         let info = self.call(cmd, reply_rx).await?;
         Ok(self.subscription(id, info, events_rx))
     }
