@@ -192,7 +192,7 @@ def start_node(herald, tmp, name, port, redis_port, drain):
     env.pop("HERALD_CONFIG", None)
     cfg = os.path.join(tmp, f"{name}.toml")
     with open(cfg, "w") as f:
-        f.write("[websocket]\nmax_connections = 100000\n[http]\nmax_connections = 20000\n"
+        f.write("[websocket]\nmax_connections = 100000\n"
                 "[namespaces.drain]\ndelivery = \"durable\"\n")
     p = subprocess.Popen(
         [herald, "serve", "--dev", "--engine", "redis", "--redis-url", f"redis://127.0.0.1:{redis_port}",
