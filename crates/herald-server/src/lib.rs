@@ -16,7 +16,8 @@
 //!    session and job holds), `publish` (the one publish path), `rooms`
 //!    (presence and room transitions), [`hub`] (fan-out, the mailboxes,
 //!    the byte ceiling, the session registry), and `config`, `error`,
-//!    [`metrics`], [`auth`], [`browser`]. These may name each other.
+//!    [`metrics`], [`auth`], [`browser`], [`reload`] (live configuration
+//!    changes). These may name each other.
 //! 2. `integration` (webhooks, backend proxies) and `jobs` (the
 //!    scheduler, the room keeper): the work done beside requests.
 //! 3. `api` (the HTTP API, a module per resource) and `gateway` (the
@@ -40,6 +41,7 @@ mod integration;
 mod jobs;
 pub mod metrics;
 mod publish;
+pub mod reload;
 mod rooms;
 mod state;
 
@@ -109,14 +111,15 @@ impl Server {
             max_http_connections,
             ws_origins,
             cors_origins,
-            api_keys: auth::ApiKeys::new(&config.api_keys),
+            api_keys: arc_swap::ArcSwap::from_pointee(auth::ApiKeys::new(&config.api_keys)),
+            reloads: Default::default(),
             webhooks: webhooks::Webhooks::new(&config.webhooks),
             subscribe_cache: Default::default(),
             config,
             engine,
             hub,
             metrics,
-            jwt,
+            jwt: arc_swap::ArcSwap::from_pointee(jwt),
             in_flight: publish::InFlight::default(),
             shutdown: CancellationToken::new(),
             sessions: hub::Sessions::default(),
@@ -134,6 +137,12 @@ impl Server {
 
     pub fn state(&self) -> &Arc<AppState> {
         &self.state
+    }
+
+    /// How a reload (SIGHUP, `POST /api/v1/admin/reload`) reads the
+    /// configuration again: the way the binary read it at start.
+    pub fn set_reloader(&self, read: reload::Reader) {
+        let _ = self.state.reloads.reader.set(read);
     }
 
     /// The router inside the layers every request passes, applied around
@@ -169,6 +178,7 @@ impl Server {
             )
             .route("/api/v1/scheduled", get(api::scheduled::list))
             .route("/api/v1/admin/drain", post(api::admin::drain))
+            .route("/api/v1/admin/reload", post(api::admin::reload))
             .route("/api/v1/scheduled/{id}", axum::routing::delete(api::scheduled::cancel))
             .route("/api/v1/webhooks", get(api::webhooks::status))
             .route("/api/v1/webhooks/{name}/channels/{channel}/skip", post(api::webhooks::skip))

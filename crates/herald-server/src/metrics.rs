@@ -256,6 +256,9 @@ server_metrics! {
         /// One proxy question, sent to answered (or failed).
         pub proxy_request_duration: Histogram = Histogram::new(exponential_buckets(0.001, 2.0, 14))
             => "proxy_request_duration_seconds": "Backend proxy question, sent to answered",
+        /// Configuration reloads (SIGHUP, `POST /api/v1/admin/reload`) by
+        /// `result`: `applied` or `refused`.
+        pub reloads: Labelled<Counter> => "reloads": "Configuration reloads by result (applied, refused)",
     }
     derived {
         /// `outbox_full{limit="frames"}`: the outbox held

@@ -21,8 +21,14 @@ pub struct AppState {
     pub engine: Arc<dyn Engine>,
     pub hub: Arc<hub::Hub>,
     pub metrics: Arc<metrics::Metrics>,
-    pub(crate) jwt: auth::JwtVerifier,
-    pub(crate) api_keys: auth::ApiKeys,
+    /// Rebuilt from the configuration and swapped in on a reload
+    /// (`reload`); a request or an upgrade loads the current one.
+    pub(crate) jwt: arc_swap::ArcSwap<auth::JwtVerifier>,
+    /// Likewise.
+    pub(crate) api_keys: arc_swap::ArcSwap<auth::ApiKeys>,
+    /// Live reloads: how to read the configuration again, and what the
+    /// last reload applied (`crate::reload`).
+    pub(crate) reloads: crate::reload::Reloads,
     pub(crate) in_flight: publish::InFlight,
     /// Cancelled when shutdown starts.
     pub shutdown: CancellationToken,

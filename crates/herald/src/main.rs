@@ -70,7 +70,7 @@ fn main() -> ExitCode {
             for deprecation in &loaded.deprecations {
                 tracing::warn!("{deprecation}");
             }
-            run_async(serve(loaded.config))
+            run_async(serve(loaded.config, flags))
         }
         Command::Publish(args) => run_async(cli::publish(args)),
         Command::PublishBatch(args) => run_async(cli::publish_batch(args)),
@@ -113,7 +113,7 @@ fn init_tracing() {
     }
 }
 
-async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
+async fn serve(config: herald_server::Config, flags: ServeFlags) -> anyhow::Result<()> {
     let engine = open_engine(&config).await?;
     let dev = config.dev;
     let console = config.console_enabled();
@@ -149,6 +149,28 @@ async fn serve(config: herald_server::Config) -> anyhow::Result<()> {
         println!("  subscribe: ws://{addr}/ws?user=alice   (or: herald tail chat:demo --url http://{addr} --user alice)");
     } else {
         println!("  subscribe: ws://{addr}/ws with Authorization: Bearer <JWT>");
+    }
+    // A reload reads the configuration as the start did: the same file, and
+    // the same flags and environment over it.
+    server.set_reloader(Box::new(move || {
+        config_load::load(&flags).map(|l| l.config).map_err(|e| format!("invalid configuration: {e}"))
+    }));
+    #[cfg(unix)]
+    {
+        let state = server.state().clone();
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(mut hup) => {
+                tokio::spawn(async move {
+                    while hup.recv().await.is_some() {
+                        tracing::info!("SIGHUP: reloading the configuration");
+                        let state = state.clone();
+                        // Logged and counted by `reload` itself.
+                        let _ = tokio::task::spawn_blocking(move || state.reload()).await;
+                    }
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP: no reload by signal"),
+        }
     }
     // The first SIGTERM (or Ctrl-C) drains and shuts down; a second one
     // closes what the drain has not closed yet at once.

@@ -1,4 +1,5 @@
-//! The operator's actions on this node: `POST /api/v1/admin/drain`.
+//! The operator's actions on this node: `POST /api/v1/admin/drain` and
+//! `POST /api/v1/admin/reload`.
 
 use std::sync::Arc;
 
@@ -11,6 +12,7 @@ use super::{json_response, St};
 use crate::api::extract::ApiKey;
 use crate::error::ApiError;
 use crate::state::AppState;
+use herald_proto::ErrorCode;
 
 /// The answer to a drain request.
 #[derive(Serialize)]
@@ -44,4 +46,20 @@ pub async fn drain(State(state): St, ApiKey(scope): ApiKey) -> Result<Response, 
 pub(crate) async fn run(state: Arc<AppState>) {
     let s = &state.config.shutdown;
     state.sessions.drain(s.drain_period, s.grace).await;
+}
+
+/// Read the configuration again and apply what can change live (see
+/// `crate::reload`), as SIGHUP does. `200 {"changed": [keys]}`; refused,
+/// nothing changed: `409 conflict` with the reason (the error a start
+/// would print, or the keys that need a restart).
+pub async fn reload(State(state): St, ApiKey(scope): ApiKey) -> Result<Response, ApiError> {
+    tracing::info!(scope, "reload requested through the API");
+    // Reading the file is blocking I/O; a JWKS source may be fetched too.
+    let outcome = tokio::task::spawn_blocking(move || state.reload())
+        .await
+        .map_err(|e| ApiError::new(ErrorCode::Internal, format!("reload: {e}")))?;
+    match outcome {
+        Ok(reloaded) => Ok(json_response(StatusCode::OK, &reloaded, false)),
+        Err(e) => Err(ApiError::new(ErrorCode::Conflict, e.to_string())),
+    }
 }

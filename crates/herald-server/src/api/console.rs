@@ -86,7 +86,7 @@ async fn session(
     key?;
     let body = serde_json::json!({
         "dev": state.config.dev,
-        "jwt": state.jwt.is_configured(),
+        "jwt": state.jwt.load().is_configured(),
         "version": env!("CARGO_PKG_VERSION"),
     });
     let mut resp = (StatusCode::OK, body.to_string()).into_response();

@@ -123,11 +123,12 @@ fn api_auth(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
     match bearer {
         Some(key) => state
             .api_keys
+            .load()
             .check(key.trim())
             .map(|scope| format!("api:{scope}"))
             .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "unknown API key")),
         None if state.config.dev => Ok("api:dev".to_owned()),
-        None if state.api_keys.is_empty() => Err(ApiError::new(
+        None if state.api_keys.load().is_empty() => Err(ApiError::new(
             ErrorCode::Unauthorized,
             "no API keys are configured: set api_keys in the config or HERALD_API_KEYS (or run with --dev)",
         )),

@@ -60,10 +60,10 @@ pub(crate) fn verify_token(
     token: &str,
     device: Option<&str>,
 ) -> Result<Identity, ApiError> {
-    if !state.jwt.is_configured() {
+    if !state.jwt.load().is_configured() {
         return Err(ApiError::new(ErrorCode::Unauthorized, "this server has no JWT keys configured"));
     }
-    state.jwt.verify(token.trim(), device).map_err(|e| ApiError::new(e.code, e.message))
+    state.jwt.load().verify(token.trim(), device).map_err(|e| ApiError::new(e.code, e.message))
 }
 
 /// A token-less dev-mode identity for `user` (the caller checked dev mode).
