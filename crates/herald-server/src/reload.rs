@@ -158,8 +158,7 @@ mod tests {
     #[test]
     fn only_live_keys_are_live() {
         let start = Config::default();
-        let mut next = Config::default();
-        next.api_keys = vec!["a-new-key-of-16-chars".into()];
+        let mut next = Config { api_keys: vec!["a-new-key-of-16-chars".into()], ..Config::default() };
         let mut v = Vec::new();
         diff("", &to_value(&start).unwrap(), &to_value(&next).unwrap(), &mut v);
         assert_eq!(v, ["api_keys"]);
