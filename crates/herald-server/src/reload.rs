@@ -141,7 +141,8 @@ mod tests {
     use super::*;
 
     fn changed(a: &str, b: &str) -> Vec<String> {
-        let (a, b): (toml::Value, toml::Value) = (a.parse().unwrap(), b.parse().unwrap());
+        let doc = |t: &str| toml::Value::Table(t.parse::<toml::Table>().unwrap());
+        let (a, b) = (doc(a), doc(b));
         let mut out = Vec::new();
         diff("", &a, &b, &mut out);
         out
