@@ -141,7 +141,8 @@ mod tests {
     use super::*;
 
     fn changed(a: &str, b: &str) -> Vec<String> {
-        let (a, b): (toml::Value, toml::Value) = (a.parse().unwrap(), b.parse().unwrap());
+        let doc = |t: &str| toml::Value::Table(t.parse::<toml::Table>().unwrap());
+        let (a, b) = (doc(a), doc(b));
         let mut out = Vec::new();
         diff("", &a, &b, &mut out);
         out
@@ -158,8 +159,7 @@ mod tests {
     #[test]
     fn only_live_keys_are_live() {
         let start = Config::default();
-        let mut next = Config::default();
-        next.api_keys = vec!["a-new-key-of-16-chars".into()];
+        let mut next = Config { api_keys: vec!["a-new-key-of-16-chars".into()], ..Config::default() };
         let mut v = Vec::new();
         diff("", &to_value(&start).unwrap(), &to_value(&next).unwrap(), &mut v);
         assert_eq!(v, ["api_keys"]);
