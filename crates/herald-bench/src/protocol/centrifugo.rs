@@ -84,31 +84,45 @@ pub async fn subscribe(
                 continue;
             }
             let s = r.subscribe.ok_or_else(|| anyhow!("the subscribe reply has no result"))?;
-            let gap_reported = (resume.last_seq.is_some() && !s.recovered)
-                .then(|| "the resume was not recovered: messages were lost".to_owned());
-            for p in &s.publications {
-                delivery(p, pending)?;
-            }
-            let recovered = s.publications.last().map(|p| p.offset);
-            return Ok(Subscribed {
-                // What follows live: after the last recovered offset, or the
-                // head the reply names.
-                head: Some(recovered.unwrap_or(s.offset)),
-                epoch: Some(s.epoch).filter(|e| !e.is_empty()),
-                gap_reported,
-                acked: false,
-                unread: None,
-                sent_us,
-            });
+            let publications = s.publications.iter().map(|p| (&p.data[..], p.offset));
+            return subscribed(resume, s.recovered, s.offset, s.epoch, publications, pending, sent_us);
         }
     }
 }
 
-fn delivery(p: &pb::Publication, pending: &mut VecDeque<Incoming>) -> anyhow::Result<()> {
-    let stamp =
-        payload::decode(&p.data).with_context(|| format!("not a bench payload: {}", clip(&p.data)))?;
-    let seq = (p.offset > 0).then_some(p.offset);
-    pending.push_back(Incoming::Delivery { stamp, seq, redelivered: false });
+/// A subscribe reply of either Centrifugo wire, read: its recovered
+/// publications go to `pending`; live delivery follows the last of them,
+/// or the head the reply names.
+pub(super) fn subscribed<'a>(
+    resume: &ResumePoint,
+    recovered: bool,
+    offset: u64,
+    epoch: String,
+    publications: impl Iterator<Item = (&'a [u8], u64)>,
+    pending: &mut VecDeque<Incoming>,
+    sent_us: u64,
+) -> anyhow::Result<Subscribed> {
+    let gap_reported = (resume.last_seq.is_some() && !recovered)
+        .then(|| "the resume was not recovered: messages were lost".to_owned());
+    let mut last = None;
+    for (data, offset) in publications {
+        delivery(data, offset, pending)?;
+        last = Some(offset);
+    }
+    Ok(Subscribed {
+        head: Some(last.unwrap_or(offset)),
+        epoch: Some(epoch).filter(|e| !e.is_empty()),
+        gap_reported,
+        acked: false,
+        unread: None,
+        sent_us,
+    })
+}
+
+/// One publication of either Centrifugo wire: its `data` and `offset`.
+pub(super) fn delivery(data: &[u8], offset: u64, pending: &mut VecDeque<Incoming>) -> anyhow::Result<()> {
+    let stamp = payload::decode(data).with_context(|| format!("not a bench payload: {}", clip(data)))?;
+    pending.push_back(Incoming::Delivery { stamp, seq: (offset > 0).then_some(offset), redelivered: false });
     Ok(())
 }
 
@@ -116,7 +130,7 @@ fn delivery(p: &pb::Publication, pending: &mut VecDeque<Incoming>) -> anyhow::Re
 fn push(r: pb::Reply, pending: &mut VecDeque<Incoming>) -> anyhow::Result<bool> {
     let Some(push) = r.push else { return Ok(r.id == 0) };
     if let Some(p) = &push.r#pub {
-        delivery(p, pending)?;
+        delivery(&p.data, p.offset, pending)?;
     } else if let Some(d) = push.disconnect {
         pending.push_back(Incoming::Closing(format!("disconnect {}: {}", d.code, d.reason)));
     }
@@ -132,13 +146,7 @@ pub fn decode(msg: &Message, pending: &mut VecDeque<Incoming>) -> anyhow::Result
     if msg.is_binary() {
         if let Some(fast) = pub_pushes(msg.as_payload()) {
             for (data, offset) in fast {
-                let stamp =
-                    payload::decode(data).with_context(|| format!("not a bench payload: {}", clip(data)))?;
-                pending.push_back(Incoming::Delivery {
-                    stamp,
-                    seq: (offset > 0).then_some(offset),
-                    redelivered: false,
-                });
+                delivery(data, offset, pending)?;
             }
             return Ok(None);
         }

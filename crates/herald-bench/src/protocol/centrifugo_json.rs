@@ -14,6 +14,7 @@ use serde_json::value::RawValue;
 use tokio::time::Instant;
 use tokio_websockets::Message;
 
+use super::centrifugo::{delivery, subscribed};
 use super::{clip, next_data, Incoming, ResumePoint, Subscribed, Ws, WsAuth};
 use crate::payload;
 
@@ -133,40 +134,17 @@ pub async fn subscribe(
                 continue;
             }
             let s = r.subscribe.ok_or_else(|| anyhow!("the subscribe reply has no result"))?;
-            let gap_reported = (resume.last_seq.is_some() && !s.recovered)
-                .then(|| "the resume was not recovered: messages were lost".to_owned());
-            for p in &s.publications {
-                delivery(p, pending)?;
-            }
-            let recovered = s.publications.last().map(|p| p.offset);
-            return Ok(Subscribed {
-                head: Some(recovered.unwrap_or(s.offset)),
-                epoch: Some(s.epoch).filter(|e| !e.is_empty()),
-                gap_reported,
-                acked: false,
-                unread: None,
-                sent_us,
-            });
+            let publications = s.publications.iter().map(|p| (p.data.get().as_bytes(), p.offset));
+            return subscribed(resume, s.recovered, s.offset, s.epoch, publications, pending, sent_us);
         }
     }
-}
-
-fn delivery(p: &Publication<'_>, pending: &mut VecDeque<Incoming>) -> anyhow::Result<()> {
-    let data = p.data.get().as_bytes();
-    let stamp = payload::decode(data).with_context(|| format!("not a bench payload: {}", clip(data)))?;
-    pending.push_back(Incoming::Delivery {
-        stamp,
-        seq: (p.offset > 0).then_some(p.offset),
-        redelivered: false,
-    });
-    Ok(())
 }
 
 /// A push, or the server's ping (`{}`): true.
 fn push(r: Reply<'_>, pending: &mut VecDeque<Incoming>) -> anyhow::Result<bool> {
     let Some(push) = r.push else { return Ok(r.id == 0 && r.error.is_none() && r.subscribe.is_none()) };
     if let Some(p) = &push.publication {
-        delivery(p, pending)?;
+        delivery(p.data.get().as_bytes(), p.offset, pending)?;
     } else if let Some(d) = push.disconnect {
         pending.push_back(Incoming::Closing(format!("disconnect {}: {}", d.code, d.reason)));
     }
