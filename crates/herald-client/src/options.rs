@@ -39,7 +39,8 @@ pub struct ClientOptions {
     /// `subscribed` frame) as [`crate::Subscription`]s from
     /// [`crate::Client::next_server_subscription`]. Off (the default), the
     /// client unsubscribes them at once, so nothing queues for a reader
-    /// that does not exist.
+    /// that does not exist. At most 16 wait to be taken; one more is
+    /// declined the same way.
     pub server_subscriptions: bool,
 }
 
