@@ -72,6 +72,7 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub presence: PresenceConfig,
     pub personal: PersonalConfig,
+    pub sse: SseConfig,
     pub storage: StoreSettings,
     pub redis: RedisSettings,
     pub namespaces: Namespaces,
@@ -103,6 +104,7 @@ impl Default for Config {
             shutdown: ShutdownConfig::default(),
             presence: PresenceConfig::default(),
             personal: PersonalConfig::default(),
+            sse: SseConfig::default(),
             storage: StoreSettings::default(),
             redis: RedisSettings::default(),
             namespaces: Namespaces::default(),
@@ -332,6 +334,29 @@ pub struct PersonalConfig {
 impl Default for PersonalConfig {
     fn default() -> Self {
         Self { subscribe: false, namespace: "user".into() }
+    }
+}
+
+/// `[sse]`: Server-Sent Events streams (`GET /sse`, docs/sse.md). They
+/// count under `websocket.max_connections` and its other per-connection
+/// limits, as a WebSocket subscriber does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SseConfig {
+    /// Serve `GET /sse` (off: 404).
+    pub enabled: bool,
+    /// Most channels one stream may name; it bounds the `Last-Event-ID`
+    /// the stream's events carry (one position per channel).
+    pub max_channels: usize,
+    /// The stream's `retry:`: how long a browser waits before it
+    /// reconnects a stream that ended.
+    #[serde(with = "humantime_serde")]
+    pub retry: Duration,
+}
+
+impl Default for SseConfig {
+    fn default() -> Self {
+        Self { enabled: true, max_channels: 16, retry: Duration::from_secs(2) }
     }
 }
 

@@ -190,6 +190,7 @@ impl Server {
         };
         Router::new()
             .route("/ws", get(gateway::ws::upgrade))
+            .route("/sse", get(gateway::sse::stream))
             .route("/connection/websocket", get(gateway::centrifugo::upgrade))
             .merge(api)
             .route("/healthz", get(api::health::healthz))

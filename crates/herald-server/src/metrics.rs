@@ -62,6 +62,8 @@ pub enum Protocol {
     Centrifugo = 1,
     /// The same, Protobuf.
     CentrifugoProtobuf = 2,
+    /// Server-Sent Events, on `/sse`.
+    Sse = 3,
 }
 
 impl Protocol {
@@ -70,6 +72,7 @@ impl Protocol {
             Protocol::Herald => "herald",
             Protocol::Centrifugo => "centrifugo",
             Protocol::CentrifugoProtobuf => "centrifugo_protobuf",
+            Protocol::Sse => "sse",
         }
     }
 }
@@ -200,7 +203,7 @@ server_metrics! {
         /// Open WebSocket connections by protocol (`herald` on `/ws`,
         /// `centrifugo` on `/connection/websocket`).
         pub protocol_connections: Labelled<Gauge>
-            => "protocol_connections": "Open WebSocket connections by protocol",
+            => "protocol_connections": "Open client connections (WebSocket and SSE) by protocol",
         /// Client frames (`/ws`) and commands (Centrifugo) read, by protocol.
         pub protocol_frames: Labelled<Counter>
             => "protocol_frames": "Client frames (or Centrifugo commands) read, by protocol",
@@ -273,7 +276,7 @@ server_metrics! {
         /// `Protocol as usize`: counted on every frame read, where the family's
         /// lookup (a lock and a hash of the labels) cost more than the count.
         /// A family's series is a clone of one shared counter.
-        frames_of: [Counter; 3] = [Protocol::Herald, Protocol::Centrifugo, Protocol::CentrifugoProtobuf]
+        frames_of: [Counter; 4] = [Protocol::Herald, Protocol::Centrifugo, Protocol::CentrifugoProtobuf, Protocol::Sse]
             .map(|p| protocol_frames.get_or_create(&[("protocol", p.label())]).clone()),
     }
 }

@@ -8,6 +8,7 @@
 //! - reading a connection with a deadline ([`next_frame`], [`next_message`],
 //!   [`read_until_closed`], ...);
 //! - [`HeraldProcess`]: a `herald serve` process, to kill or freeze;
+//! - [`SseStream`]: a Server-Sent Events reader for `GET /sse`;
 //! - connection tokens signed with the harness key ([`user_token`]);
 //! - the history checker of the fault tests ([`history`]);
 //! - re-exported from below: the one bounded wait ([`assert_eventually`],
@@ -27,6 +28,7 @@ mod frames;
 mod node;
 mod process;
 mod server;
+mod sse;
 mod tokens;
 
 pub use frames::{
@@ -40,4 +42,5 @@ pub use herald_redis::testing::{
 pub use node::{presence_config, CrashableNode, Node};
 pub use process::HeraldProcess;
 pub use server::{base_config, Resp, TestServer, API_KEY, API_KEY_2, JWT_SECRET};
+pub use sse::{SseEvent, SseOpen, SseStream};
 pub use tokens::{hs256_token, now_secs, user_token};

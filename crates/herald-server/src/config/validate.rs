@@ -5,6 +5,11 @@ use std::time::Duration;
 
 use super::{Config, EngineKind};
 
+/// The most channels `sse.max_channels` may allow: a stream's
+/// `Last-Event-ID` holds a position per channel, and browsers and proxies
+/// pass headers of a few kilobytes.
+const MAX_SSE_CHANNELS: usize = 64;
+
 impl Config {
     /// Check the whole configuration; the error is one line for the operator.
     pub fn validate(&self) -> Result<(), String> {
@@ -16,6 +21,12 @@ impl Config {
                 "personal.namespace `{}` is not a configured namespace",
                 self.personal.namespace
             ));
+        }
+        if !(1..=MAX_SSE_CHANNELS).contains(&self.sse.max_channels) {
+            return Err(format!("sse.max_channels must be 1..={MAX_SSE_CHANNELS}"));
+        }
+        if self.sse.retry.is_zero() {
+            return Err("sse.retry must be positive".into());
         }
         let h = &self.http;
         if h.max_connections < 16 {

@@ -18,7 +18,7 @@
 //! | `Head` | a request's first byte | `header_read_timeout` (after accept for the first request) |
 //! | `Busy` | headers complete (request dispatched) | none here: the body has `body_read_timeout` ([`body`]), handlers are bounded by the engine |
 //! | `Idle` | the response (on HTTP/2, the last of the requests in flight) | `keep_alive_timeout`, restarted while a response is still being written; on HTTP/2 bytes that start no request (pings, window updates) do not end it |
-//! | `Upgraded` | the 101 | none: the WebSocket session has its own pings and idle timeout |
+//! | `Upgraded` | the 101, or an HTTP/1.1 [`Streaming`] response (SSE) | none: the session has its own pings and idle timeout |
 //!
 //! hyper's own `header_read_timeout` is not used: its clock starts when hyper
 //! begins waiting for a head (at accept, and again right after each
@@ -34,6 +34,12 @@
 //! descriptors, and a new connection (a health check) always gets a place
 //! unless every place holds a request in progress, which the body and handler
 //! bounds end.
+//!
+//! A [`Streaming`] response (an SSE stream) is a session, counted under the
+//! session cap: on HTTP/1.1 its connection leaves this cap when the
+//! response starts, as an upgraded one does, and closes when the stream
+//! ends (`Connection: close`). On HTTP/2 the stream's request stays in
+//! flight until its body ends, so the connection is busy meanwhile.
 
 pub(crate) mod body;
 mod io;
@@ -105,10 +111,17 @@ pub(crate) struct Conn {
     epoch: Instant,
     /// Cancelled when the connection is evicted at the cap.
     evicted: CancellationToken,
+    /// The registry holding it (an HTTP/1.1 stream leaves it).
+    registry: std::sync::Weak<Connections>,
 }
 
+/// Marks a response that streams for as long as a session (an SSE stream):
+/// see the module docs.
+#[derive(Clone, Copy)]
+pub(crate) struct Streaming;
+
 impl Conn {
-    fn new(id: u64, epoch: Instant) -> Conn {
+    fn new(id: u64, epoch: Instant, registry: std::sync::Weak<Connections>) -> Conn {
         let c = Conn {
             id,
             phase: AtomicU8::new(Phase::Fresh as u8),
@@ -118,9 +131,28 @@ impl Conn {
             since_ms: AtomicU64::new(0),
             epoch,
             evicted: CancellationToken::new(),
+            registry,
         };
         c.restart_clock();
         c
+    }
+
+    /// A [`Streaming`] response is starting: on HTTP/1.1 the connection
+    /// is the session's from now on (out of this cap, no deadline, closed
+    /// after the stream); on HTTP/2 the request stays in flight until the
+    /// body ends.
+    fn start_stream(self: &Arc<Self>, resp: Response<axum::body::Body>) -> Response<axum::body::Body> {
+        if self.multiplexed.load(Ordering::Acquire) {
+            let conn = self.clone();
+            return resp.map(|inner| axum::body::Body::new(InFlight { inner, conn }));
+        }
+        self.end_request(true);
+        if let Some(registry) = self.registry.upgrade() {
+            registry.release(self.id);
+        }
+        let mut resp = resp;
+        resp.headers_mut().insert(axum::http::header::CONNECTION, HeaderValue::from_static("close"));
+        resp
     }
 
     fn phase(&self) -> Phase {
@@ -253,8 +285,9 @@ impl Connections {
 
     /// A place for a new connection, evicting another at the cap; `None`
     /// when every place holds a request in progress.
-    fn admit(&self) -> Option<Arc<Conn>> {
-        let conn = Arc::new(Conn::new(self.next_id.fetch_add(1, Ordering::Relaxed), self.epoch));
+    fn admit(self: &Arc<Self>) -> Option<Arc<Conn>> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn::new(id, self.epoch, Arc::downgrade(self)));
         let mut open = self.open.lock().expect("connection registry lock");
         if open.len() >= self.cap {
             let Some(victim) = victim(&open) else {
@@ -342,11 +375,50 @@ impl Future for TrackedResponse {
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
         let this = self.project();
-        let resp = std::task::ready!(this.answer.poll(cx))?;
+        let mut resp = std::task::ready!(this.answer.poll(cx))?;
         if let Some(conn) = this.conn.take() {
-            conn.end_request(resp.status() == StatusCode::SWITCHING_PROTOCOLS);
+            if resp.extensions().get::<Streaming>().is_some() {
+                resp = conn.start_stream(resp);
+            } else {
+                conn.end_request(resp.status() == StatusCode::SWITCHING_PROTOCOLS);
+            }
         }
         std::task::Poll::Ready(Ok(resp))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An HTTP/2 stream's body: its request is in flight until it is dropped.
+    struct InFlight {
+        #[pin]
+        inner: axum::body::Body,
+        conn: Arc<Conn>,
+    }
+
+    impl PinnedDrop for InFlight {
+        fn drop(this: Pin<&mut Self>) {
+            this.conn.end_request(false);
+        }
+    }
+}
+
+impl http_body::Body for InFlight {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
     }
 }
 

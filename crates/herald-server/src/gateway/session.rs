@@ -55,6 +55,8 @@ mod presence;
 mod read_gate;
 mod requests;
 mod server_side;
+mod socket;
+mod sse;
 mod subs;
 
 use channels::{ChannelTimers, Channels, LogDelivery, Registrations, Sub, Timers};
@@ -63,6 +65,7 @@ pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
 pub use crate::gateway::wire::Wire;
 pub(crate) use presence::new_client_id;
+pub use socket::{sse_pipe, Socket};
 
 // Handler futures are boxed where they are awaited: an async state machine
 // reserves room for its largest nested future, and every connection's task
@@ -95,7 +98,7 @@ pub struct Session {
     state: Arc<AppState>,
     identity: Identity,
     /// Its read side is polled only once it signalled (`session/read_gate.rs`).
-    ws: Ws,
+    ws: Socket,
     handle: ConnHandle,
     /// The subscriptions, their delivery and catch-up.
     chans: Channels,
@@ -128,7 +131,7 @@ impl Session {
     /// Build the session for an upgraded socket. Synchronous on purpose: the
     /// connection task then holds the `Session` once, not also the pieces it
     /// was made from (an async fn keeps its arguments alive in its future).
-    pub fn new(state: Arc<AppState>, ws: Ws, identity: Identity, conn_id: u64, wire: Wire) -> Self {
+    pub fn new(state: Arc<AppState>, ws: Socket, identity: Identity, conn_id: u64, wire: Wire) -> Self {
         let mailbox = Arc::new(Mailbox::new(state.config.websocket.outbox_capacity));
         state.sessions.add(conn_id, &mailbox);
         let handle = ConnHandle { id: conn_id, mailbox };
@@ -187,10 +190,14 @@ impl Session {
     }
 
     async fn run_loop(&mut self) -> SessionEnd {
-        if self.wire.identified_at_upgrade() {
+        if self.wire.starts_personal() {
             if let Err(end) = Box::pin(self.start_personal()).await {
                 return end;
             }
+        }
+        // What the session queued before it ran (an SSE stream's opening).
+        if self.ws.flush().await.is_err() {
+            return SessionEnd::Gone;
         }
         let mut period = self.tick_period();
         let mut tick = heartbeat(period);
@@ -330,7 +337,7 @@ impl Session {
 
     async fn on_tick(&mut self) -> Result<(), SessionEnd> {
         let heartbeat = &self.state.config.heartbeat;
-        if self.last_rx.elapsed() >= heartbeat.idle_timeout {
+        if self.wire.reads() && self.last_rx.elapsed() >= heartbeat.idle_timeout {
             return Err(SessionEnd::Close {
                 code: close::IDLE_TIMEOUT,
                 reason: "idle timeout",

@@ -16,7 +16,7 @@ use tokio_websockets::{Config, Limits, ServerBuilder};
 
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::gateway::session::{Session, Wire};
+use crate::gateway::session::{Session, Socket, Wire};
 use crate::state::AppState;
 
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -34,16 +34,42 @@ pub struct WsQuery {
     device: Option<String>,
 }
 
-fn authenticate(state: &AppState, headers: &HeaderMap, q: &WsQuery) -> Result<Identity, ApiError> {
-    if let Some(device) = &q.device {
+/// Who connects, from what the upgrade (or an SSE request) carries: a
+/// token (`Authorization: Bearer` or `?token=`), in dev mode `?user=`, and
+/// with neither the connect proxy's answer if one is configured.
+pub(crate) async fn identify(
+    state: &AppState,
+    headers: &HeaderMap,
+    token: Option<&str>,
+    user: Option<&str>,
+    device: Option<&str>,
+) -> Result<Identity, ApiError> {
+    let no_token = crate::auth::bearer(headers).is_none() && token.is_none();
+    match state.config.proxies.connect.as_ref() {
+        // No token and a connect proxy: the backend decides (proxies.rs).
+        Some(p) if no_token && user.is_none() => {
+            crate::integration::proxies::connect(state, p, headers, device).await
+        }
+        _ => authenticate(state, headers, token, user, device),
+    }
+}
+
+fn authenticate(
+    state: &AppState,
+    headers: &HeaderMap,
+    token: Option<&str>,
+    user: Option<&str>,
+    device: Option<&str>,
+) -> Result<Identity, ApiError> {
+    if let Some(device) = device {
         check_id(device).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`device` {e}")))?;
     }
     let bearer = crate::auth::bearer(headers);
-    if let Some(token) = bearer.or(q.token.as_deref()) {
-        return verify_token(state, token, q.device.as_deref());
+    if let Some(token) = bearer.or(token) {
+        return verify_token(state, token, device);
     }
-    match &q.user {
-        Some(user) if state.config.dev => dev_identity(user, q.device.as_deref()),
+    match user {
+        Some(user) if state.config.dev => dev_identity(user, device),
         Some(_) => Err(ApiError::new(
             ErrorCode::Forbidden,
             "token-less `?user=` connections are only accepted in --dev mode",
@@ -101,7 +127,7 @@ fn accept_key(headers: &HeaderMap) -> Result<String, ApiError> {
 pub struct ConnSlot(Arc<AppState>);
 
 impl ConnSlot {
-    fn acquire(state: &Arc<AppState>) -> Option<Self> {
+    pub(crate) fn acquire(state: &Arc<AppState>) -> Option<Self> {
         let prev = state.open_connections.fetch_add(1, Ordering::AcqRel);
         if prev >= state.max_connections {
             state.open_connections.fetch_sub(1, Ordering::AcqRel);
@@ -129,14 +155,8 @@ pub async fn upgrade(
         Ok(Query(q)) => q,
         Err(e) => return ApiError::new(ErrorCode::BadRequest, e.body_text()).into_response(),
     };
-    let no_token = crate::auth::bearer(req.headers()).is_none() && q.token.is_none();
-    let identity = match state.config.proxies.connect.as_ref() {
-        // No token and a connect proxy: the backend decides (proxies.rs).
-        Some(p) if no_token && q.user.is_none() => {
-            crate::integration::proxies::connect(&state, p, req.headers(), q.device.as_deref()).await
-        }
-        _ => authenticate(&state, req.headers(), &q),
-    };
+    let identity =
+        identify(&state, req.headers(), q.token.as_deref(), q.user.as_deref(), q.device.as_deref()).await;
     match identity {
         Ok(identity) => start_session(state, req, identity, Wire::Herald),
         Err(e) => e.into_response(),
@@ -198,7 +218,7 @@ pub(crate) fn start_session(
                     .limits(limits)
                     .config(Config::default().flush_threshold(WRITE_BATCH_BYTES))
                     .serve(TokioIo::new(upgraded));
-                let session = Session::new(task_state, ws, identity, conn_id, wire);
+                let session = Session::new(task_state, Socket::Ws(ws), identity, conn_id, wire);
                 session.run().await;
             }
             Err(e) => tracing::debug!(error = %e, "upgrade failed"),

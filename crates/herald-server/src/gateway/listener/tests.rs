@@ -11,13 +11,13 @@ async fn fires(conn: &Conn) -> (&'static str, Duration) {
 
 #[tokio::test(start_paused = true)]
 async fn a_silent_connection_times_out_at_the_header_read_timeout() {
-    let conn = Conn::new(1, Instant::now());
+    let conn = Conn::new(1, Instant::now(), std::sync::Weak::new());
     assert_eq!(fires(&conn).await, ("header_timeout", T.header_read));
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_first_head_is_timed_from_accept() {
-    let conn = Conn::new(1, Instant::now());
+    let conn = Conn::new(1, Instant::now(), std::sync::Weak::new());
     tokio::time::advance(Duration::from_secs(9)).await;
     conn.on_read();
     assert_eq!(fires(&conn).await, ("header_timeout", Duration::from_secs(1)));
@@ -25,7 +25,7 @@ async fn the_first_head_is_timed_from_accept() {
 
 #[tokio::test(start_paused = true)]
 async fn keep_alive_pauses_get_the_idle_timeout_and_the_next_head_its_own_clock() {
-    let conn = Conn::new(1, Instant::now());
+    let conn = Conn::new(1, Instant::now(), std::sync::Weak::new());
     conn.on_read();
     conn.begin_request();
     conn.end_request(false);
@@ -39,7 +39,7 @@ async fn keep_alive_pauses_get_the_idle_timeout_and_the_next_head_its_own_clock(
 
 #[tokio::test(start_paused = true)]
 async fn an_idle_connection_closes_at_the_idle_timeout_unless_its_answer_is_still_going_out() {
-    let conn = Conn::new(1, Instant::now());
+    let conn = Conn::new(1, Instant::now(), std::sync::Weak::new());
     conn.begin_request();
     conn.end_request(false);
     tokio::time::advance(Duration::from_secs(100)).await;
@@ -49,7 +49,7 @@ async fn an_idle_connection_closes_at_the_idle_timeout_unless_its_answer_is_stil
 
 #[tokio::test(start_paused = true)]
 async fn busy_and_upgraded_connections_have_no_deadline_here() {
-    let conn = Conn::new(1, Instant::now());
+    let conn = Conn::new(1, Instant::now(), std::sync::Weak::new());
     conn.begin_request();
     conn.on_read(); // body bytes
     assert!(tokio::time::timeout(Duration::from_secs(3600), watchdog(&conn, &T)).await.is_err());
@@ -61,7 +61,7 @@ async fn busy_and_upgraded_connections_have_no_deadline_here() {
 #[tokio::test(start_paused = true)]
 async fn the_victim_is_the_oldest_unserved_then_the_oldest_idle_never_a_busy_one() {
     let epoch = Instant::now();
-    let mk = |id: u64| Arc::new(Conn::new(id, epoch));
+    let mk = |id: u64| Arc::new(Conn::new(id, epoch, std::sync::Weak::new()));
     let (busy, idle, head, fresh) = (mk(1), mk(2), mk(3), mk(4));
     busy.begin_request();
     idle.begin_request();
@@ -83,7 +83,7 @@ fn the_registry_evicts_at_the_cap_and_rejects_when_all_are_busy() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     rt.block_on(async {
         let metrics = Arc::new(Metrics::default());
-        let conns = Connections::new(2, metrics.clone());
+        let conns = Arc::new(Connections::new(2, metrics.clone()));
         let a = conns.admit().unwrap();
         let b = conns.admit().unwrap();
         b.begin_request();

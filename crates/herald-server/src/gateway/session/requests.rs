@@ -81,7 +81,7 @@ impl Session {
         );
         let mut result = self.start_subscription(req, channel, since, ns).await;
         if let Ok(ok) = &mut result {
-            if ns.presence && !room_closed {
+            if ns.presence && !room_closed && self.wire.joins_presence() {
                 if let Err(e) = self.join_presence(channel, ok, presence).await {
                     result = Err(e);
                 }
@@ -188,15 +188,17 @@ impl Session {
         // resubscribe acknowledges everything up to its offset, and
         // delivery has no window and no redelivery timers
         // (docs/centrifugo.md).
-        let opts = if self.wire.acks() == Acks::RecoverOffset {
-            let claimed = since.filter(|_| !start.epoch_changed).map_or(0, |s| s.seq);
-            if claimed > start.stored {
-                state.engine.ack(channel, &subscriber, claimed).await.map_err(ack_error)?;
-                state.metrics.acks.inc();
+        let opts = match self.wire.acks() {
+            Acks::RecoverOffset => {
+                let claimed = since.filter(|_| !start.epoch_changed).map_or(0, |s| s.seq);
+                if claimed > start.stored {
+                    state.engine.ack(channel, &subscriber, claimed).await.map_err(ack_error)?;
+                    state.metrics.acks.inc();
+                }
+                None
             }
-            None
-        } else {
-            Some(AckOpts::from(ns))
+            Acks::Never => None,
+            Acks::Frames => Some(AckOpts::from(ns)),
         };
         self.begin_delivery(&mut ok, channel, &start, Some(subscriber), opts);
         ok.cursor = Some(start.stored);

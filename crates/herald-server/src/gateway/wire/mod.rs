@@ -4,7 +4,9 @@
 //!
 //! - `herald.rs`: Herald's JSON protocol (`/ws`, docs/protocol.md);
 //! - `centrifugo/`: Centrifugo's client protocol v2, JSON and Protobuf
-//!   (`/connection/websocket`, docs/centrifugo.md), with its upgrade.
+//!   (`/connection/websocket`, docs/centrifugo.md), with its upgrade;
+//! - `sse.rs`: Server-Sent Events (`GET /sse`, docs/sse.md), write only:
+//!   no commands, no acks; ids that name the stream's positions.
 //!
 //! The session (`gateway::session`) keeps every delivery state and never
 //! asks which wire it speaks: it hands a read frame to [`Wire::decode`],
@@ -35,6 +37,7 @@ use crate::metrics::Protocol;
 
 pub(crate) mod centrifugo;
 mod herald;
+pub(crate) mod sse;
 
 /// The encoded forms of live messages the wires claim (see `hub::FORMS`).
 const CENTRIFUGO_JSON: Form = Form::new(0);
@@ -49,6 +52,8 @@ pub enum Wire {
     CentrifugoJson(Box<centrifugo::Conn>),
     /// The same, Protobuf (`/connection/websocket`, negotiated).
     CentrifugoProtobuf(Box<centrifugo::Conn>),
+    /// Server-Sent Events (`/sse`): write only.
+    Sse(Box<sse::Conn>),
 }
 
 /// One command decoded from a frame, in its wire's vocabulary; the session
@@ -93,6 +98,10 @@ pub enum Acks {
     Frames,
     /// By the recover offset of a resubscribe: no window, no redelivery.
     RecoverOffset,
+    /// Not at all (a read-only stream): delivery starts after the stored
+    /// cursor or the given position, with no window and no redelivery,
+    /// and the cursor never moves.
+    Never,
 }
 
 impl Wire {
@@ -101,13 +110,28 @@ impl Wire {
             Wire::Herald => Protocol::Herald,
             Wire::CentrifugoJson(_) => Protocol::Centrifugo,
             Wire::CentrifugoProtobuf(_) => Protocol::CentrifugoProtobuf,
+            Wire::Sse(_) => Protocol::Sse,
         }
     }
 
-    /// Whether the connection's identity is known at the upgrade (`/ws`),
-    /// or set by a command (Centrifugo's `connect`).
-    pub fn identified_at_upgrade(&self) -> bool {
+    /// Whether the session subscribes the personal channel as it starts
+    /// (`/ws`: its identity is known at the upgrade; Centrifugo's comes
+    /// with `connect`, and an SSE stream has exactly the channels it named).
+    pub fn starts_personal(&self) -> bool {
         matches!(self, Wire::Herald)
+    }
+
+    /// Whether the peer sends anything: an SSE stream's reader never does,
+    /// so it is not timed out for silence (a failed write ends it).
+    pub fn reads(&self) -> bool {
+        !matches!(self, Wire::Sse(_))
+    }
+
+    /// Whether a subscription of a presence channel makes the connection
+    /// a member (an SSE reader is not: it cannot answer the pings a lapsed
+    /// lease waits for).
+    pub fn joins_presence(&self) -> bool {
+        !matches!(self, Wire::Sse(_))
     }
 
     /// The commands of a data frame (text or binary) read from the socket.
@@ -116,6 +140,8 @@ impl Wire {
             Wire::Herald => Commands::One(Some(herald::decode(msg))),
             Wire::CentrifugoJson(_) => centrifugo::decode_json(msg),
             Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::decode(msg),
+            // Its socket yields no frames.
+            Wire::Sse(_) => Commands::One(None),
         }
     }
 
@@ -123,28 +149,31 @@ impl Wire {
     pub fn frame(&self, bytes: Bytes) -> WsMessage {
         match self {
             Wire::Herald | Wire::CentrifugoJson(_) => WsMessage::text(bytes),
-            Wire::CentrifugoProtobuf(_) => WsMessage::binary(bytes),
+            // The stream writes the payload as it is (`session::Socket`).
+            Wire::CentrifugoProtobuf(_) | Wire::Sse(_) => WsMessage::binary(bytes),
         }
     }
 
     /// A message or presence frame as this wire sends it; `None` if a
     /// stored frame does not read (logged, skipped).
-    pub fn message(&self, msg: &Message) -> Option<Bytes> {
+    pub fn message(&mut self, msg: &Message) -> Option<Bytes> {
         match self {
             Wire::Herald => Some(msg.frame.clone()),
             Wire::CentrifugoJson(_) => centrifugo::push_json(msg),
             Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::push(msg),
+            Wire::Sse(c) => Some(c.message(msg)),
         }
     }
 
     /// A live message from the outbox: as `message`, a form other than the
     /// stored frame made once per message on this node, not once per
-    /// subscriber.
-    pub fn outgoing(&self, out: &Outgoing) -> Option<Bytes> {
+    /// subscriber (an SSE event's id is the stream's own: made per stream).
+    pub fn outgoing(&mut self, out: &Outgoing) -> Option<Bytes> {
         match self {
             Wire::Herald => Some(out.msg.frame.clone()),
             Wire::CentrifugoJson(_) => out.encoded(CENTRIFUGO_JSON, centrifugo::push_json),
             Wire::CentrifugoProtobuf(_) => out.encoded(CENTRIFUGO_PROTOBUF, centrifugo::protobuf::push),
+            Wire::Sse(c) => Some(c.message(&out.msg)),
         }
     }
 
@@ -154,6 +183,9 @@ impl Wire {
             Wire::Herald => herald_proto::encode_unsubscribed(channel, reason),
             Wire::CentrifugoJson(_) => centrifugo::unsubscribed(channel, reason).encode(),
             Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::unsubscribed(channel, reason),
+            Wire::Sse(_) => {
+                sse::event(Some("unsubscribed"), None, &herald_proto::encode_unsubscribed(channel, reason))
+            }
         }
     }
 
@@ -163,6 +195,7 @@ impl Wire {
             Wire::Herald => err.frame(req, channel),
             Wire::CentrifugoJson(_) => centrifugo::error(err, req).encode(),
             Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::reply(&centrifugo::error(err, req)),
+            Wire::Sse(_) => sse::event(Some("error"), None, &err.frame(req, channel)),
         }
     }
 
@@ -171,7 +204,8 @@ impl Wire {
     pub fn reply(&self, reply: &Reply<'_>) -> Vec<u8> {
         match self {
             Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::reply(reply),
-            Wire::Herald | Wire::CentrifugoJson(_) => reply.encode(),
+            // Nothing sends SSE a command to reply to.
+            Wire::Herald | Wire::CentrifugoJson(_) | Wire::Sse(_) => reply.encode(),
         }
     }
 
@@ -184,7 +218,8 @@ impl Wire {
         receipt: &Receipt,
     ) {
         match self {
-            Wire::Herald => herald::push_published(out, req, channel, receipt),
+            // Nothing publishes on an SSE stream.
+            Wire::Herald | Wire::Sse(_) => herald::push_published(out, req, channel, receipt),
             Wire::CentrifugoJson(_) => out.extend_from_slice(&centrifugo::published(req).encode()),
             Wire::CentrifugoProtobuf(_) => {
                 herald_proto::centrifugo_pb::append_reply(out, &centrifugo::published(req))
@@ -198,6 +233,12 @@ impl Wire {
     pub fn close(&self, code: u16, reason: &str, reconnect: bool) -> (Option<Vec<u8>>, u16) {
         match self {
             Wire::Herald => (Some(herald::disconnect(code, reason, reconnect)), code),
+            // The stream's last event; the response then ends (the browser
+            // reconnects after `retry:` whatever it says).
+            Wire::Sse(_) => (
+                Some(sse::event(Some("disconnect"), None, &herald::disconnect(code, reason, reconnect))),
+                code,
+            ),
             // The close code alone says it.
             Wire::CentrifugoJson(_) | Wire::CentrifugoProtobuf(_) => {
                 (None, herald_proto::centrifugo::disconnect_of(code))
@@ -210,7 +251,8 @@ impl Wire {
     /// the connection has waited too long for its handshake.
     pub fn ping(&mut self, payload: Bytes, idle_timeout: Duration) -> Result<WsMessage, &'static str> {
         match self {
-            Wire::Herald => Ok(WsMessage::ping(payload)),
+            // An SSE stream writes a comment line for it.
+            Wire::Herald | Wire::Sse(_) => Ok(WsMessage::ping(payload)),
             Wire::CentrifugoJson(c) => c.ping(payload, idle_timeout, centrifugo::ping_json),
             Wire::CentrifugoProtobuf(c) => c.ping(payload, idle_timeout, centrifugo::protobuf::ping),
         }
@@ -221,14 +263,23 @@ impl Wire {
         match self {
             Wire::Herald => Acks::Frames,
             Wire::CentrifugoJson(_) | Wire::CentrifugoProtobuf(_) => Acks::RecoverOffset,
+            Wire::Sse(_) => Acks::Never,
         }
     }
 
     /// The Centrifugo connection state (`None` on other wires).
     pub fn centrifugo(&mut self) -> Option<&mut centrifugo::Conn> {
         match self {
-            Wire::Herald => None,
+            Wire::Herald | Wire::Sse(_) => None,
             Wire::CentrifugoJson(c) | Wire::CentrifugoProtobuf(c) => Some(c),
+        }
+    }
+
+    /// The SSE stream's state (`None` on other wires).
+    pub fn sse(&mut self) -> Option<&mut sse::Conn> {
+        match self {
+            Wire::Sse(c) => Some(c),
+            _ => None,
         }
     }
 
