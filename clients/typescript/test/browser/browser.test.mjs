@@ -1,7 +1,9 @@
 // In a real browser: Debian's headless Chromium driven by puppeteer-core.
 // A test page on the bundle the console ships resumes across a server
-// crash; the console page loads, connects and shows a published message
-// (screenshot in target/test-artifacts/console.png).
+// crash; a page with the browser's own EventSource resumes two channels
+// across a kill -9 through Last-Event-ID; the console page loads,
+// connects and shows a published message (screenshot in
+// target/test-artifacts/console.png).
 import assert from 'node:assert/strict';
 import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { createServer } from 'node:http';
@@ -26,6 +28,7 @@ before(async () => {
   // The test page and the console's bundle, from another origin than Herald.
   const files = {
     '/page.html': ['text/html', readFileSync(join(import.meta.dirname, 'page.html'))],
+    '/sse.html': ['text/html', readFileSync(join(import.meta.dirname, 'sse.html'))],
     '/herald-client.js': ['text/javascript', readFileSync(join(repo, 'crates/herald-server/console/herald-client.js'))],
   };
   const port = await freePort();
@@ -80,6 +83,42 @@ test('in Chromium: subscribe, receive, server killed and restarted, resume: the 
   assert.deepEqual(seqs, Array.from({ length: 25 }, (_, i) => i + 1), 'every seq once, in order');
   assert.ok((await page.evaluate('window.connects')) >= 2, 'it reconnected');
   assert.deepEqual(await page.evaluate('window.events'), []);
+  assert.deepEqual(errors, []);
+  await page.close();
+});
+
+test('in Chromium: EventSource on two channels, server killed with -9 and restarted, publishes in between: every message once, in order', async () => {
+  const api = new HeraldServer({ url: herald.url, apiKey: API_KEY });
+  const page = await browser.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(String(e)));
+  await page.goto(`${pagesUrl}/sse.html?server=${encodeURIComponent(herald.url)}`);
+  await page.waitForFunction('window.ready === true', WAIT);
+
+  const publish = async (from, to) => {
+    for (let n = from; n <= to; n++) {
+      await api.publish('chat:sse-a', { n });
+      await api.publish('chat:sse-b', { n });
+    }
+  };
+  await publish(1, 10);
+  await page.waitForFunction('window.got.length >= 20', WAIT);
+  await herald.kill();
+  await page.waitForFunction('window.events.readyState !== EventSource.OPEN', WAIT);
+  await herald.start();
+  // Before the browser's reconnect (retry: 2 s) and after it.
+  await publish(11, 20);
+  await page.waitForFunction('window.opens >= 2', WAIT);
+  await publish(21, 25);
+  await page.waitForFunction('window.got.length >= 50', WAIT);
+
+  const got = await page.evaluate('window.got');
+  for (const channel of ['chat:sse-a', 'chat:sse-b']) {
+    const mine = got.filter((m) => m.channel === channel);
+    assert.deepEqual(mine.map((m) => m.seq), Array.from({ length: 25 }, (_, i) => i + 1), `${channel}: every seq once, in order`);
+    assert.deepEqual(mine.map((m) => m.data.n), Array.from({ length: 25 }, (_, i) => i + 1));
+  }
+  assert.equal(got.length, 50, 'nothing doubled');
   assert.deepEqual(errors, []);
   await page.close();
 });
