@@ -46,11 +46,11 @@ start_server() {
   log=$SERVER_DIR/server.log
   PEER_ARGS=(--peer "$name")
   case $name in
-    herald|herald-chat|herald-live|herald-chat-pb|herald-live-pb|herald-chat-json|herald-live-json)
+    herald|herald-chat|herald-live|herald-chat-pb|herald-live-pb|herald-chat-json|herald-live-json|herald-chat-sse|herald-live-sse)
       # herald-chat / herald-live: the same server; bench/run.sh puts the
       # bench channels on `chat:` (durable) or `live:` (volatile); the
       # `-pb` and `-json` ones have their subscribers on the Centrifugo
-      # endpoint's Protobuf or JSON wire.
+      # endpoint's Protobuf or JSON wire, the `-sse` ones on /sse streams.
       PEER_ARGS=(--peer herald --dev)
       HERALD_LOG=warn HERALD_DRAIN_PERIOD=0s "$HERALD" serve --dev --config "$ROOT/bench/herald.toml" --data-dir "$SERVER_DIR/data" \
         --listen "127.0.0.1:$HERALD_PORT" >"$log" 2>&1 &

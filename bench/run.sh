@@ -12,7 +12,8 @@
 #   socketioxide may be added, and herald-chat-pb / herald-live-pb: the
 #   same with the p2p and fan-out subscribers on the Centrifugo endpoint's
 #   Protobuf wire, `--wire centrifugo-protobuf`, and herald-chat-json /
-#   herald-live-json on its JSON wire), scenarios "p2p fanout idle publish":
+#   herald-live-json on its JSON wire, herald-chat-sse / herald-live-sse
+#   on Server-Sent Events streams, `--wire sse`), scenarios "p2p fanout idle publish":
 #   p2p and fanout with pipelined WebSocket publishers (--publish-via ws),
 #   idle (Herald on `chat:`), HTTP publish (Herald only). Medians of
 #   --reps (default 2), Herald/NATS ratios, and the targets.
@@ -139,6 +140,11 @@ runs() {
   if [ "${server%-pb}" != "$server" ] || [ "${server%-json}" != "$server" ]; then
     case $scenario in p2p|fanout) return 0 ;; *) return 1 ;; esac
   fi
+  # SSE streams: where subscribers receive, and an idle stream's cost.
+  if [ "${server%-sse}" != "$server" ]; then
+    case $scenario in p2p|fanout) return 0 ;; idle) [ "$server" = herald-chat-sse ] ;; *) return 1 ;; esac
+    return
+  fi
   case $SUITE/$scenario in
     */reconnect|*/acked) [ "$server" = herald ] ;;
     # One connection's idle cost does not depend on the namespace.
@@ -158,6 +164,8 @@ scenario_args() {
     herald-live-pb) echo -n "--namespace live --wire centrifugo-protobuf " ;;
     herald-chat-json) echo -n "--namespace chat --wire centrifugo-json " ;;
     herald-live-json) echo -n "--namespace live --wire centrifugo-json " ;;
+    herald-chat-sse) echo -n "--namespace chat --wire sse " ;;
+    herald-live-sse) echo -n "--namespace live --wire sse " ;;
   esac
   case $SUITE/$scenario in
     hot/*) echo -n "--timeout $TIMEOUT " ;;

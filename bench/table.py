@@ -133,7 +133,8 @@ def column(run):
     """The hot table's column of a run: Herald per namespace, peers by name."""
     if run["peer"] != "herald":
         return run["peer"]
-    wire = {"centrifugo-protobuf": " protobuf", "centrifugo-json": " centrifugo json"}.get(run.get("wire"), "")
+    wire = {"centrifugo-protobuf": " protobuf", "centrifugo-json": " centrifugo json", "sse": " sse"}.get(
+        run.get("wire"), "")
     return f"herald {run.get('namespace') or 'chat'}:{wire}"
 
 

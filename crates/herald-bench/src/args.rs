@@ -93,6 +93,9 @@ pub enum SubWire {
     /// Centrifugo's client protocol, Protobuf encoding, on
     /// `/connection/websocket` (the phone SDKs' wire)
     CentrifugoProtobuf,
+    /// Server-Sent Events on `/sse` (read only: acked channels are not
+    /// acknowledged)
+    Sse,
 }
 
 impl SubWire {
@@ -101,6 +104,7 @@ impl SubWire {
             SubWire::Herald => "herald",
             SubWire::CentrifugoJson => "centrifugo-json",
             SubWire::CentrifugoProtobuf => "centrifugo-protobuf",
+            SubWire::Sse => "sse",
         }
     }
 }
@@ -231,7 +235,8 @@ pub struct BenchArgs {
     /// or over pipelined WebSocket connections
     #[arg(long, value_enum, default_value_t = PublishVia::Http)]
     pub publish_via: PublishVia,
-    /// `--peer herald`, fanout and p2p: the wire the subscribers speak
+    /// `--peer herald`, fanout and p2p (and idle, `sse`): the wire the
+    /// subscribers speak
     #[arg(long, value_enum, default_value_t = SubWire::Herald)]
     pub wire: SubWire,
     /// `--publish-via ws`: most unacknowledged publishes per connection
@@ -365,8 +370,9 @@ impl BenchArgs {
         }
         if self.wire != SubWire::Herald
             && (self.peer != Peer::Herald || !matches!(self.scenario, Scenario::Fanout | Scenario::P2p))
+            && !(self.wire == SubWire::Sse && self.peer == Peer::Herald && self.scenario == Scenario::Idle)
         {
-            bail!("--wire applies to `--peer herald` fanout and p2p subscribers");
+            bail!("--wire applies to `--peer herald` fanout and p2p subscribers (and `--wire sse` to idle)");
         }
         if self.scenario == Scenario::Scheduled && self.peer != Peer::Herald {
             bail!("`scheduled` runs against Herald only: the peers have no scheduled delivery");

@@ -115,14 +115,19 @@ pub fn decode(msg: &Message, pending: &mut VecDeque<Incoming>) -> anyhow::Result
     if !msg.is_text() {
         bail!("binary frame from Herald: {}", clip(bytes));
     }
+    decode_bytes(bytes, pending)?;
+    Ok(None)
+}
+
+/// Decode one Herald frame (a `/ws` text frame, an SSE event's data).
+pub fn decode_bytes(bytes: &[u8], pending: &mut VecDeque<Incoming>) -> anyhow::Result<()> {
     if let Some((stamp, seq)) = read_delivery(bytes) {
         pending.push_back(Incoming::Delivery { stamp, seq, redelivered: false });
-        return Ok(None);
+        return Ok(());
     }
     let f: Frame<'_> =
         serde_json::from_slice(bytes).with_context(|| format!("not a Herald frame: {}", clip(bytes)))?;
-    decode_frame(f, bytes, pending)?;
-    Ok(None)
+    decode_frame(f, bytes, pending)
 }
 
 /// A first delivery of a bench payload, read directly in the one shape

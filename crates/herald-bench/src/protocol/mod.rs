@@ -9,7 +9,9 @@
 //!   socketioxide peers);
 //! - [`nats`]: the NATS text protocol over the WebSocket listener;
 //! - [`centrifugo`]: Herald's Centrifugo endpoint, Protobuf wire
-//!   (`--wire centrifugo-protobuf`).
+//!   (`--wire centrifugo-protobuf`);
+//! - [`sse`]: Herald's Server-Sent Events stream (`--wire sse`), the one
+//!   subscriber that is not a WebSocket.
 //!
 //! The connection is built on tokio-websockets over a [`TcpSocket`] bound to
 //! the worker's source address (herald-client's `Connection` cannot choose
@@ -21,6 +23,7 @@ pub mod herald;
 pub mod nats;
 pub mod plain_ws;
 pub mod socketio;
+pub mod sse;
 
 use std::collections::VecDeque;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -113,9 +116,17 @@ pub enum Incoming {
     Acked { seq: u64 },
 }
 
+/// What a subscriber reads from. Unboxed: each connection holds one, and
+/// the WebSocket, the larger, is the common one.
+#[allow(clippy::large_enum_variant)]
+enum Transport {
+    Ws(Ws),
+    Sse(sse::SseConn),
+}
+
 /// One subscribed connection.
 pub struct SubConn {
-    ws: Ws,
+    transport: Transport,
     codec: Codec,
     pending: VecDeque<Incoming>,
     /// Herald acked channels: batches the acks.
@@ -145,6 +156,13 @@ impl SubConn {
     ) -> anyhow::Result<(SubConn, Subscribed)> {
         // One deadline for every step, so a timeout names the step that hung.
         let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+        if ep.peer == Peer::Herald && ep.wire == SubWire::Sse {
+            let mut pending = VecDeque::new();
+            let (conn, subscribed) =
+                sse::open(ep, source, user, channel, resume, &mut pending, deadline).await?;
+            let transport = Transport::Sse(conn);
+            return Ok((SubConn { transport, codec: Codec::Herald, pending, acker: None }, subscribed));
+        }
         let path = match ep.peer {
             Peer::Herald if ep.wire == SubWire::CentrifugoJson => centrifugo_json::path(&ep.auth, user),
             Peer::Herald if ep.wire == SubWire::CentrifugoProtobuf => centrifugo::path(&ep.auth, user),
@@ -179,7 +197,7 @@ impl SubConn {
             }
         };
         let acker = subscribed.acked.then(|| herald::Acker::new(channel));
-        Ok((SubConn { ws, codec, pending, acker }, subscribed))
+        Ok((SubConn { transport: Transport::Ws(ws), codec, pending, acker }, subscribed))
     }
 
     /// The next event; `Ok(None)` when the connection ended. Control frames
@@ -195,16 +213,25 @@ impl SubConn {
                 }
                 return Ok(Some(ev));
             }
+            let ws = match &mut self.transport {
+                Transport::Ws(ws) => ws,
+                Transport::Sse(sse) => {
+                    if !sse.read(&mut self.pending).await? {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+            };
             if let Some((seq, ack)) = self.acker.as_mut().and_then(herald::Acker::take_if_full) {
-                self.ws.send(ack).await.context("WebSocket write failed")?;
+                ws.send(ack).await.context("WebSocket write failed")?;
                 return Ok(Some(Incoming::Acked { seq }));
             }
             let due = self.acker.as_ref().and_then(herald::Acker::due);
             let next = tokio::select! {
-                next = self.ws.next() => next,
+                next = ws.next() => next,
                 () = sleep_until_opt(due) => {
                     if let Some((seq, ack)) = self.acker.as_mut().and_then(herald::Acker::take) {
-                        self.ws.send(ack).await.context("WebSocket write failed")?;
+                        ws.send(ack).await.context("WebSocket write failed")?;
                         return Ok(Some(Incoming::Acked { seq }));
                     }
                     continue;
@@ -228,14 +255,16 @@ impl SubConn {
                 Codec::Nats(parser) => parser.feed(msg.as_payload(), &mut self.pending)?,
             };
             if let Some(reply) = reply {
-                self.ws.send(reply).await.context("WebSocket write failed")?;
+                ws.send(reply).await.context("WebSocket write failed")?;
             }
         }
     }
 
     /// Close politely, bounded: the worker is about to exit anyway.
-    pub async fn close(mut self) {
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.ws.close()).await;
+    pub async fn close(self) {
+        if let Transport::Ws(mut ws) = self.transport {
+            let _ = tokio::time::timeout(Duration::from_secs(1), ws.close()).await;
+        }
     }
 }
 
@@ -246,15 +275,7 @@ pub(crate) async fn connect(
     path: &str,
     deadline: Instant,
 ) -> anyhow::Result<Ws> {
-    let socket = TcpSocket::new_v4().context("cannot create a socket")?;
-    if let Some(ip) = source {
-        socket.bind(SocketAddr::new(ip.into(), 0)).with_context(|| format!("cannot bind to {ip}"))?;
-    }
-    let stream = tokio::time::timeout_at(deadline, socket.connect(ep.addr))
-        .await
-        .map_err(|_| anyhow!("TCP connect to {} timed out", ep.addr))?
-        .with_context(|| format!("cannot connect to {}", ep.addr))?;
-    stream.set_nodelay(true)?;
+    let stream = tcp_connect(ep, source, deadline).await?;
     let uri = format!("ws://{}{}", ep.authority, path);
     let uri: http::Uri = uri.parse().with_context(|| format!("bad WebSocket URI {uri}"))?;
     // A bench payload is small; the limit only guards against a broken peer.
@@ -265,6 +286,24 @@ pub(crate) async fn connect(
         .map_err(|_| anyhow!("no answer to the WebSocket upgrade"))?
         .context("WebSocket upgrade failed")?;
     Ok(ws)
+}
+
+/// TCP connect to the endpoint from `source`.
+pub(crate) async fn tcp_connect(
+    ep: &Endpoint,
+    source: Option<Ipv4Addr>,
+    deadline: Instant,
+) -> anyhow::Result<TcpStream> {
+    let socket = TcpSocket::new_v4().context("cannot create a socket")?;
+    if let Some(ip) = source {
+        socket.bind(SocketAddr::new(ip.into(), 0)).with_context(|| format!("cannot bind to {ip}"))?;
+    }
+    let stream = tokio::time::timeout_at(deadline, socket.connect(ep.addr))
+        .await
+        .map_err(|_| anyhow!("TCP connect to {} timed out", ep.addr))?
+        .with_context(|| format!("cannot connect to {}", ep.addr))?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
 }
 
 /// Read the next data frame (text or binary) within the handshake deadline,
