@@ -257,7 +257,10 @@ async fn watchdog(conn: &Conn, t: &Timeouts) -> &'static str {
         match conn.deadline(t) {
             Some((at, reason)) if Instant::now() >= at => return reason,
             Some((at, _)) => tokio::time::sleep_until(at).await,
-            // Busy or upgraded: nothing to enforce now; look again later.
+            // Upgraded (or streaming) for good: nothing left to enforce, and
+            // no timer per session.
+            None if conn.upgraded() => std::future::pending().await,
+            // Busy: nothing to enforce now; look again later.
             None => tokio::time::sleep(t.header_read).await,
         }
     }
