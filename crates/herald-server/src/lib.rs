@@ -17,7 +17,8 @@
 //!    (presence and room transitions), [`hub`] (fan-out, the mailboxes,
 //!    the byte ceiling, the session registry), and `config`, `error`,
 //!    [`metrics`], [`auth`], [`browser`], [`reload`] (live configuration
-//!    changes). These may name each other.
+//!    changes), [`trace`] (trace spans' target and W3C trace context).
+//!    These may name each other.
 //! 2. `integration` (webhooks, backend proxies) and `jobs` (the
 //!    scheduler, the room keeper): the work done beside requests.
 //! 3. `api` (the HTTP API, a module per resource) and `gateway` (the
@@ -44,6 +45,7 @@ mod publish;
 pub mod reload;
 mod rooms;
 mod state;
+pub mod trace;
 
 use std::future::Future;
 use std::net::SocketAddr;

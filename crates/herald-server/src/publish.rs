@@ -13,6 +13,7 @@ use herald_core::{AppendRequest, Dedup, NamespaceOptions, Receipt};
 use herald_proto::{check_data, ChannelName, ErrorCode, Meta};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
+use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -210,8 +211,9 @@ impl AppState {
             slots.push(slot);
         }
         let started = Instant::now();
+        let span = tracing::trace_span!(target: crate::trace::TARGET, "herald.append", messages = reqs.len());
         let mut results: Vec<Option<Result<Receipt, herald_core::EngineError>>> =
-            self.engine.append_batch(reqs).await.into_iter().map(Some).collect();
+            self.engine.append_batch(reqs).instrument(span).await.into_iter().map(Some).collect();
         drop(guards);
         slots
             .into_iter()
@@ -295,7 +297,8 @@ impl AppState {
         self.webhooks.ensure(&*self.engine, ns, &p.channel).await?;
         let started = Instant::now();
         let req = self.request(ns, p);
-        let result = self.engine.append(req).await;
+        let span = tracing::trace_span!(target: crate::trace::TARGET, "herald.append", messages = 1);
+        let result = self.engine.append(req).instrument(span).await;
         self.account(result, started)
     }
 }

@@ -2,6 +2,7 @@
 
 mod cli;
 mod config_load;
+mod otel;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -63,7 +64,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(config_load::EXIT_CONFIG as u8);
                 }
             };
-            init_tracing();
+            let _traces = init_tracing();
             if let Some(file) = config_load::config_file(&flags) {
                 tracing::info!(file = %file.display(), "configuration file read");
             }
@@ -96,21 +97,34 @@ fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> Exit
     }
 }
 
-fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
+/// Logs to stderr (`HERALD_LOG`, `HERALD_LOG_FORMAT`), and traces over OTLP
+/// when the environment asks for them (`otel.rs`): the provider returned
+/// is flushed when dropped.
+fn init_tracing() -> Option<otel::Traces> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer, Registry};
     // The storage library's own info lines (ingestion, flushes) are noise at
     // the default level.
     let filter = EnvFilter::try_from_env("HERALD_LOG")
         .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
     let json = std::env::var("HERALD_LOG_FORMAT").is_ok_and(|v| v == "json");
     // Logs go to stderr; stdout carries only the connect banner.
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
+    let fmt = tracing_subscriber::fmt::layer().with_target(false).with_writer(std::io::stderr);
+    let fmt: Box<dyn Layer<Registry> + Send + Sync> = if json { fmt.json().boxed() } else { fmt.boxed() };
+    let (otel, traces) = match otel::layer() {
+        Ok(Some((layer, traces))) => (Some(layer), Some(traces)),
+        Ok(None) => (None, None),
+        Err(e) => {
+            eprintln!("herald: traces are off: {e}");
+            (None, None)
+        }
+    };
+    tracing_subscriber::registry().with(fmt.with_filter(filter)).with(otel).init();
+    if traces.is_some() {
+        tracing::info!("traces: exporting over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)");
     }
+    traces
 }
 
 async fn serve(config: herald_server::Config, flags: ServeFlags) -> anyhow::Result<()> {

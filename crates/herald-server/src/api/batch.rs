@@ -28,6 +28,7 @@ use herald_proto::{
     ChannelName, ErrorCode, ItemError, MessageItem, MessageResult, MessagesBody, MessagesReply, Meta,
 };
 use serde_json::value::RawValue;
+use tracing::Instrument;
 
 use super::{json_response, messages, scheduled, St};
 use crate::api::extract::{parse_channel, ApiKey, Body, IdempotencyKey};
@@ -35,6 +36,7 @@ use crate::api::messages::Targets;
 use crate::error::ApiError;
 use crate::publish::{fingerprint, validate_idempotency_key, Publish, ScopedKey};
 use crate::state::AppState;
+use crate::trace::TraceParent;
 
 /// A message checked and ready: appended now (in the one submission), or
 /// after it (a keyed message to several channels, or a schedule).
@@ -58,6 +60,22 @@ struct Later<'a> {
 
 /// `POST /api/v1/messages`
 pub async fn publish_messages(
+    state: St,
+    key_scope: ApiKey,
+    TraceParent(tp): TraceParent,
+    header_key: Result<IdempotencyKey, ApiError>,
+    body: Body<MessagesBody>,
+) -> Result<Response, ApiError> {
+    let span = tracing::trace_span!(
+        target: crate::trace::TARGET,
+        "herald.publish",
+        messages = body.0.messages.len(),
+    );
+    crate::trace::continue_from(&span, tp.as_ref());
+    publish_messages_in(state, key_scope, header_key, body).instrument(span).await
+}
+
+async fn publish_messages_in(
     State(state): St,
     ApiKey(scope): ApiKey,
     header_key: Result<IdempotencyKey, ApiError>,

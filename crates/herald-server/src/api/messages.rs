@@ -11,12 +11,14 @@ use herald_proto::{
     ItemError, Meta, PublishBody, Published, StoredFrame,
 };
 use serde_json::value::RawValue;
+use tracing::Instrument;
 
 use super::{json_bytes_response, json_response, scheduled, St};
 use crate::api::extract::{page_limit, parse_channel, ApiKey, Body, Chan, IdempotencyKey, Q};
 use crate::error::ApiError;
 use crate::publish::{fingerprint, Publish, ScopedKey};
 use crate::state::AppState;
+use crate::trace::{TraceParent, TARGET};
 
 /// The channels of a batch, each resolved to its namespace.
 pub(super) type Targets<'a> = Vec<(ChannelName, &'a NamespaceOptions)>;
@@ -40,8 +42,22 @@ fn publish_status(durable: bool) -> StatusCode {
     }
 }
 
-/// `POST /api/v1/channels/{channel}/messages`
+/// `POST /api/v1/channels/{channel}/messages`, traced (`herald.publish`,
+/// a child of the caller's `traceparent`).
 pub async fn publish_one(
+    state: St,
+    key_scope: ApiKey,
+    chan: Chan,
+    TraceParent(tp): TraceParent,
+    key: Result<IdempotencyKey, ApiError>,
+    body: Body<PublishBody>,
+) -> Result<Response, ApiError> {
+    let span = tracing::trace_span!(target: TARGET, "herald.publish", channel = %chan.channel, messages = 1);
+    crate::trace::continue_from(&span, tp.as_ref());
+    publish_one_in(state, key_scope, chan, key, body).instrument(span).await
+}
+
+async fn publish_one_in(
     State(state): St,
     ApiKey(scope): ApiKey,
     Chan { channel, ns }: Chan,
@@ -90,6 +106,18 @@ pub async fn publish_one(
 /// [`append_batch`]). Every check runs before anything is stored or
 /// scheduled: the channels, `data`, the key, the rooms.
 pub async fn publish_batch(
+    state: St,
+    key_scope: ApiKey,
+    TraceParent(tp): TraceParent,
+    key: Result<IdempotencyKey, ApiError>,
+    body: Body<BatchBody>,
+) -> Result<Response, ApiError> {
+    let span = tracing::trace_span!(target: TARGET, "herald.publish", channels = body.0.channels.len());
+    crate::trace::continue_from(&span, tp.as_ref());
+    publish_batch_in(state, key_scope, key, body).instrument(span).await
+}
+
+async fn publish_batch_in(
     State(state): St,
     ApiKey(scope): ApiKey,
     key: Result<IdempotencyKey, ApiError>,

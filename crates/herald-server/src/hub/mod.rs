@@ -243,8 +243,19 @@ impl Hub {
     /// wakes once and writes them together (one flush).
     fn deliver_run(&self, run: &[Arc<Message>]) {
         let Some(first) = run.first() else { return };
+        // One span per run: the fan-out of a group commit serves many
+        // publishes at once, so it is no single publish's child.
+        let _span = tracing::trace_span!(
+            target: crate::trace::TARGET,
+            "herald.fanout",
+            channel = %first.channel,
+            messages = run.len(),
+            connections = tracing::field::Empty,
+        )
+        .entered();
         let map = self.shard(&first.channel).read().expect("hub lock poisoned");
         let Some(subs) = map.get(&first.channel) else { return };
+        _span.record("connections", subs.len());
         // A run of one (each message of a batch to many channels) needs no
         // list of its own.
         let one;

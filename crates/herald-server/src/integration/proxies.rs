@@ -282,7 +282,10 @@ pub async fn subscribe(
     result.map_err(|m| ApiError::new(ErrorCode::Forbidden, m))
 }
 
-/// POST a signed question; the answer's body, or `unavailable`.
+/// POST a signed question; the answer's body, or `unavailable`. Traced
+/// as a child of what asks (a subscribe, a publish, a connect), with its
+/// `traceparent` sent.
+#[tracing::instrument(target = "herald::trace", level = "trace", name = "herald.proxy", skip_all, fields(proxy = which))]
 async fn ask(
     state: &AppState,
     p: &ProxyConfig,
@@ -313,19 +316,20 @@ async fn send(
     channel: &ChannelName,
     which: &'static str,
 ) -> Result<bytes::Bytes, ApiError> {
-    let resp = state
+    let req = state
         .webhooks
         .http()
         .post(&p.url)
         .timeout(p.timeout)
         .header("content-type", "application/json")
-        .header("herald-signature", signature)
-        .body(body)
-        .send()
-        .await
-        .map_err(|e| {
-            unavailable(channel, which, if e.is_timeout() { "timeout" } else { "request failed" })
-        })?;
+        .header("herald-signature", signature);
+    let req = match crate::trace::traceparent(&tracing::Span::current()) {
+        Some(tp) => req.header("traceparent", tp),
+        None => req,
+    };
+    let resp = req.body(body).send().await.map_err(|e| {
+        unavailable(channel, which, if e.is_timeout() { "timeout" } else { "request failed" })
+    })?;
     if !resp.status().is_success() {
         return Err(unavailable(channel, which, "non-2xx answer"));
     }

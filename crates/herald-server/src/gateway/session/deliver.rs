@@ -14,6 +14,7 @@ use futures_util::SinkExt;
 use herald_core::delivery::{Live, Paged, Read};
 use herald_core::Message;
 use herald_proto::{close, ChannelName};
+use tracing::Instrument;
 
 use super::{ChannelTimers, Session, SessionEnd};
 use crate::hub::Outgoing;
@@ -157,7 +158,17 @@ impl Session {
         let Some(channel) = self.chans.catchup.pop_front() else { return Ok(()) };
         let page_bytes = self.state.config.websocket.outbox_bytes / 4;
         let page_len = (page_bytes / self.held.frame_estimate.max(MIN_FRAME_ESTIMATE)).clamp(1, CATCHUP_PAGE);
-        let (messages, more) = match self.read_page(&channel, page_len, true).await? {
+        let span = tracing::trace_span!(
+            target: crate::trace::TARGET,
+            "herald.catchup",
+            channel = %channel,
+            messages = tracing::field::Empty,
+        );
+        let read = self.read_page(&channel, page_len, true).instrument(span.clone()).await?;
+        if let PageStep::Send { messages, .. } = &read {
+            span.record("messages", messages.len());
+        }
+        let (messages, more) = match read {
             PageStep::Idle => return Ok(()),
             PageStep::Send { messages, more } => (messages, more),
         };

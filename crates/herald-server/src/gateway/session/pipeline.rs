@@ -39,6 +39,7 @@ use futures_util::future::{maybe_done, MaybeDone};
 use futures_util::SinkExt;
 use herald_core::Receipt;
 use herald_proto::ChannelName;
+use tracing::Instrument;
 
 use super::{Session, SessionEnd};
 use crate::error::ApiError;
@@ -129,6 +130,7 @@ impl Session {
         let state = self.state.clone();
         let user = self.identity.sub.clone();
         let device = self.identity.device.clone();
+        let span = tracing::trace_span!(target: crate::trace::TARGET, "herald.socket_publish", messages = n);
         let fut = async move {
             let mut heads = Vec::with_capacity(queued.len());
             let mut items = Vec::with_capacity(queued.len());
@@ -151,7 +153,8 @@ impl Session {
                 .zip(results)
                 .map(|((req, channel), result)| Answer { req, channel, result })
                 .collect()
-        };
+        }
+        .instrument(span);
         self.pipeline.in_engine = Some((maybe_done(Box::pin(fut) as InEngine), n));
     }
 

@@ -27,6 +27,7 @@ impl Session {
     /// A subscription the server makes (`by`) was granted where it was
     /// decided (the token, the connect proxy, the personal channel): the
     /// token's patterns and the subscribe proxy are not asked again.
+    #[tracing::instrument(target = "herald::trace", level = "trace", name = "herald.subscribe", skip_all, fields(channel = %channel))]
     pub(super) async fn subscribe(
         &mut self,
         req: Option<u64>,

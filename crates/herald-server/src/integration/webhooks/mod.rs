@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 use herald_core::{Engine, EngineError, NamespaceOptions, Owned, Seq, SubscriberId};
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, Notify, Semaphore};
+use tracing::Instrument;
 
 pub use config::{StartAt, WebhookConfig};
 
@@ -450,7 +451,16 @@ async fn step(
     let signature = sign::signature(hook.cfg.secret.as_bytes(), now_ms() / 1000, &body);
     let _permit = hook.permits.acquire().await.expect("never closed");
     let started = Instant::now();
-    let result = state
+    // A trace of its own (a webhook request carries many publishes), whose
+    // `traceparent` the backend continues.
+    let span = tracing::trace_span!(
+        target: crate::trace::TARGET,
+        "herald.webhook",
+        webhook = %hook.cfg.name,
+        channel = %channel,
+        messages = page.messages.len(),
+    );
+    let req = state
         .webhooks
         .http
         .post(&hook.cfg.url)
@@ -458,10 +468,12 @@ async fn step(
         .header("content-type", "application/json")
         .header("herald-webhook-id", &hook.cfg.name)
         .header("herald-signature", signature)
-        .header("herald-fencing-token", token.to_string())
-        .body(body)
-        .send()
-        .await;
+        .header("herald-fencing-token", token.to_string());
+    let req = match crate::trace::traceparent(&span) {
+        Some(tp) => req.header("traceparent", tp),
+        None => req,
+    };
+    let result = req.body(body).send().instrument(span).await;
     state.metrics.webhook_request_duration.observe(started.elapsed().as_secs_f64());
     let sent = match result {
         Ok(r) if r.status().is_success() => Sent::Acked,
