@@ -74,7 +74,7 @@ pub struct Outgoing {
 
 /// How many encoded forms besides the stored frame a message can be
 /// needed in on one node (see [`Outgoing::encoded`]).
-pub const FORMS: usize = 2;
+pub const FORMS: usize = 3;
 
 /// An encoded form of a live message other than its stored frame: an index
 /// into [`Outgoing`]'s forms, claimed by a wire (`gateway::wire`). The hub

@@ -42,6 +42,9 @@ pub(crate) mod sse;
 /// The encoded forms of live messages the wires claim (see `hub::FORMS`).
 const CENTRIFUGO_JSON: Form = Form::new(0);
 const CENTRIFUGO_PROTOBUF: Form = Form::new(1);
+/// An SSE event of a stream of one channel: its id is the message's own
+/// position, the same for every such stream.
+const SSE_ONE_CHANNEL: Form = Form::new(2);
 
 /// The protocol a session speaks, with the per-connection state that
 /// belongs to the protocol rather than to delivery.
@@ -173,6 +176,10 @@ impl Wire {
             Wire::Herald => Some(out.msg.frame.clone()),
             Wire::CentrifugoJson(_) => out.encoded(CENTRIFUGO_JSON, centrifugo::push_json),
             Wire::CentrifugoProtobuf(_) => out.encoded(CENTRIFUGO_PROTOBUF, centrifugo::protobuf::push),
+            Wire::Sse(c) if c.channels().len() == 1 => {
+                c.moved(&out.msg);
+                out.encoded(SSE_ONE_CHANNEL, |m| Some(sse::one_channel_event(m)))
+            }
             Wire::Sse(c) => Some(c.message(&out.msg)),
         }
     }

@@ -117,11 +117,16 @@ impl Conn {
             }
             None => None,
         };
-        let name = match frame_type(&msg.frame) {
-            Some("message") | None => None,
-            Some(other) => Some(other),
-        };
-        Bytes::from(event(name, id.as_deref(), &msg.frame))
+        Bytes::from(event(message_name(msg), id.as_deref(), &msg.frame))
+    }
+
+    /// Record the position a message moves, without making its event (a
+    /// stream of one channel sends the event every such stream shares,
+    /// [`one_channel_event`]).
+    pub fn moved(&mut self, msg: &Message) {
+        if let Some(seq) = msg.seq {
+            self.set_position(&msg.channel, msg.epoch.as_str(), seq);
+        }
     }
 
     /// A named event carrying the stream's positions (the `subscribed`
@@ -129,6 +134,23 @@ impl Conn {
     /// from them).
     pub fn positioned(&self, name: &str, data: &[u8]) -> Vec<u8> {
         event(Some(name), self.id().as_deref(), data)
+    }
+}
+
+/// The event of a message on a stream of one channel: the bytes
+/// [`Conn::message`] makes there (its id is the message's `epoch:seq`), so
+/// a node makes it once for all such streams.
+pub fn one_channel_event(msg: &Message) -> Bytes {
+    let id = msg.seq.map(|seq| format!("{}:{seq}", msg.epoch));
+    Bytes::from(event(message_name(msg), id.as_deref(), &msg.frame))
+}
+
+/// App messages are the default event type; other frames are named by
+/// their `type`.
+fn message_name(msg: &Message) -> Option<&str> {
+    match frame_type(&msg.frame) {
+        Some("message") | None => None,
+        Some(other) => Some(other),
     }
 }
 
@@ -240,6 +262,27 @@ mod tests {
         assert!(matches!(Conn::parse_positions(&long, 1), Err(BadPositions::TooLong { .. })));
         assert_eq!(Conn::parse_positions("12", 1).unwrap(), vec![Some(Since { seq: 12, epoch: None })]);
         assert_eq!(Conn::parse_positions("", 1).unwrap(), vec![None]);
+    }
+
+    #[test]
+    fn a_one_channel_stream_makes_the_shared_event_byte_for_byte() {
+        let msg = |seq: Option<u64>, frame: &'static [u8]| Message {
+            channel: ch("a:1"),
+            seq,
+            id: "i".into(),
+            ts: 1,
+            epoch: herald_core::Epoch::new("E"),
+            frame: Bytes::from_static(frame),
+            closes: false,
+        };
+        let mut c = Conn::new(vec![ch("a:1")]);
+        for m in [
+            msg(Some(7), br#"{"type":"message","data":1}"#),
+            msg(None, br#"{"type":"join","member":{}}"#),
+            msg(Some(8), br#"{"type":"room","data":{}}"#),
+        ] {
+            assert_eq!(c.message(&m), one_channel_event(&m));
+        }
     }
 
     #[test]
