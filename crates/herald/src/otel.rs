@@ -55,8 +55,16 @@ where
     let provider =
         SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource.build()).build();
     let tracer = provider.tracer("herald");
+    // Only what the spans say: no source location, thread, target or
+    // busy/idle attributes, and no OpenTelemetry context activated on each
+    // poll (nothing here reads it; `trace.rs` goes through the span).
     let layer = tracing_opentelemetry::layer()
         .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_target(false)
+        .with_tracked_inactivity(false)
+        .with_context_activation(false)
         .with_filter(Targets::new().with_target(herald_server::trace::TARGET, tracing::Level::TRACE));
     Ok(Some((layer, Traces { provider })))
 }
