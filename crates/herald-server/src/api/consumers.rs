@@ -61,10 +61,11 @@ pub async fn status(State(state): State<Arc<AppState>>, _key: ApiKey) -> Result<
             partitions: (0..c.partitions.len())
                 .map(|p| {
                     let s = c.partition(p);
+                    let owned = s.is_owned();
                     ConsumerPartitionStatus {
                         partition: p as u32,
-                        owned: s.owned,
-                        token: s.owned.then_some(s.token),
+                        owned,
+                        token: owned.then_some(s.token),
                         lag: s.lag,
                         last_id: s.last_id,
                         parked_rows: s.parked_rows,

@@ -84,8 +84,12 @@ pub struct LastError {
 /// One partition as this node sees it.
 #[derive(Debug, Clone, Default)]
 pub struct PartitionState {
-    /// This node owns the partition now.
+    /// This node took the partition and has not seen it lost.
     pub owned: bool,
+    /// When its engine lease lapses unless renewed (`None`: a one-node
+    /// engine, no lease). A node woken from a pause past this no longer
+    /// reports the partition as its own, before it even noticed.
+    pub expires: Option<std::time::Instant>,
     /// Its fencing token while owned.
     pub token: u64,
     /// The greatest id this node published and removed (or marked).
@@ -95,6 +99,13 @@ pub struct PartitionState {
     /// Rows in the dead-letter table for this consumer at the last look.
     pub parked_rows: Option<u64>,
     pub last_error: Option<LastError>,
+}
+
+impl PartitionState {
+    /// Owned now: taken, not seen lost, and its lease not lapsed.
+    pub fn is_owned(&self) -> bool {
+        self.owned && self.expires.is_none_or(|e| e > std::time::Instant::now())
+    }
 }
 
 /// One configured consumer and what its partitions report.

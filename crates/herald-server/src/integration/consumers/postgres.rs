@@ -22,6 +22,11 @@
 //!   or marks rows only in a transaction that holds that row `FOR UPDATE`
 //!   and still finds its own token: a paused node whose partition was taken
 //!   over removes nothing.
+//! - **A frozen owner cannot hold the others up for long.** Each
+//!   connection sets `idle_in_transaction_session_timeout` to half a lease
+//!   and `lock_timeout` to a third: a node paused inside its removal
+//!   transaction loses it (and its locks) to PostgreSQL, and wakes to a
+//!   closed connection and a greater fence.
 //! - Rows are removed (or marked) only after [`publish_rows`] returned
 //!   their durable outcomes; a parked row is copied to the dead-letter table
 //!   and removed in the same transaction.
@@ -49,7 +54,7 @@ const BARRIER_POLL_MAX: Duration = Duration::from_millis(20);
 /// Why a step or the setup failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
-    #[error("postgres: {0}")]
+    #[error("postgres: {}", pg_text(.0))]
     Pg(#[from] tokio_postgres::Error),
     #[error("{0}")]
     Setup(String),
@@ -58,6 +63,16 @@ pub enum SourceError {
     /// Another owner presented a greater fencing token.
     #[error("the partition was taken over by another owner")]
     Lost,
+}
+
+/// A PostgreSQL error as one line: the server's code and message when it
+/// sent one (tokio-postgres shows only "db error" then). The connection
+/// string is never part of it.
+fn pg_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
 }
 
 /// The SQL of one consumer, built once from its validated names (they are
@@ -251,12 +266,25 @@ async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, 
             let raced = e.code().is_some_and(|c| {
                 *c == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
                     || *c == tokio_postgres::error::SqlState::DUPLICATE_TABLE
+                    || *c == tokio_postgres::error::SqlState::DUPLICATE_OBJECT
             });
             if !raced {
                 return Err(e.into());
             }
         }
     }
+    // A node frozen inside its removal transaction would hold its locks
+    // (and so every other node's barrier and fence) until it wakes:
+    // PostgreSQL ends such a transaction after half a lease, and a
+    // statement waits for a lock at most a third of one.
+    let ttl_ms = cfg.partition_lease_ttl.as_millis();
+    client
+        .batch_execute(&format!(
+            "SET idle_in_transaction_session_timeout = {}; SET lock_timeout = {}",
+            (ttl_ms / 2).max(1),
+            (ttl_ms / 3).max(1)
+        ))
+        .await?;
     client.batch_execute(&format!("LISTEN {}", cfg.notify())).await?;
     let sql = Sql::new(cfg, has("meta"), has("idempotency_key"), has("created_at"));
     let mut relations = vec![table_oid];
@@ -482,6 +510,9 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
                 Ok(Owned::Held(token)) => {
                     let fenced = lease.is_some_and(|l| l.0 == token && l.3);
                     lease = Some((token, claimed_at, true, fenced));
+                    if fenced {
+                        consumer.update(p, |s| s.expires = Some(claimed_at + ttl));
+                    }
                 }
                 Ok(Owned::Local) => {
                     if lease.is_none() {
@@ -528,6 +559,7 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
                     consumer.update(p, |s| {
                         s.owned = true;
                         s.token = token;
+                        s.expires = remote.then(|| claimed_at + ttl);
                     });
                     tracing::info!(consumer = %cfg.name, partition = p, token, "consumer partition owned");
                 }
