@@ -194,9 +194,25 @@ fn ddl(cfg: &ConsumerConfig) -> [String; 2] {
     ]
 }
 
+/// Give up on connecting after this, unless the DSN says otherwise.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Unacknowledged data on a consumer's socket fails it after this (a
+/// database host gone without a reset), unless the DSN says otherwise.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Open a connection whose notifications wake `notified`.
 async fn open(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Client, SourceError> {
-    let (client, mut connection) = tokio_postgres::connect(&cfg.dsn, NoTls).await?;
+    let mut pg: tokio_postgres::Config = cfg.dsn.parse()?;
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if pg.get_tcp_user_timeout().is_none() {
+        pg.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+    if pg.get_application_name().is_none() {
+        pg.application_name(format!("herald consumer {}", cfg.name));
+    }
+    let (client, mut connection) = pg.connect(NoTls).await?;
     tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(m) = messages.next().await {
@@ -540,7 +556,11 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
         }
         let Some((token, claimed_at, remote, fenced)) = lease else { continue };
         if source.as_ref().is_none_or(|s| s.client.is_closed()) {
-            match connect(&cfg, notified.clone()).await {
+            let connected = tokio::select! {
+                () = state.shutdown.cancelled() => break,
+                c = connect(&cfg, notified.clone()) => c,
+            };
+            match connected {
                 Ok(s) => source = Some(s),
                 Err(e) => {
                     fail(&state, &consumer, p, &e, &mut failing);
@@ -578,7 +598,13 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
         }
         // Wait for writers at most until the lease must be renewed.
         let patience = (ttl / 3).saturating_sub(claimed_at.elapsed()).max(Duration::from_millis(50));
-        match step(&state, &consumer, src, p, token, patience).await {
+        // Cancelling a step is safe: an unfinished removal transaction is
+        // rolled back, and appends already made are receipts next time.
+        let stepped = tokio::select! {
+            () = state.shutdown.cancelled() => break,
+            r = step(&state, &consumer, src, p, token, patience) => r,
+        };
+        match stepped {
             Ok(stepped) => {
                 backoff = BACKOFF_START;
                 if failing {
