@@ -174,3 +174,56 @@ async fn a_parked_row_fixed_in_the_dead_letter_table_is_published_on_retry() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 404, "retried once");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marked_rows_stay_with_their_publish_time_and_are_published_once() {
+    let pg = PostgresServer::start();
+    let admin = pg.connect().await;
+    admin.batch_execute(DDL).await.unwrap();
+    admin
+        .batch_execute("ALTER TABLE herald_outbox ADD COLUMN herald_published_at timestamptz")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = format!(
+        "engine = \"embedded\"\ndata_dir = {:?}\n{}after_publish = \"mark\"\n",
+        dir.path().join("data"),
+        consumer(&pg.dsn(), 2)
+    );
+    let mut herald = spawn_herald(port, &config, dir.path());
+    let (_c, got) = subscriber(&herald.url, "m", 3).await;
+    for i in 0..30 {
+        let data = format!("{{\"tag\":\"m{i}\"}}");
+        admin
+            .execute(
+                "INSERT INTO herald_outbox (channel, data) VALUES ($1, $2::text::jsonb)",
+                &[&format!("orders:{}", i % 3), &data],
+            )
+            .await
+            .unwrap();
+    }
+    let count = || got.lock().unwrap().values().map(Vec::len).sum::<usize>();
+    assert_eventually("every row published", || async { count() == 30 }).await;
+    let marked: i64 = admin
+        .query_one("SELECT count(*) FROM herald_outbox WHERE herald_published_at IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(marked, 30, "rows kept, each marked");
+    // A restarted node reads no marked row again.
+    herald.kill9();
+    herald = spawn_herald(port, &config, dir.path());
+    admin
+        .execute("INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{\"tag\":\"after\"}')", &[])
+        .await
+        .unwrap();
+    assert_eventually("the new row published", || async { count() == 31 }).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(count(), 31, "nothing published twice");
+    for (channel, rows) in got.lock().unwrap().iter() {
+        let seqs: Vec<u64> = rows.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, (1..=rows.len() as u64).collect::<Vec<_>>(), "{channel}");
+    }
+    drop(herald);
+}
