@@ -71,7 +71,11 @@ pub enum SourceError {
 fn pg_text(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => match std::error::Error::source(e) {
+            // "error connecting to server: Connection refused (os error 111)"
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
     }
 }
 
