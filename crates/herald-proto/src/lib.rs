@@ -44,8 +44,9 @@ pub use frame::{
 };
 pub use id::{check_id, IdError, MAX_ID_LEN};
 pub use reply::{
-    BatchItem, BatchProblem, BatchReply, CursorsPage, History, HistoryMessage, Inbox, InboxChannel,
-    InboxDevice, ItemError, MessageResult, MessagesReply, PresenceReply, Published, RoomStatus, RoomView,
-    ScheduledBatchReply, ScheduledEntry, ScheduledList, ScheduledReceipt, SubscriberCursor,
+    BatchItem, BatchProblem, BatchReply, ConsumerError, ConsumerPartitionStatus, ConsumerStatus,
+    ConsumersStatus, CursorsPage, History, HistoryMessage, Inbox, InboxChannel, InboxDevice, ItemError,
+    MessageResult, MessagesReply, ParkedRetried, ParkedRow, ParkedRows, PresenceReply, Published, RoomStatus,
+    RoomView, ScheduledBatchReply, ScheduledEntry, ScheduledList, ScheduledReceipt, SubscriberCursor,
     WebhookChannelStatus, WebhookError, WebhookRetrying, WebhookSkipped, WebhookStatus, WebhooksStatus,
 };

@@ -535,3 +535,75 @@ mod tests {
         assert_eq!(serde_json::from_str::<MessagesReply>(&text).unwrap().results, results);
     }
 }
+
+/// `GET /api/v1/consumers`: every configured outbox consumer as the node
+/// that answers sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumersStatus {
+    pub consumers: Vec<ConsumerStatus>,
+}
+
+/// One consumer: its kind, what this node published and parked since it
+/// started, and every partition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerStatus {
+    pub name: String,
+    /// `postgres` or `redis-stream`.
+    pub kind: String,
+    pub published: u64,
+    pub parked: u64,
+    pub partitions: Vec<ConsumerPartitionStatus>,
+}
+
+/// One partition. `lag`, `parked_rows`, `last_id` and `token` are known
+/// only on the node that owns (or owned) it; `null` elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerPartitionStatus {
+    pub partition: u32,
+    /// This node owns the partition now.
+    pub owned: bool,
+    /// Its fencing token while owned.
+    pub token: Option<u64>,
+    /// Rows (entries) waiting in the source at the owner's last look.
+    pub lag: Option<u64>,
+    /// The greatest source id this node published and removed.
+    pub last_id: Option<String>,
+    /// Parked rows of this partition at the owner's last look.
+    pub parked_rows: Option<u64>,
+    /// The last failure of this partition on this node, cleared on recovery.
+    pub last_error: Option<ConsumerError>,
+}
+
+/// A consumer's failure: when (ms) and what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsumerError {
+    pub at: u64,
+    pub message: String,
+}
+
+/// `GET /api/v1/consumers/{name}/parked`: rows that could not be
+/// published, oldest id first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParkedRows {
+    pub consumer: String,
+    pub rows: Vec<ParkedRow>,
+}
+
+/// One parked row: its id in the outbox, its channel, the error code and
+/// detail that refused it, when it was parked (ms).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParkedRow {
+    pub id: i64,
+    pub channel: Option<String>,
+    pub code: String,
+    pub error: String,
+    pub parked_at: u64,
+}
+
+/// `POST /api/v1/consumers/{name}/parked/{id}/retry`: the row is back in
+/// the outbox under `new_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParkedRetried {
+    pub id: i64,
+    pub new_id: i64,
+}

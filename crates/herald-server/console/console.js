@@ -283,10 +283,32 @@ function quantile(buckets, q) {
   return buckets.find(([, n]) => n >= q * total)?.[0];
 }
 
+/** `GET /api/v1/consumers` as a table, one row per partition; the card is
+ * shown only when the server has consumers. */
+async function showConsumers() {
+  const key = sessionStorage.getItem(KEY_STORE);
+  const res = await fetch('/api/v1/consumers', { headers: key ? { authorization: `Bearer ${key}` } : {}, cache: 'no-store' });
+  if (!res.ok) return;
+  const { consumers } = await res.json();
+  $('consumers-card').hidden = consumers.length === 0;
+  const rows = consumers.flatMap((c) =>
+    c.partitions.map((p) => [
+      c.name,
+      p.partition,
+      p.owned ? `here (token ${p.token})` : 'elsewhere',
+      p.lag ?? '–',
+      p.last_id ?? '–',
+      p.parked_rows ?? '–',
+      p.last_error ? `${new Date(p.last_error.at).toLocaleTimeString()} ${p.last_error.message}` : '',
+    ]));
+  show('consumers-view', table(['consumer', 'partition', 'owner', 'lag', 'last id', 'parked', 'last error'], rows, [1, 3, 5]));
+}
+
 async function metricsLoop() {
   let prev;
   for (;;) {
     try {
+      await showConsumers();
       const text = await (await fetch('/metrics', { cache: 'no-store' })).text();
       const now = { at: Date.now(), ...parseMetrics(text) };
       const rows = METRICS.map(([name, label, rate]) => {

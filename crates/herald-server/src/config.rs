@@ -78,6 +78,9 @@ pub struct Config {
     pub namespaces: Namespaces,
     /// `[[webhooks]]`: ordered deliveries to the backend (docs/webhooks.md).
     pub webhooks: Vec<crate::webhooks::WebhookConfig>,
+    /// `[[consumers]]`: outbox tables and streams published from
+    /// (docs/consumers.md).
+    pub consumers: Vec<crate::consumers::ConsumerConfig>,
     /// `[proxies]`: backend endpoints asked before acting (docs/proxies.md).
     pub proxies: crate::proxies::ProxiesConfig,
 }
@@ -109,6 +112,7 @@ impl Default for Config {
             redis: RedisSettings::default(),
             namespaces: Namespaces::default(),
             webhooks: Vec::new(),
+            consumers: Vec::new(),
             proxies: Default::default(),
         }
     }

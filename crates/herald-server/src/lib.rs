@@ -19,7 +19,7 @@
 //!    [`metrics`], [`auth`], [`browser`], [`reload`] (live configuration
 //!    changes), [`trace`] (trace spans' target and W3C trace context).
 //!    These may name each other.
-//! 2. `integration` (webhooks, backend proxies) and `jobs` (the
+//! 2. `integration` (webhooks, outbox consumers, backend proxies) and `jobs` (the
 //!    scheduler, the room keeper): the work done beside requests.
 //! 3. `api` (the HTTP API, a module per resource) and `gateway` (the
 //!    listener, the WebSocket upgrades and the sessions): the two ways in.
@@ -27,9 +27,9 @@
 //! 4. This file: [`Server`], which binds, builds the router from the
 //!    handlers and runs the listener and the jobs until shutdown.
 //!
-//! One exception: `AppState` holds the shared state of three parts above
-//! it (the webhooks, the subscribe proxy's cache, the scheduler's wake-up)
-//! and so names those three types.
+//! One exception: `AppState` holds the shared state of four parts above
+//! it (the webhooks, the outbox consumers, the subscribe proxy's cache, the
+//! scheduler's wake-up) and so names those four types.
 
 mod api;
 pub mod auth;
@@ -64,7 +64,7 @@ use tower_http::set_header::SetResponseHeader;
 
 pub use config::Config;
 pub use error::ApiError;
-pub use integration::{proxies, webhooks};
+pub use integration::{consumers, proxies, webhooks};
 pub use state::AppState;
 
 /// Raise the soft open-files limit to the hard one and return the
@@ -116,6 +116,7 @@ impl Server {
             api_keys: arc_swap::ArcSwap::from_pointee(auth::ApiKeys::new(&config.api_keys)),
             reloads: Default::default(),
             webhooks: webhooks::Webhooks::new(&config.webhooks),
+            consumers: consumers::Consumers::new(&config.consumers),
             subscribe_cache: Default::default(),
             config,
             engine,
@@ -182,6 +183,9 @@ impl Server {
             .route("/api/v1/admin/drain", post(api::admin::drain))
             .route("/api/v1/admin/reload", post(api::admin::reload))
             .route("/api/v1/scheduled/{id}", axum::routing::delete(api::scheduled::cancel))
+            .route("/api/v1/consumers", get(api::consumers::status))
+            .route("/api/v1/consumers/{name}/parked", get(api::consumers::parked))
+            .route("/api/v1/consumers/{name}/parked/{id}/retry", post(api::consumers::retry))
             .route("/api/v1/webhooks", get(api::webhooks::status))
             .route("/api/v1/webhooks/{name}/channels/{channel}/skip", post(api::webhooks::skip))
             .route("/api/v1/webhooks/{name}/channels/{channel}/retry", post(api::webhooks::retry))
@@ -230,6 +234,7 @@ impl Server {
         let keeper = tokio::spawn(jobs::room_keeper::run(state.clone()));
         let scheduler = tokio::spawn(jobs::scheduler::run(state.clone()));
         let deliverer = tokio::spawn(integration::webhooks::run(state.clone()));
+        let consumers = tokio::spawn(integration::consumers::run(state.clone()));
         tokio::pin!(signal);
         let mut signalled = false;
         loop {
@@ -273,6 +278,7 @@ impl Server {
         let _ = keeper.await;
         let _ = scheduler.await;
         let _ = deliverer.await;
+        let _ = consumers.await;
         state.engine.close().await;
         tracing::info!("shutdown complete");
         Ok(())

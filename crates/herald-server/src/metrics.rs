@@ -252,6 +252,23 @@ server_metrics! {
         /// One webhook request, sent to answered (or failed).
         pub webhook_request_duration: Histogram = Histogram::new(exponential_buckets(0.001, 2.0, 16))
             => "webhook_request_duration_seconds": "Webhook request, sent to answered",
+        /// Outbox rows appended by a consumer (new messages), per consumer.
+        pub consumer_published: Labelled<Counter, String>
+            => "consumer_published": "Outbox rows a consumer appended as new messages",
+        /// Outbox rows answered from an earlier append's receipt (a retry
+        /// after a crash or a takeover), per consumer.
+        pub consumer_duplicates: Labelled<Counter, String>
+            => "consumer_duplicates": "Outbox rows already appended before (answered from a receipt)",
+        /// Outbox rows moved to the dead-letter table, per consumer.
+        pub consumer_parked: Labelled<Counter, String>
+            => "consumer_parked": "Outbox rows that could not be published and were parked",
+        /// Failed consumer steps (source or engine), per consumer.
+        pub consumer_errors: Labelled<Counter, String>
+            => "consumer_errors": "Failed consumer steps (source or engine)",
+        /// Rows waiting in the source per consumer and partition, at the
+        /// owner's last look (at most 100,000 counted).
+        pub consumer_lag: Family<[(&'static str, String); 2], Gauge>
+            => "consumer_lag_rows": "Outbox rows waiting per consumer and partition",
         /// Proxy questions by proxy (`connect`, `subscribe`, `publish`) and
         /// outcome (`allow`, `replace`, `refuse`, `fail`, `cached`).
         pub proxy_requests: Family<[(&'static str, &'static str); 2], Counter>

@@ -1,8 +1,8 @@
 //! The server's shared state: [`AppState`], held by `Arc` by every
 //! handler, session and background task. It sits at the bottom of the
-//! crate's layers, and names three types of the parts above it: the
-//! shared state of the webhooks, of the subscribe proxy's cache and of the
-//! scheduler's wake-up, which it holds for them.
+//! crate's layers, and names four types of the parts above it: the
+//! shared state of the webhooks, of the outbox consumers, of the subscribe
+//! proxy's cache and of the scheduler's wake-up, which it holds for them.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Arc;
@@ -56,6 +56,8 @@ pub struct AppState {
     pub(crate) scheduler: crate::jobs::scheduler::Wake,
     /// The configured webhooks and their deliverers' shared state.
     pub webhooks: crate::integration::webhooks::Webhooks,
+    /// The configured outbox consumers and what their partitions report.
+    pub consumers: crate::integration::consumers::Consumers,
     /// Answers of the subscribe proxy, when cached.
     pub subscribe_cache: crate::integration::proxies::SubscribeCache,
 }

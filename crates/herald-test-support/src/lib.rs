@@ -9,6 +9,8 @@
 //!   [`read_until_closed`], ...);
 //! - [`HeraldProcess`]: a `herald serve` process, to kill or freeze;
 //! - [`SseStream`]: a Server-Sent Events reader for `GET /sse`;
+//! - [`PostgresServer`]: a private PostgreSQL cluster (`initdb` +
+//!   `pg_ctl` on a free port), for the outbox consumer's tests;
 //! - connection tokens signed with the harness key ([`user_token`]);
 //! - the history checker of the fault tests ([`history`]);
 //! - re-exported from below: the one bounded wait ([`assert_eventually`],
@@ -26,6 +28,7 @@ pub mod history;
 
 mod frames;
 mod node;
+mod postgres;
 mod process;
 mod server;
 mod sse;
@@ -40,6 +43,7 @@ pub use herald_redis::testing::{
     cli, engine_config, init_tracing, signal, RedisCluster, RedisProxy, RedisServer,
 };
 pub use node::{presence_config, CrashableNode, Node};
+pub use postgres::{connect as postgres_connect, PostgresServer};
 pub use process::HeraldProcess;
 pub use server::{base_config, Resp, TestServer, API_KEY, API_KEY_2, JWT_SECRET};
 pub use sse::{SseEvent, SseOpen, SseStream};

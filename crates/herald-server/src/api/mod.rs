@@ -1,6 +1,7 @@
 //! The HTTP API: one module per resource (`messages`: publish and
 //! history; `batch`: many messages in one request; `cursors`: delivery receipts; `rooms`: rooms and presence;
-//! `scheduled`; `webhooks`: their status and the operator's actions;
+//! `scheduled`; `webhooks` and `consumers`: their status and the
+//! operator's actions;
 //! `health`: operations endpoints; `admin`: the operator's actions on the
 //! node), the typed extractors that check a
 //! request before its handler runs (`extract`), and the web console.
@@ -18,6 +19,7 @@ use crate::state::AppState;
 pub(crate) mod admin;
 pub(crate) mod batch;
 pub(crate) mod console;
+pub(crate) mod consumers;
 pub(crate) mod cursors;
 pub(crate) mod extract;
 pub(crate) mod health;

@@ -15,6 +15,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.namespaces.validate()?;
         crate::webhooks::config::validate_all(&self.webhooks)?;
+        crate::consumers::config::validate_all(&self.consumers)?;
         self.proxies.validate()?;
         if self.personal.subscribe && !self.namespaces.0.contains_key(&self.personal.namespace) {
             return Err(format!(

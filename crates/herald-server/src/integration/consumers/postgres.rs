@@ -1,0 +1,764 @@
+//! The PostgreSQL outbox consumer: one task per partition, each with its
+//! own connection (its `LISTEN` too), reading committed rows in id order.
+//!
+//! # Invariants
+//!
+//! - **Ids are read only behind a barrier.** A `bigserial` id is taken
+//!   when a transaction inserts, but the row becomes visible when that
+//!   transaction commits, so ids commit out of order: reading "rows after
+//!   the last id" can pass over a smaller id committed a moment later. A
+//!   step therefore first reads `H`, the last value the id sequence handed
+//!   out, then the transactions holding a `RowExclusiveLock` on the table or
+//!   its sequence (every transaction that took an id or inserted holds one
+//!   until it ends), waits until each of those has ended, and only then
+//!   reads rows with `id <= H`. Every id up to `H` was handed out before the
+//!   lock list was read, so its transaction was in that list or had ended:
+//!   once the list is gone, each row up to `H` is committed (and visible)
+//!   or will never exist. This needs a sequence with `CACHE 1` (the
+//!   default); setup refuses a cached one.
+//! - **Removal is fenced in PostgreSQL.** `herald_consumer_state` keeps,
+//!   per (consumer, partition), the greatest fencing token any owner
+//!   presented. An owner raises it when it takes the partition and removes
+//!   or marks rows only in a transaction that holds that row `FOR UPDATE`
+//!   and still finds its own token: a paused node whose partition was taken
+//!   over removes nothing.
+//! - **A frozen owner cannot hold the others up for long.** Each
+//!   connection sets `idle_in_transaction_session_timeout` to half a lease
+//!   and `lock_timeout` to a third: a node paused inside its removal
+//!   transaction loses it (and its locks) to PostgreSQL, and wakes to a
+//!   closed connection and a greater fence.
+//! - Rows are removed (or marked) only after [`publish_rows`] returned
+//!   their durable outcomes; a parked row is copied to the dead-letter table
+//!   and removed in the same transaction.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use herald_core::Owned;
+use tokio::sync::Notify;
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+use super::{
+    account, local_token, pause, publish_rows, AfterPublish, Consumer, ConsumerConfig, Outcome, Row,
+    BACKOFF_START,
+};
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Rows counted at most for `lag` (the count is bounded).
+const LAG_COUNT_CAP: i64 = 100_000;
+/// The longest poll of `pg_locks` while waiting for writers.
+const BARRIER_POLL_MAX: Duration = Duration::from_millis(20);
+
+/// Why a step or the setup failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("postgres: {}", pg_text(.0))]
+    Pg(#[from] tokio_postgres::Error),
+    #[error("{0}")]
+    Setup(String),
+    #[error("publish: {}", .0.detail)]
+    Publish(ApiError),
+    /// Another owner presented a greater fencing token.
+    #[error("the partition was taken over by another owner")]
+    Lost,
+}
+
+/// A PostgreSQL error as one line: the server's code and message when it
+/// sent one (tokio-postgres shows only "db error" then). The connection
+/// string is never part of it.
+fn pg_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            // "error connecting to server: Connection refused (os error 111)"
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// The SQL of one consumer, built once from its validated names (they are
+/// lowercase identifiers, written into the text as they are).
+struct Sql {
+    read: String,
+    finish_published: String,
+    park: String,
+    delete: String,
+    lag: String,
+    parked_count: String,
+    state: String,
+}
+
+/// One partition's connection and what setup learned about the table.
+struct Source {
+    client: Client,
+    /// The table's and its id sequence's oids: the relations whose writers
+    /// the barrier waits for.
+    relations: Vec<u32>,
+    /// The id sequence, if the table has one (bigserial or identity).
+    sequence: Option<u32>,
+    sql: Sql,
+}
+
+/// The hash of a channel to its partition, the same in every statement.
+fn partition_expr(column: &str) -> String {
+    format!("mod(abs(hashtext({column})::bigint), $PARTS) = $PART")
+}
+
+/// Replace the `$PARTS`/`$PART` placeholders with positional parameters.
+fn bind(sql: &str, parts: usize, part: usize) -> String {
+    sql.replace("$PARTS", &format!("${parts}::bigint")).replace("$PART", &format!("${part}::bigint"))
+}
+
+impl Sql {
+    fn new(cfg: &ConsumerConfig, has_meta: bool, has_key: bool, has_created: bool) -> Self {
+        let t = &cfg.table;
+        let dead = cfg.dead_letter();
+        let state = state_table(cfg);
+        let meta = if has_meta { "t.meta::text" } else { "NULL::text" };
+        let key = if has_key { "t.idempotency_key" } else { "NULL::text" };
+        let unpublished = match cfg.after_publish {
+            AfterPublish::Delete => "",
+            AfterPublish::Mark => " AND t.herald_published_at IS NULL",
+        };
+        let read = bind(
+            &format!(
+                "SELECT t.id, t.channel, t.data::text, {meta}, {key} FROM {t} t \
+                 WHERE t.id <= $1 AND {}{unpublished} ORDER BY t.id LIMIT $4",
+                partition_expr("t.channel")
+            ),
+            2,
+            3,
+        );
+        let finish_published = match cfg.after_publish {
+            AfterPublish::Delete => format!("DELETE FROM {t} WHERE id = ANY($1::bigint[])"),
+            AfterPublish::Mark => {
+                format!("UPDATE {t} SET herald_published_at = now() WHERE id = ANY($1::bigint[])")
+            }
+        };
+        let meta_j = if has_meta { "t.meta::jsonb" } else { "NULL::jsonb" };
+        let created = if has_created { "t.created_at::timestamptz" } else { "NULL::timestamptz" };
+        let park = format!(
+            "INSERT INTO {dead} (consumer, id, channel, data, meta, idempotency_key, created_at, code, error) \
+             SELECT $1, t.id, t.channel, t.data::jsonb, {meta_j}, {key}, {created}, p.code, p.error \
+             FROM {t} t JOIN unnest($2::bigint[], $3::text[], $4::text[]) AS p(id, code, error) ON p.id = t.id \
+             ON CONFLICT (consumer, id) DO NOTHING"
+        );
+        let lag = bind(
+            &format!(
+                "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {}{unpublished} LIMIT {LAG_COUNT_CAP}) s",
+                partition_expr("t.channel")
+            ),
+            1,
+            2,
+        );
+        let parked_count = bind(
+            &format!("SELECT count(*) FROM {dead} WHERE consumer = $1 AND {}", partition_expr("channel")),
+            2,
+            3,
+        );
+        Sql {
+            read,
+            finish_published,
+            park,
+            delete: format!("DELETE FROM {t} WHERE id = ANY($1::bigint[])"),
+            lag,
+            parked_count,
+            state,
+        }
+    }
+}
+
+/// `herald_consumer_state`, in the table's schema.
+fn state_table(cfg: &ConsumerConfig) -> String {
+    match cfg.table.rsplit_once('.') {
+        Some((schema, _)) => format!("{schema}.herald_consumer_state"),
+        None => "herald_consumer_state".to_owned(),
+    }
+}
+
+/// The tables Herald creates if missing (it needs `CREATE` on the schema,
+/// or an operator creates them first: docs/consumers.md).
+fn ddl(cfg: &ConsumerConfig) -> [String; 2] {
+    [
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, id bigint NOT NULL, channel text, \
+             data jsonb, meta jsonb, idempotency_key text, created_at timestamptz, code text NOT NULL, \
+             error text NOT NULL, parked_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer, id))",
+            cfg.dead_letter()
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, partition int NOT NULL, \
+             fence bigint NOT NULL DEFAULT 0, last_id bigint, updated_at timestamptz NOT NULL DEFAULT now(), \
+             PRIMARY KEY (consumer, partition))",
+            state_table(cfg)
+        ),
+    ]
+}
+
+/// Give up on connecting after this, unless the DSN says otherwise.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Unacknowledged data on a consumer's socket fails it after this (a
+/// database host gone without a reset), unless the DSN says otherwise.
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Open a connection whose notifications wake `notified`.
+async fn open(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Client, SourceError> {
+    let mut pg: tokio_postgres::Config = cfg.dsn.parse()?;
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if pg.get_tcp_user_timeout().is_none() {
+        pg.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+    if pg.get_application_name().is_none() {
+        pg.application_name(format!("herald consumer {}", cfg.name));
+    }
+    let (client, mut connection) = pg.connect(NoTls).await?;
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(m) = messages.next().await {
+            match m {
+                Ok(AsyncMessage::Notification(_)) => notified.notify_one(),
+                Ok(_) => {}
+                Err(_) => break,
+            }
+        }
+        // The connection ended: wake the worker so it sees the closed client.
+        notified.notify_one();
+    });
+    Ok(client)
+}
+
+/// Connect, check the table, create the helper tables if missing, listen.
+async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, SourceError> {
+    let client = open(cfg, notified).await?;
+    let setup = |m: String| SourceError::Setup(m);
+    let table_oid: u32 = client
+        .query_opt("SELECT to_regclass($1)::oid", &[&cfg.table])
+        .await?
+        .and_then(|r| r.get::<_, Option<u32>>(0))
+        .ok_or_else(|| {
+            setup(format!("table {} does not exist (docs/consumers.md has its DDL)", cfg.table))
+        })?;
+    let columns: Vec<String> = client
+        .query(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped",
+            &[&table_oid],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let has = |c: &str| columns.iter().any(|x| x == c);
+    for required in ["id", "channel", "data"] {
+        if !has(required) {
+            return Err(setup(format!("table {} has no column {required}", cfg.table)));
+        }
+    }
+    if cfg.after_publish == AfterPublish::Mark && !has("herald_published_at") {
+        return Err(setup(format!(
+            "after_publish = \"mark\" needs a column herald_published_at timestamptz on {}",
+            cfg.table
+        )));
+    }
+    let sequence: Option<u32> = client
+        .query_one("SELECT to_regclass(pg_get_serial_sequence($1, 'id'))::oid", &[&cfg.table])
+        .await?
+        .get(0);
+    if let Some(seq) = sequence {
+        let cache: i64 = client
+            .query_opt("SELECT seqcache FROM pg_sequence WHERE seqrelid = $1", &[&seq])
+            .await?
+            .map_or(1, |r| r.get(0));
+        if cache > 1 {
+            return Err(setup(format!(
+                "the id sequence of {} has CACHE {cache}: with cached values ids are not taken in order across sessions; ALTER SEQUENCE ... CACHE 1",
+                cfg.table
+            )));
+        }
+    }
+    for statement in ddl(cfg) {
+        if let Err(e) = client.batch_execute(&statement).await {
+            // Two partitions creating the same table at once: one wins.
+            let raced = e.code().is_some_and(|c| {
+                *c == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
+                    || *c == tokio_postgres::error::SqlState::DUPLICATE_TABLE
+                    || *c == tokio_postgres::error::SqlState::DUPLICATE_OBJECT
+            });
+            if !raced {
+                return Err(e.into());
+            }
+        }
+    }
+    // A node frozen inside its removal transaction would hold its locks
+    // (and so every other node's barrier and fence) until it wakes:
+    // PostgreSQL ends such a transaction after half a lease, and a
+    // statement waits for a lock at most a third of one.
+    let ttl_ms = cfg.partition_lease_ttl.as_millis();
+    client
+        .batch_execute(&format!(
+            "SET idle_in_transaction_session_timeout = {}; SET lock_timeout = {}",
+            (ttl_ms / 2).max(1),
+            (ttl_ms / 3).max(1)
+        ))
+        .await?;
+    client.batch_execute(&format!("LISTEN {}", cfg.notify())).await?;
+    let sql = Sql::new(cfg, has("meta"), has("idempotency_key"), has("created_at"));
+    let mut relations = vec![table_oid];
+    relations.extend(sequence);
+    Ok(Source { client, relations, sequence, sql })
+}
+
+/// Raise the partition's fence to `token`: `Err(Lost)` if a greater token
+/// is stored (another owner took the partition since).
+async fn raise_fence(src: &Source, name: &str, p: usize, token: u64) -> Result<(), SourceError> {
+    let sql = format!(
+        "INSERT INTO {0} AS s (consumer, partition, fence) VALUES ($1, $2, $3) \
+         ON CONFLICT (consumer, partition) DO UPDATE SET fence = greatest(s.fence, excluded.fence), updated_at = now() \
+         RETURNING fence",
+        src.sql.state
+    );
+    let fence: i64 = src.client.query_one(&sql, &[&name, &(p as i32), &(token as i64)]).await?.get(0);
+    if fence as u64 > token {
+        return Err(SourceError::Lost);
+    }
+    Ok(())
+}
+
+/// What one step did.
+enum Stepped {
+    /// A full batch: there may be more.
+    Full,
+    /// Fewer rows than a batch, or none: wait for a notification.
+    Idle,
+}
+
+/// The barrier (see the module docs): the highest id whose fate is known,
+/// or `None` while writers holding earlier ids still run after `patience`.
+async fn barrier(src: &Source, patience: Duration) -> Result<Option<i64>, SourceError> {
+    let high: i64 = match src.sequence {
+        Some(seq) => {
+            let row =
+                src.client.query_one("SELECT pg_sequence_last_value($1::oid::regclass)", &[&seq]).await?;
+            match row.get::<_, Option<i64>>(0) {
+                Some(v) => v,
+                None => return Ok(Some(0)), // never called: no row yet
+            }
+        }
+        // Ids the application assigns itself: only the table's writers are
+        // waited for (docs/consumers.md: such ids must grow in commit order).
+        None => i64::MAX,
+    };
+    let writers: Vec<String> = src
+        .client
+        .query_one(
+            "SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks \
+             WHERE relation = ANY($1) AND mode = 'RowExclusiveLock' AND pid <> pg_backend_pid()",
+            &[&src.relations],
+        )
+        .await?
+        .get(0);
+    if writers.is_empty() {
+        return Ok(Some(high));
+    }
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(1);
+    loop {
+        let running: i64 = src
+            .client
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'virtualxid' AND virtualxid = ANY($1)",
+                &[&writers],
+            )
+            .await?
+            .get(0);
+        if running == 0 {
+            return Ok(Some(high));
+        }
+        if started.elapsed() >= patience {
+            return Ok(None);
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(BARRIER_POLL_MAX);
+    }
+}
+
+/// Read, publish and remove one batch of partition `p`.
+async fn step(
+    state: &AppState,
+    consumer: &Consumer,
+    src: &mut Source,
+    p: usize,
+    token: u64,
+    patience: Duration,
+) -> Result<Stepped, SourceError> {
+    let cfg = &consumer.cfg;
+    let Some(high) = barrier(src, patience).await? else {
+        consumer.note_error(p, "waiting for a long transaction that holds an earlier id");
+        return Ok(Stepped::Idle);
+    };
+    let parts = i64::from(cfg.partitions);
+    let batch = cfg.batch_size as i64;
+    let rows = src.client.query(&src.sql.read, &[&high, &parts, &(p as i64), &batch]).await?;
+    let rows: Vec<(i64, Row)> = rows
+        .iter()
+        .map(|r| {
+            let id: i64 = r.get(0);
+            let row = Row {
+                id: id.to_string(),
+                channel: r.get(1),
+                data: r.get(2),
+                meta: r.get(3),
+                idempotency_key: r.get(4),
+            };
+            (id, row)
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(Stepped::Idle);
+    }
+    let full = rows.len() as i64 == batch;
+    let plain: Vec<Row> = rows.iter().map(|(_, r)| r.clone()).collect();
+    let (outcomes, transient) = publish_rows(state, consumer, &plain).await;
+
+    let mut published = Vec::new();
+    let (mut parked, mut codes, mut errors) = (Vec::new(), Vec::new(), Vec::new());
+    for ((id, _), outcome) in rows.iter().zip(&outcomes) {
+        match outcome {
+            Some(Outcome::Published { .. }) => published.push(*id),
+            Some(Outcome::Park { code, detail }) => {
+                parked.push(*id);
+                codes.push(code.as_str().to_owned());
+                errors.push(detail.clone());
+            }
+            None => {}
+        }
+    }
+    if !published.is_empty() || !parked.is_empty() {
+        finish(src, cfg, p, token, &published, (&parked, &codes, &errors)).await?;
+        account(state, consumer, p, &plain, &outcomes);
+        let last = published.iter().chain(&parked).max().copied();
+        consumer.update(p, |s| {
+            if let Some(last) = last {
+                let prev = s.last_id.as_deref().and_then(|v| v.parse::<i64>().ok()).unwrap_or(i64::MIN);
+                s.last_id = Some(prev.max(last).to_string());
+            }
+        });
+    }
+    if let Some(e) = transient {
+        return Err(SourceError::Publish(e));
+    }
+    Ok(if full { Stepped::Full } else { Stepped::Idle })
+}
+
+/// Remove (or mark) the published rows and park the refused ones, in one
+/// transaction that holds the partition's fence row and still finds
+/// `token` there.
+async fn finish(
+    src: &mut Source,
+    cfg: &ConsumerConfig,
+    p: usize,
+    token: u64,
+    published: &[i64],
+    (parked, codes, errors): (&[i64], &[String], &[String]),
+) -> Result<(), SourceError> {
+    let lock =
+        format!("SELECT fence FROM {} WHERE consumer = $1 AND partition = $2 FOR UPDATE", src.sql.state);
+    let record = format!(
+        "UPDATE {} SET last_id = greatest(coalesce(last_id, $3), $3), updated_at = now() \
+         WHERE consumer = $1 AND partition = $2",
+        src.sql.state
+    );
+    let tx = src.client.transaction().await?;
+    let fence: Option<i64> = tx.query_opt(&lock, &[&cfg.name, &(p as i32)]).await?.map(|r| r.get(0));
+    if fence != Some(token as i64) {
+        tx.rollback().await?;
+        return Err(SourceError::Lost);
+    }
+    if !parked.is_empty() {
+        tx.execute(&src.sql.park, &[&cfg.name, &parked, &codes, &errors]).await?;
+        tx.execute(&src.sql.delete, &[&parked]).await?;
+    }
+    if !published.is_empty() {
+        tx.execute(&src.sql.finish_published, &[&published]).await?;
+    }
+    let last = published.iter().chain(parked).max().copied().unwrap_or(0);
+    tx.execute(&record, &[&cfg.name, &(p as i32), &last]).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Refresh the partition's `lag` and `parked_rows` and the lag gauge.
+async fn observe(state: &AppState, consumer: &Consumer, src: &Source, p: usize) -> Result<(), SourceError> {
+    let parts = i64::from(consumer.cfg.partitions);
+    let lag: i64 = src.client.query_one(&src.sql.lag, &[&parts, &(p as i64)]).await?.get(0);
+    let parked: i64 =
+        src.client.query_one(&src.sql.parked_count, &[&consumer.cfg.name, &parts, &(p as i64)]).await?.get(0);
+    consumer.update(p, |s| {
+        s.lag = Some(lag as u64);
+        s.parked_rows = Some(parked as u64);
+    });
+    state
+        .metrics
+        .consumer_lag
+        .get_or_create(&[("consumer", consumer.cfg.name.clone()), ("partition", p.to_string())])
+        .set(lag);
+    Ok(())
+}
+
+/// One partition's loop until shutdown: own it, read, publish, remove.
+pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usize) {
+    let cfg = consumer.cfg.clone();
+    let key = format!("consumer:{}:{p}", cfg.name);
+    let holder = state.consumers.holder.clone();
+    let ttl = cfg.partition_lease_ttl;
+    let notified = Arc::new(Notify::new());
+    let mut source: Option<Source> = None;
+    // (token, claimed at, engine lease, fence raised in PostgreSQL)
+    let mut lease: Option<(u64, Instant, bool, bool)> = None;
+    let mut backoff = BACKOFF_START;
+    let mut observed = Instant::now() - cfg.poll_interval;
+    let mut failing = false;
+    while !state.shutdown.is_cancelled() {
+        let due = lease.is_none_or(|(_, at, remote, _)| remote && at.elapsed() >= ttl / 3);
+        if due {
+            let claimed_at = Instant::now();
+            match state.engine.claim(&key, &holder, ttl).await {
+                Ok(Owned::Held(token)) => {
+                    let fenced = lease.is_some_and(|l| l.0 == token && l.3);
+                    lease = Some((token, claimed_at, true, fenced));
+                    if fenced {
+                        consumer.update(p, |s| s.expires = Some(claimed_at + ttl));
+                    }
+                }
+                Ok(Owned::Local) => {
+                    if lease.is_none() {
+                        lease = Some((local_token(), claimed_at, false, false));
+                    }
+                }
+                Ok(Owned::Busy) => {
+                    if lease.take().is_some() {
+                        tracing::info!(consumer = %cfg.name, partition = p, "consumer partition taken by another node");
+                    }
+                    consumer.update(p, |s| s.owned = false);
+                    if !idle(&state, &consumer, &notified, cfg.poll_interval, false).await {
+                        break;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    consumer.note_error(p, format!("engine: {e}"));
+                    if !pause(&state, &mut backoff, cfg.max_backoff.min(ttl / 3)).await {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
+        let Some((token, claimed_at, remote, fenced)) = lease else { continue };
+        if source.as_ref().is_none_or(|s| s.client.is_closed()) {
+            let connected = tokio::select! {
+                () = state.shutdown.cancelled() => break,
+                c = connect(&cfg, notified.clone()) => c,
+            };
+            match connected {
+                Ok(s) => source = Some(s),
+                Err(e) => {
+                    fail(&state, &consumer, p, &e, &mut failing);
+                    if !pause(&state, &mut backoff, cfg.max_backoff).await {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
+        let src = source.as_mut().expect("connected above");
+        if !fenced {
+            match raise_fence(src, &cfg.name, p, token).await {
+                Ok(()) => {
+                    lease = Some((token, claimed_at, remote, true));
+                    consumer.update(p, |s| {
+                        s.owned = true;
+                        s.token = token;
+                        s.expires = remote.then(|| claimed_at + ttl);
+                    });
+                    tracing::info!(consumer = %cfg.name, partition = p, token, "consumer partition owned");
+                }
+                Err(e) => {
+                    if matches!(e, SourceError::Lost) {
+                        lease = None;
+                        consumer.update(p, |s| s.owned = false);
+                    }
+                    fail(&state, &consumer, p, &e, &mut failing);
+                    if !pause(&state, &mut backoff, cfg.max_backoff).await {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
+        // Wait for writers at most until the lease must be renewed.
+        let patience = (ttl / 3).saturating_sub(claimed_at.elapsed()).max(Duration::from_millis(50));
+        // Cancelling a step is safe: an unfinished removal transaction is
+        // rolled back, and appends already made are receipts next time.
+        let stepped = tokio::select! {
+            () = state.shutdown.cancelled() => break,
+            r = step(&state, &consumer, src, p, token, patience) => r,
+        };
+        match stepped {
+            Ok(stepped) => {
+                backoff = BACKOFF_START;
+                if failing {
+                    failing = false;
+                    tracing::info!(consumer = %cfg.name, partition = p, "consumer partition recovered");
+                    consumer.update(p, |s| s.last_error = None);
+                }
+                if let Stepped::Full = stepped {
+                    continue;
+                }
+                if observed.elapsed() >= cfg.poll_interval {
+                    observed = Instant::now();
+                    if let Err(e) = observe(&state, &consumer, src, p).await {
+                        fail(&state, &consumer, p, &e, &mut failing);
+                    }
+                }
+                let wait = if remote {
+                    cfg.poll_interval.min((ttl / 3).saturating_sub(claimed_at.elapsed()))
+                } else {
+                    cfg.poll_interval
+                };
+                if !idle(&state, &consumer, &notified, wait, true).await {
+                    break;
+                }
+            }
+            Err(e) => {
+                if matches!(e, SourceError::Lost) {
+                    tracing::info!(consumer = %cfg.name, partition = p, "consumer partition lost to a greater fencing token");
+                    lease = None;
+                    consumer.update(p, |s| s.owned = false);
+                }
+                fail(&state, &consumer, p, &e, &mut failing);
+                if !pause(&state, &mut backoff, cfg.max_backoff).await {
+                    break;
+                }
+            }
+        }
+    }
+    if let Some((_, _, true, _)) = lease {
+        if let Err(e) = state.engine.release(&key, &holder).await {
+            tracing::debug!(error = %e, "consumer lease release failed; it expires");
+        }
+    }
+    consumer.update(p, |s| s.owned = false);
+}
+
+/// Record a failure: the status API, the error counter, a warning when the
+/// partition starts failing (then quiet until it recovers).
+fn fail(state: &AppState, consumer: &Consumer, p: usize, e: &SourceError, failing: &mut bool) {
+    consumer.note_error(p, e);
+    state.metrics.consumer_errors.get_or_create(&[("consumer", consumer.cfg.name.clone())]).inc();
+    if !*failing {
+        *failing = true;
+        tracing::warn!(consumer = %consumer.cfg.name, partition = p, error = %e, "consumer partition failing; retrying with backoff");
+    }
+}
+
+/// Sleep up to `wait`, woken early by a notification (when `listen`) or
+/// the retry API. `false` on shutdown.
+async fn idle(
+    state: &AppState,
+    consumer: &Consumer,
+    notified: &Notify,
+    wait: Duration,
+    listen: bool,
+) -> bool {
+    tokio::select! {
+        () = state.shutdown.cancelled() => false,
+        () = notified.notified(), if listen => true,
+        () = consumer.wake.notified() => true,
+        () = tokio::time::sleep(wait) => true,
+    }
+}
+
+/// A parked row, for the API.
+pub struct Parked {
+    pub id: i64,
+    pub channel: Option<String>,
+    pub code: String,
+    pub error: String,
+    pub parked_at_ms: u64,
+}
+
+/// The consumer's parked rows, oldest first (one short connection: an
+/// operator's request).
+pub async fn list_parked(cfg: &ConsumerConfig, limit: i64) -> Result<Vec<Parked>, SourceError> {
+    let client = open(cfg, Arc::new(Notify::new())).await?;
+    let sql = format!(
+        "SELECT id, channel, code, error, (extract(epoch FROM parked_at) * 1000)::bigint FROM {} \
+         WHERE consumer = $1 ORDER BY id LIMIT $2",
+        cfg.dead_letter()
+    );
+    let rows = client.query(&sql, &[&cfg.name, &limit]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| Parked {
+            id: r.get(0),
+            channel: r.get(1),
+            code: r.get(2),
+            error: r.get(3),
+            parked_at_ms: r.get::<_, i64>(4) as u64,
+        })
+        .collect())
+}
+
+/// Put a parked row back into the outbox as a new row (a new id: it is
+/// published after the rows already there). `None`: no such parked row.
+pub async fn retry_parked(cfg: &ConsumerConfig, id: i64) -> Result<Option<i64>, SourceError> {
+    let client = open(cfg, Arc::new(Notify::new())).await?;
+    let columns: Vec<String> = client
+        .query(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+            &[&cfg.table],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut cols = vec!["channel", "data"];
+    for optional in ["meta", "idempotency_key"] {
+        if columns.iter().any(|c| c == optional) {
+            cols.push(optional);
+        }
+    }
+    let list = cols.join(", ");
+    let sql = format!(
+        "WITH d AS (DELETE FROM {dead} WHERE consumer = $1 AND id = $2 RETURNING {list}) \
+         INSERT INTO {t} ({list}) SELECT {list} FROM d RETURNING id",
+        dead = cfg.dead_letter(),
+        t = cfg.table
+    );
+    Ok(client.query_opt(&sql, &[&cfg.name, &id]).await?.map(|r| r.get(0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_sql_names_the_configured_tables_and_binds_the_partition() {
+        let cfg = ConsumerConfig { name: "orders".into(), table: "shop.outbox".into(), ..Default::default() };
+        let sql = Sql::new(&cfg, true, true, true);
+        assert!(sql.read.contains("FROM shop.outbox t"), "{}", sql.read);
+        assert!(sql.read.contains("mod(abs(hashtext(t.channel)::bigint), $2::bigint) = $3::bigint"));
+        assert!(sql.park.starts_with("INSERT INTO shop.outbox_dead"));
+        assert_eq!(sql.state, "shop.herald_consumer_state");
+        let plain =
+            Sql::new(&ConsumerConfig { after_publish: AfterPublish::Mark, ..cfg }, false, false, false);
+        assert!(plain.read.contains("NULL::text, NULL::text"));
+        assert!(plain.read.contains("herald_published_at IS NULL"));
+        assert!(plain.finish_published.starts_with("UPDATE shop.outbox SET herald_published_at"));
+    }
+}

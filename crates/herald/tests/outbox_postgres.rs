@@ -1,0 +1,229 @@
+//! The PostgreSQL outbox consumer against a real PostgreSQL and real
+//! `herald serve` processes: a backend commits rows across many channels in
+//! transactions (some rolled back) while subscribers listen; Herald is
+//! killed with SIGKILL and restarted, PostgreSQL is restarted, poisoned
+//! rows are parked while their partitions go on. Every committed row
+//! reaches every subscriber once, per channel in row-id order; nothing
+//! rolled back arrives; no row is left behind.
+
+mod outbox_backend;
+
+use std::time::Duration;
+
+use herald_test_support::{assert_eventually, PostgresServer};
+use outbox_backend::*;
+
+fn consumer(dsn: &str, partitions: u32) -> String {
+    format!(
+        r#"
+[[consumers]]
+name = "orders"
+kind = "postgres"
+dsn = "{dsn}"
+table = "herald_outbox"
+partitions = {partitions}
+batch_size = 50
+poll_interval = "300ms"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_rows_arrive_once_in_row_id_order_through_kill_9_and_a_postgres_restart() {
+    const CHANNELS: usize = 20;
+    let mut pg = PostgresServer::start();
+    let admin = pg.connect().await;
+    admin.batch_execute(DDL).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = format!(
+        "engine = \"embedded\"\ndata_dir = {:?}\n{}",
+        dir.path().join("data"),
+        consumer(&pg.dsn(), 4)
+    );
+    let mut herald = spawn_herald(port, &config, dir.path());
+    let url = herald.url.clone();
+    let (_a, got_a) = subscriber(&url, "a", CHANNELS).await;
+    let (_b, got_b) = subscriber(&url, "b", CHANNELS).await;
+
+    let backend = Backend::new();
+    let writers = backend.spawn_writers(&pg.dsn(), 4, 500, CHANNELS, Duration::from_millis(2), true);
+
+    // SIGKILL Herald mid-run, start it again on the same port and data.
+    let wait_for = |n: usize| {
+        let ledger = backend.ledger.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + WAIT;
+            while ledger.lock().unwrap().committed.len() < n {
+                assert!(tokio::time::Instant::now() < deadline, "the backend is stuck");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    wait_for(500).await;
+    herald.kill9();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    herald = spawn_herald(port, &config, dir.path());
+
+    // Restart PostgreSQL (immediate: every connection killed) with no
+    // writer transaction open, so every commit's outcome is known.
+    wait_for(1000).await;
+    {
+        let _no_writers = backend.gate.write().await;
+        pg.restart();
+    }
+    for w in writers {
+        w.await.unwrap();
+    }
+    let ledger = backend.ledger.clone();
+    let committed = backend.committed();
+    assert!(committed > 1500 && !ledger.lock().unwrap().rolled_back.is_empty(), "{committed} committed");
+
+    let admin = pg.connect().await;
+    for (who, got) in [("a", &got_a), ("b", &got_b)] {
+        if let Err(e) = all_received(&ledger, got, who).await {
+            explain(e, &admin, &herald.url).await;
+        }
+    }
+    // Nothing more arrives (no late duplicate).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    {
+        let l = ledger.lock().unwrap();
+        check(&l, &got_a.lock().unwrap(), "a");
+        check(&l, &got_b.lock().unwrap(), "b");
+    }
+    assert_eq!(outbox_rows(&admin).await, 0, "no row left behind");
+
+    // The two poisoned rows are parked, visible through the API.
+    let parked = api_get(&herald.url, "/api/v1/consumers/orders/parked").await;
+    let rows = parked["rows"].as_array().unwrap();
+    let mut codes: Vec<&str> = rows.iter().map(|r| r["code"].as_str().unwrap()).collect();
+    codes.sort();
+    assert_eq!(codes, ["bad_request", "unknown_namespace"], "{parked}");
+    let url = herald.url.clone();
+    assert_eventually("the status shows every partition owned and both parked rows", || {
+        let url = url.clone();
+        async move {
+            let s = api_get(&url, "/api/v1/consumers").await;
+            let parts = s["consumers"][0]["partitions"].as_array().unwrap().clone();
+            parts.len() == 4
+                && parts.iter().all(|p| p["owned"] == true && p["lag"] == 0)
+                && parts.iter().map(|p| p["parked_rows"].as_u64().unwrap_or(0)).sum::<u64>() == 2
+        }
+    })
+    .await;
+    let metrics = reqwest::get(format!("{}/metrics", herald.url)).await.unwrap().text().await.unwrap();
+    // Counted since this process started (the rows were parked before the kill).
+    for name in ["published_total", "duplicates_total", "parked_total", "errors_total"] {
+        assert!(metrics.contains(&format!("herald_consumer_{name}{{consumer=\"orders\"}}")), "{name}");
+    }
+    assert!(metrics.contains("herald_consumer_lag_rows{consumer=\"orders\",partition=\"3\"} 0"));
+    println!("{committed} rows committed, {} rolled back", ledger.lock().unwrap().rolled_back.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_row_fixed_in_the_dead_letter_table_is_published_on_retry() {
+    let pg = PostgresServer::start();
+    let admin = pg.connect().await;
+    admin.batch_execute(DDL).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "engine = \"embedded\"\ndata_dir = {:?}\n{}",
+        dir.path().join("data"),
+        consumer(&pg.dsn(), 1)
+    );
+    let herald = spawn_herald(0, &config, dir.path());
+    let (_c, got) = subscriber(&herald.url, "c", 1).await;
+    admin
+        .batch_execute(
+            r#"INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{"tag":"first"}');
+               INSERT INTO herald_outbox (channel, data, meta) VALUES ('orders:0', '{"tag":"bad"}', '[1]');
+               INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{"tag":"third"}');"#,
+        )
+        .await
+        .unwrap();
+    let tags = || got.lock().unwrap().get("orders:0").cloned().unwrap_or_default();
+    assert_eventually("the partition goes on past the parked row", || async { tags().len() == 2 }).await;
+    assert_eq!(tags(), [(1, "first".to_owned()), (2, "third".to_owned())]);
+    let parked = api_get(&herald.url, "/api/v1/consumers/orders/parked").await;
+    let row = &parked["rows"][0];
+    assert_eq!((row["channel"].as_str(), row["code"].as_str()), (Some("orders:0"), Some("bad_request")));
+    assert!(row["error"].as_str().unwrap().contains("meta"), "{row}");
+
+    // The operator fixes the row and retries it: it is published after
+    // the rows already there.
+    admin.execute("UPDATE herald_outbox_dead SET meta = '{\"k\":\"v\"}'", &[]).await.unwrap();
+    let id = row["id"].as_i64().unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}/api/v1/consumers/orders/parked/{id}/retry", herald.url))
+        .bearer_auth(API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(body["new_id"].as_i64().unwrap() > id, "{body}");
+    assert_eventually("the retried row is published", || async { tags().len() == 3 }).await;
+    assert_eq!(tags()[2], (3, "bad".to_owned()));
+    assert_eq!(api_get(&herald.url, "/api/v1/consumers/orders/parked").await["rows"], serde_json::json!([]));
+    let r = reqwest::Client::new()
+        .post(format!("{}/api/v1/consumers/orders/parked/{id}/retry", herald.url))
+        .bearer_auth(API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404, "retried once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marked_rows_stay_with_their_publish_time_and_are_published_once() {
+    let pg = PostgresServer::start();
+    let admin = pg.connect().await;
+    admin.batch_execute(DDL).await.unwrap();
+    admin
+        .batch_execute("ALTER TABLE herald_outbox ADD COLUMN herald_published_at timestamptz")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = format!(
+        "engine = \"embedded\"\ndata_dir = {:?}\n{}after_publish = \"mark\"\n",
+        dir.path().join("data"),
+        consumer(&pg.dsn(), 2)
+    );
+    let mut herald = spawn_herald(port, &config, dir.path());
+    let (_c, got) = subscriber(&herald.url, "m", 3).await;
+    for i in 0..30 {
+        let data = format!("{{\"tag\":\"m{i}\"}}");
+        admin
+            .execute(
+                "INSERT INTO herald_outbox (channel, data) VALUES ($1, $2::text::jsonb)",
+                &[&format!("orders:{}", i % 3), &data],
+            )
+            .await
+            .unwrap();
+    }
+    let count = || got.lock().unwrap().values().map(Vec::len).sum::<usize>();
+    assert_eventually("every row published", || async { count() == 30 }).await;
+    let marked: i64 = admin
+        .query_one("SELECT count(*) FROM herald_outbox WHERE herald_published_at IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(marked, 30, "rows kept, each marked");
+    // A restarted node reads no marked row again.
+    herald.kill9();
+    herald = spawn_herald(port, &config, dir.path());
+    admin
+        .execute("INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{\"tag\":\"after\"}')", &[])
+        .await
+        .unwrap();
+    assert_eventually("the new row published", || async { count() == 31 }).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(count(), 31, "nothing published twice");
+    for (channel, rows) in got.lock().unwrap().iter() {
+        let seqs: Vec<u64> = rows.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, (1..=rows.len() as u64).collect::<Vec<_>>(), "{channel}");
+    }
+    drop(herald);
+}
