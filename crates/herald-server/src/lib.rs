@@ -94,7 +94,7 @@ impl Server {
         let metrics = Arc::new(metrics::Metrics::with_engine(&engine));
         let hub = Arc::new(hub::Hub::new(metrics.clone(), &config.websocket));
         engine.set_sink(hub.clone());
-        let jwt = auth::JwtVerifier::new(&config.jwt)
+        let jwt = auth::verifier(&config.jwt, None, &metrics)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let presence_tick = config.heartbeat.ping_interval.min(config.presence.renew_interval());
         let origins = |key: &str, list: &[String]| {

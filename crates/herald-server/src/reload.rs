@@ -103,7 +103,8 @@ impl AppState {
             return Err(Refused::NeedsRestart(fixed));
         }
         // Build everything before swapping anything: a failure changes nothing.
-        let jwt = auth::JwtVerifier::new(&next.jwt).map_err(|e| Refused::Invalid(format!("jwt: {e}")))?;
+        let jwt = auth::verifier(&next.jwt, Some(&self.jwt.load()), &self.metrics)
+            .map_err(|e| Refused::Invalid(format!("jwt: {e}")))?;
         let api_keys = auth::ApiKeys::new(&next.api_keys);
         self.jwt.store(Arc::new(jwt));
         self.api_keys.store(Arc::new(api_keys));

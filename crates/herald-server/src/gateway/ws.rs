@@ -34,13 +34,13 @@ pub struct WsQuery {
     device: Option<String>,
 }
 
-fn authenticate(state: &AppState, headers: &HeaderMap, q: &WsQuery) -> Result<Identity, ApiError> {
+async fn authenticate(state: &AppState, headers: &HeaderMap, q: &WsQuery) -> Result<Identity, ApiError> {
     if let Some(device) = &q.device {
         check_id(device).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`device` {e}")))?;
     }
     let bearer = crate::auth::bearer(headers);
     if let Some(token) = bearer.or(q.token.as_deref()) {
-        return verify_token(state, token, q.device.as_deref());
+        return verify_token(state, token, q.device.as_deref()).await;
     }
     match &q.user {
         Some(user) if state.config.dev => dev_identity(user, q.device.as_deref()),
@@ -55,15 +55,17 @@ fn authenticate(state: &AppState, headers: &HeaderMap, q: &WsQuery) -> Result<Id
 }
 
 /// A client JWT, verified with the configured keys (both socket protocols).
-pub(crate) fn verify_token(
+pub(crate) async fn verify_token(
     state: &AppState,
     token: &str,
     device: Option<&str>,
 ) -> Result<Identity, ApiError> {
-    if !state.jwt.load().is_configured() {
+    // Held by `Arc`: a JWKS refresh may be awaited.
+    let jwt = state.jwt.load_full();
+    if !jwt.is_configured() {
         return Err(ApiError::new(ErrorCode::Unauthorized, "this server has no JWT keys configured"));
     }
-    state.jwt.load().verify(token.trim(), device).map_err(|e| ApiError::new(e.code, e.message))
+    jwt.verify(token.trim(), device).await.map_err(|e| ApiError::new(e.code, e.message))
 }
 
 /// A token-less dev-mode identity for `user` (the caller checked dev mode).
@@ -135,7 +137,7 @@ pub async fn upgrade(
         Some(p) if no_token && q.user.is_none() => {
             crate::integration::proxies::connect(&state, p, req.headers(), q.device.as_deref()).await
         }
-        _ => authenticate(&state, req.headers(), &q),
+        _ => authenticate(&state, req.headers(), &q).await,
     };
     match identity {
         Ok(identity) => start_session(state, req, identity, Wire::Herald),

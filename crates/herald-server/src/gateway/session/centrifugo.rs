@@ -157,10 +157,10 @@ impl Session {
 
     /// The identity of a `connect` or `refresh` token (dev mode: the
     /// upgrade's `?user=` when there is no token).
-    fn identity_of(&mut self, token: &str) -> Result<Identity, ApiError> {
+    async fn identity_of(&mut self, token: &str) -> Result<Identity, ApiError> {
         let device = self.conn().device.clone();
         if !token.is_empty() {
-            crate::gateway::ws::verify_token(&self.state, token, device.as_deref())
+            crate::gateway::ws::verify_token(&self.state, token, device.as_deref()).await
         } else if self.state.config.dev {
             let user = self.conn().dev_user.clone().unwrap_or_else(|| self.conn().client.clone());
             crate::gateway::ws::dev_identity(&user, device.as_deref())
@@ -193,7 +193,7 @@ impl Session {
                 let device = self.conn().device.clone();
                 Box::pin(crate::integration::proxies::connect(&state, p, &headers, device.as_deref())).await
             }
-            _ => self.identity_of(token),
+            _ => self.identity_of(token).await,
         };
         self.identity = match identity {
             Ok(identity) => identity,
@@ -241,7 +241,7 @@ impl Session {
     /// expiry. Subscriptions the new token no longer allows stay until the
     /// client ends them (as on `/ws`, permissions are checked at subscribe).
     async fn refresh(&mut self, id: u32, token: &str) -> Result<(), SessionEnd> {
-        let identity = self.identity_of(token).map_err(|e| Self::token_refused(&e))?;
+        let identity = self.identity_of(token).await.map_err(|e| Self::token_refused(&e))?;
         if identity.sub != self.identity.sub {
             return Err(SessionEnd::Close {
                 code: close::UNAUTHORIZED,
