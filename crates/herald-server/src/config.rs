@@ -46,6 +46,11 @@ pub struct Config {
     /// API keys for `/api/v1` (`Authorization: Bearer <key>`). Each key is its
     /// own idempotency scope.
     pub api_keys: Vec<String>,
+    /// The log filter (`info`, `warn,herald_server=debug`, ...); `HERALD_LOG`
+    /// wins over it. Unset: `info` (the storage library's own lines at
+    /// `warn`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
     /// How long idempotency receipts are kept.
     #[serde(with = "humantime_serde")]
     pub idempotency_ttl: Duration,
@@ -89,6 +94,7 @@ impl Default for Config {
             engine: EngineKind::Embedded,
             dev: false,
             api_keys: Vec::new(),
+            log: None,
             idempotency_ttl: Duration::from_secs(24 * 3600),
             console: ConsoleSetting::Auto,
             allowed_origins: Vec::new(),

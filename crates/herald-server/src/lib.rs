@@ -115,7 +115,7 @@ impl Server {
             reloads: Default::default(),
             webhooks: webhooks::Webhooks::new(&config.webhooks),
             subscribe_cache: Default::default(),
-            config,
+            live: AppState::initial_config(config),
             engine,
             hub,
             metrics,
@@ -143,6 +143,11 @@ impl Server {
     /// configuration again: the way the binary read it at start.
     pub fn set_reloader(&self, read: reload::Reader) {
         let _ = self.state.reloads.reader.set(read);
+    }
+
+    /// How a reload that changes `log` puts the new filter in force.
+    pub fn set_log_filter(&self, apply: reload::LogFilter) {
+        let _ = self.state.reloads.log_filter.set(apply);
     }
 
     /// The router inside the layers every request passes, applied around
@@ -210,7 +215,7 @@ impl Server {
     pub async fn run(self, signal: impl Future<Output = ()>) -> std::io::Result<()> {
         let state = self.state.clone();
         let http_tasks = TaskTracker::new();
-        let http = &state.config.http;
+        let http = &state.config().http;
         let serving = gateway::listener::Serving {
             connections: Arc::new(gateway::listener::Connections::new(
                 state.max_http_connections,
@@ -233,7 +238,7 @@ impl Server {
             tokio::select! {
                 () = &mut signal, if !signalled => {
                     // Without a drain period, every session closes at once (1001).
-                    if state.config.shutdown.drain_period.is_zero() {
+                    if state.config().shutdown.drain_period.is_zero() {
                         break;
                     }
                     signalled = true;
@@ -256,7 +261,7 @@ impl Server {
         state.shutdown.cancel();
         state.sessions.stop_all();
         state.tasks.close();
-        let grace = state.config.shutdown.grace;
+        let grace = state.config().shutdown.grace;
         http_tasks.close();
         let drained = tokio::time::timeout(grace, async {
             tokio::join!(http_tasks.wait(), state.tasks.wait());

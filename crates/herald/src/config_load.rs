@@ -121,6 +121,13 @@ pub fn load(flags: &ServeFlags) -> Result<Loaded, String> {
             other => return Err(format!("--fsync / HERALD_FSYNC: `{other}` is not `always` or `never`")),
         };
     }
+    // HERALD_LOG wins over the file's `log`.
+    if let Ok(log) = std::env::var("HERALD_LOG") {
+        config.log = Some(log);
+    }
+    if let Some(log) = &config.log {
+        tracing_subscriber::EnvFilter::try_new(log).map_err(|e| format!("log / HERALD_LOG: `{log}`: {e}"))?;
+    }
     config.validate()?;
     Ok(Loaded { config, deprecations })
 }

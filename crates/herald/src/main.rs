@@ -63,14 +63,14 @@ fn main() -> ExitCode {
                     return ExitCode::from(config_load::EXIT_CONFIG as u8);
                 }
             };
-            init_tracing();
+            let log_filter = init_tracing(loaded.config.log.as_deref());
             if let Some(file) = config_load::config_file(&flags) {
                 tracing::info!(file = %file.display(), "configuration file read");
             }
             for deprecation in &loaded.deprecations {
                 tracing::warn!("{deprecation}");
             }
-            run_async(serve(loaded.config, flags))
+            run_async(serve(loaded.config, flags, log_filter))
         }
         Command::Publish(args) => run_async(cli::publish(args)),
         Command::PublishBatch(args) => run_async(cli::publish_batch(args)),
@@ -96,24 +96,42 @@ fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> Exit
     }
 }
 
-fn init_tracing() {
+/// The log filter without `log` (or `HERALD_LOG`): the storage library's
+/// own info lines (ingestion, flushes) are noise at the default level.
+const DEFAULT_LOG: &str = "info,fjall=warn,lsm_tree=warn";
+
+/// Start logging with `log` (checked by `config_load::load`); returns how
+/// a reload puts another filter in force.
+fn init_tracing(log: Option<&str>) -> herald_server::reload::LogFilter {
     use tracing_subscriber::EnvFilter;
-    // The storage library's own info lines (ingestion, flushes) are noise at
-    // the default level.
-    let filter = EnvFilter::try_from_env("HERALD_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
+    let filter = |log: Option<&str>| {
+        EnvFilter::try_new(log.unwrap_or(DEFAULT_LOG)).unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG))
+    };
     let json = std::env::var("HERALD_LOG_FORMAT").is_ok_and(|v| v == "json");
     // Logs go to stderr; stdout carries only the connect banner.
-    let builder =
-        tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_target(false).with_writer(std::io::stderr);
     if json {
-        builder.json().init();
-    } else {
+        let builder = builder.json().with_env_filter(filter(log)).with_filter_reloading();
+        let handle = builder.reload_handle();
         builder.init();
+        Box::new(move |log| {
+            let _ = handle.reload(filter(log));
+        })
+    } else {
+        let builder = builder.with_env_filter(filter(log)).with_filter_reloading();
+        let handle = builder.reload_handle();
+        builder.init();
+        Box::new(move |log| {
+            let _ = handle.reload(filter(log));
+        })
     }
 }
 
-async fn serve(config: herald_server::Config, flags: ServeFlags) -> anyhow::Result<()> {
+async fn serve(
+    config: herald_server::Config,
+    flags: ServeFlags,
+    log_filter: herald_server::reload::LogFilter,
+) -> anyhow::Result<()> {
     let engine = open_engine(&config).await?;
     let dev = config.dev;
     let console = config.console_enabled();
@@ -152,6 +170,7 @@ async fn serve(config: herald_server::Config, flags: ServeFlags) -> anyhow::Resu
     }
     // A reload reads the configuration as the start did: the same file, and
     // the same flags and environment over it.
+    server.set_log_filter(log_filter);
     server.set_reloader(Box::new(move || {
         config_load::load(&flags).map(|l| l.config).map_err(|e| format!("invalid configuration: {e}"))
     }));

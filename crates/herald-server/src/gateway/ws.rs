@@ -43,7 +43,7 @@ async fn authenticate(state: &AppState, headers: &HeaderMap, q: &WsQuery) -> Res
         return verify_token(state, token, q.device.as_deref()).await;
     }
     match &q.user {
-        Some(user) if state.config.dev => dev_identity(user, q.device.as_deref()),
+        Some(user) if state.config().dev => dev_identity(user, q.device.as_deref()),
         Some(_) => Err(ApiError::new(
             ErrorCode::Forbidden,
             "token-less `?user=` connections are only accepted in --dev mode",
@@ -132,7 +132,7 @@ pub async fn upgrade(
         Err(e) => return ApiError::new(ErrorCode::BadRequest, e.body_text()).into_response(),
     };
     let no_token = crate::auth::bearer(req.headers()).is_none() && q.token.is_none();
-    let identity = match state.config.proxies.connect.as_ref() {
+    let identity = match state.config().proxies.connect.as_ref() {
         // No token and a connect proxy: the backend decides (proxies.rs).
         Some(p) if no_token && q.user.is_none() => {
             crate::integration::proxies::connect(&state, p, req.headers(), q.device.as_deref()).await
@@ -156,7 +156,7 @@ pub(crate) fn precheck(state: &AppState, headers: &HeaderMap) -> Result<(), ApiE
         e.retry_after = Some(1);
         return Err(e);
     }
-    crate::browser::check_ws_origin(state.config.dev, &state.ws_origins, headers).inspect_err(|_| {
+    crate::browser::check_ws_origin(state.config().dev, &state.ws_origins, headers).inspect_err(|_| {
         state.metrics.origin_refused.inc();
     })
 }
@@ -195,7 +195,7 @@ pub(crate) fn start_session(
                     *boxed
                 };
                 let limits =
-                    Limits::default().max_payload_len(Some(task_state.config.websocket.max_message_bytes));
+                    Limits::default().max_payload_len(Some(task_state.config().websocket.max_message_bytes));
                 let ws = ServerBuilder::new()
                     .limits(limits)
                     .config(Config::default().flush_threshold(WRITE_BATCH_BYTES))
