@@ -29,8 +29,9 @@ KEY = "reload-bench-key-0123456789"
 
 
 def config(variant):
+    second = ', "reload-bench-key-second-01"' if variant else ""
     return (
-        f'api_keys = ["{KEY}"{", \\"reload-bench-key-second-01\\"" if variant else ""}]\n'
+        f'api_keys = ["{KEY}"{second}]\n'
         f"[websocket]\nmax_message_bytes = {131072 if variant else 65536}\n"
         f"[history]\nmax_limit = {2000 if variant else 1000}\n"
         '[namespaces.chat]\ndelivery = "durable"\n'
