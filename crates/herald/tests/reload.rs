@@ -249,3 +249,42 @@ async fn a_key_that_needs_a_restart_is_named_and_nothing_changes() {
     assert_eq!(publish(&herald.url, NEW, "chat:fixed", json!(2)).await, 201);
     assert_eq!(data(&mut conn).await, json!(2), "the connection stayed up");
 }
+
+/// A token signed with `secret` under `kid`.
+fn kid_token(kid: &str, secret: &str, sub: &str) -> String {
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    header.kid = Some(kid.into());
+    let claims = json!({ "sub": sub, "exp": now_secs() + 300, "channels": ["chat:*"] });
+    jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()))
+        .unwrap()
+}
+
+/// Connect with `token`: whether the upgrade was accepted.
+async fn accepted(url: &str, token: &str) -> bool {
+    Connection::connect(&ConnectOptions::token(url, token)).await.is_ok()
+}
+
+#[tokio::test]
+async fn jwt_keys_rotate_by_kid_through_reloads_without_dropping_a_connection() {
+    const A: &str = "the-first-signing-secret-of-32-bytes!";
+    const B: &str = "the-second-signing-secret-of-32-bytes";
+    let key = |kid: &str, secret: &str| {
+        format!("[[jwt.keys]]\nkid = \"{kid}\"\nalg = \"HS256\"\nsecret = \"{secret}\"\n")
+    };
+    let (herald, file) = spawn(&config(OLD, &key("a", A)));
+    let mut conn =
+        Connection::connect(&ConnectOptions::token(&herald.url, kid_token("a", A, "ann"))).await.unwrap();
+    assert!(!accepted(&herald.url, &kid_token("b", B, "bob")).await, "b is not a key yet");
+    // The new key beside the old one: both verify.
+    write_config(&file, &config(OLD, &format!("{}{}", key("a", A), key("b", B))));
+    assert_eq!(reload(&herald.url, OLD).await.0, 200);
+    assert!(accepted(&herald.url, &kid_token("b", B, "bob")).await);
+    assert!(accepted(&herald.url, &kid_token("a", A, "cat")).await);
+    // The old key withdrawn: its tokens are refused, b's still verify.
+    write_config(&file, &config(OLD, &key("b", B)));
+    assert_eq!(reload(&herald.url, OLD).await.0, 200);
+    assert!(!accepted(&herald.url, &kid_token("a", A, "dan")).await);
+    assert!(accepted(&herald.url, &kid_token("b", B, "eve")).await);
+    // The connection that came in with a's token is still up.
+    assert_eq!(conn.ping().await.unwrap().kind, "pong");
+}
