@@ -212,3 +212,23 @@ async fn cache_headers_schedule_the_refresh_and_a_withdrawn_key_stops_verifying(
     let token = encode(&header, &wrong_aud, &k2.key).unwrap();
     assert_eq!(connect(&srv, &token).await, Err(401));
 }
+
+#[test]
+fn a_plain_http_jwks_url_off_loopback_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .env("HERALD_JWKS_URL", "http://idp.example.com/.well-known/jwks.json")
+        .env_remove("HERALD_CONFIG")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("jwt: jwks_url: plain http is allowed only to a loopback address")
+            && err.contains("idp.example.com"),
+        "{err}"
+    );
+}
