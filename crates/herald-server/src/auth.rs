@@ -1,16 +1,41 @@
 //! Authentication: JWTs for WebSocket clients, API keys for the HTTP API.
 //!
 //! Tokens and keys are never logged; errors name the failed check only.
+//! Token verification and its keys are in `jwt.rs` (static keys, chosen by
+//! `kid`) and `jwks.rs` (the keys of an identity provider's JWKS endpoint).
+
+mod jwks;
+mod jwt;
+
+pub use jwks::{check_jwks_url, Jwks};
+pub use jwt::JwtVerifier;
+
+/// The verifier `cfg` asks for, its JWKS kept from `current` when that
+/// fetches the same endpoint with the same bounds, else started (inside
+/// the runtime). Used at start and by a reload.
+pub fn verifier(
+    cfg: &crate::config::JwtConfig,
+    current: Option<&JwtVerifier>,
+    metrics: &Arc<crate::metrics::Metrics>,
+) -> Result<JwtVerifier, String> {
+    let verifier = JwtVerifier::new(cfg)?;
+    if cfg.jwks_url.is_none() {
+        metrics.jwks_keys.set(0);
+        return Ok(verifier);
+    }
+    let jwks = match current.and_then(JwtVerifier::jwks) {
+        Some(j) if j.serves(cfg) => j.clone(),
+        _ => Jwks::start(cfg, metrics.clone()).map_err(|e| format!("jwks_url: {e}"))?,
+    };
+    Ok(verifier.with_jwks(jwks))
+}
 
 use std::sync::Arc;
 
 use herald_core::NamespaceOptions;
 use herald_proto::{check_id, ChannelName, ErrorCode};
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
-
-use crate::config::JwtConfig;
 
 /// The prefix of reserved user ids: the server's own subscribers (a
 /// webhook's cursor is `herald:webhook:NAME`), never a client's user id.
@@ -181,122 +206,68 @@ pub struct AuthError {
 }
 
 impl AuthError {
-    const fn new(code: ErrorCode, message: &'static str) -> Self {
+    pub(crate) const fn new(code: ErrorCode, message: &'static str) -> Self {
         Self { code, message }
     }
 }
 
-/// Verifies client JWTs against the configured keys. Each algorithm is only
-/// accepted with its own key type, so an HS256 token "signed" with an RSA
-/// public key (key confusion) and `alg: none` are rejected.
-pub struct JwtVerifier {
-    keys: Vec<(Algorithm, DecodingKey)>,
-    leeway: u64,
-}
-
-impl JwtVerifier {
-    pub fn new(cfg: &JwtConfig) -> Result<Self, String> {
-        let mut keys = Vec::new();
-        if let Some(secret) = &cfg.hs256_secret {
-            keys.push((Algorithm::HS256, DecodingKey::from_secret(secret.as_bytes())));
-        }
-        if let Some(pem) = &cfg.rs256_public_key_pem {
-            let key = DecodingKey::from_rsa_pem(pem.as_bytes())
-                .map_err(|e| format!("rs256_public_key_pem is not an RSA public key: {e}"))?;
-            keys.push((Algorithm::RS256, key));
-        }
-        if let Some(pem) = &cfg.es256_public_key_pem {
-            let key = DecodingKey::from_ec_pem(pem.as_bytes())
-                .map_err(|e| format!("es256_public_key_pem is not an EC public key: {e}"))?;
-            keys.push((Algorithm::ES256, key));
-        }
-        Ok(Self { keys, leeway: cfg.leeway_secs })
+/// The identity of a token whose signature and registered claims
+/// (`exp`, `nbf`, `iss`, `aud`) were checked (`jwt.rs`): its own claims
+/// checked and turned into permissions.
+fn identity_from(c: Claims, device_param: Option<&str>) -> Result<Identity, AuthError> {
+    // Ids by the one rule of `herald_proto::check_id` (SubscriberId's).
+    if check_id(&c.sub).is_err() {
+        return Err(AuthError::new(
+            ErrorCode::Unauthorized,
+            "token `sub` must be 1..=255 bytes without control characters",
+        ));
     }
-
-    pub fn is_configured(&self) -> bool {
-        !self.keys.is_empty()
+    // Reserved for Herald's own subscribers (webhooks ack as
+    // `herald:webhook:<name>`): no client may ack in their name.
+    if c.sub.starts_with(RESERVED_USER_PREFIX) {
+        return Err(AuthError::new(
+            ErrorCode::Unauthorized,
+            "token `sub` must not start with `herald:` (reserved)",
+        ));
     }
-
-    pub fn verify(&self, token: &str, device_param: Option<&str>) -> Result<Identity, AuthError> {
-        use jsonwebtoken::errors::ErrorKind;
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|_| AuthError::new(ErrorCode::Unauthorized, "malformed token or unsupported alg"))?;
-        let (alg, key) = self
-            .keys
-            .iter()
-            .find(|(alg, _)| *alg == header.alg)
-            .ok_or(AuthError::new(ErrorCode::Unauthorized, "token algorithm not accepted"))?;
-        let mut validation = Validation::new(*alg);
-        validation.leeway = self.leeway;
-        validation.validate_nbf = true;
-        validation.validate_exp = true;
-        validation.set_required_spec_claims(&["exp", "sub"]);
-        let data = jsonwebtoken::decode::<Claims>(token, key, &validation).map_err(|e| match e.kind() {
-            ErrorKind::ExpiredSignature => AuthError::new(ErrorCode::TokenExpired, "token expired"),
-            ErrorKind::ImmatureSignature => {
-                AuthError::new(ErrorCode::Unauthorized, "token not valid yet (nbf)")
-            }
-            ErrorKind::InvalidSignature => AuthError::new(ErrorCode::Unauthorized, "bad token signature"),
-            ErrorKind::MissingRequiredClaim(_) => {
-                AuthError::new(ErrorCode::Unauthorized, "token lacks a required claim (exp, sub)")
-            }
-            _ => AuthError::new(ErrorCode::Unauthorized, "invalid token"),
-        })?;
-        let c = data.claims;
-        // Ids by the one rule of `herald_proto::check_id` (SubscriberId's).
-        if check_id(&c.sub).is_err() {
+    if c.device.as_deref().is_some_and(|d| check_id(d).is_err()) {
+        return Err(AuthError::new(
+            ErrorCode::Unauthorized,
+            "token `device` must be 1..=255 bytes without control characters",
+        ));
+    }
+    // A device claim in the token wins over the query parameter.
+    let device = c.device.as_deref().or(device_param).map(Arc::from);
+    let info = c.info.map(|v| v.to_string().into_boxed_str());
+    if info.as_ref().is_some_and(|i| i.len() > herald_proto::MAX_MEMBER_INFO_LEN) {
+        return Err(AuthError::new(ErrorCode::Unauthorized, "the token's `info` claim is too long"));
+    }
+    let mut subscribe: Vec<Pattern> = c.channels.iter().map(|p| Pattern::parse(p)).collect();
+    let mut publish: Vec<Pattern> = c.publish.iter().map(|p| Pattern::parse(p)).collect();
+    for cap in &c.caps {
+        if !matches!(cap.match_type.as_str(), "" | "wildcard") {
             return Err(AuthError::new(
                 ErrorCode::Unauthorized,
-                "token `sub` must be 1..=255 bytes without control characters",
+                "token `caps`: only exact and `wildcard` (a trailing `*`) matches are supported",
             ));
         }
-        // Reserved for Herald's own subscribers (webhooks ack as
-        // `herald:webhook:<name>`): no client may ack in their name.
-        if c.sub.starts_with(RESERVED_USER_PREFIX) {
-            return Err(AuthError::new(
-                ErrorCode::Unauthorized,
-                "token `sub` must not start with `herald:` (reserved)",
-            ));
+        let patterns = || cap.channels.iter().map(|p| Pattern::parse(p));
+        if cap.allow.iter().any(|a| a == "sub") {
+            subscribe.extend(patterns());
         }
-        if c.device.as_deref().is_some_and(|d| check_id(d).is_err()) {
-            return Err(AuthError::new(
-                ErrorCode::Unauthorized,
-                "token `device` must be 1..=255 bytes without control characters",
-            ));
+        if cap.allow.iter().any(|a| a == "pub") {
+            publish.extend(patterns());
         }
-        // A device claim in the token wins over the query parameter.
-        let device = c.device.as_deref().or(device_param).map(Arc::from);
-        let info = c.info.map(|v| v.to_string().into_boxed_str());
-        if info.as_ref().is_some_and(|i| i.len() > herald_proto::MAX_MEMBER_INFO_LEN) {
-            return Err(AuthError::new(ErrorCode::Unauthorized, "the token's `info` claim is too long"));
-        }
-        let mut subscribe: Vec<Pattern> = c.channels.iter().map(|p| Pattern::parse(p)).collect();
-        let mut publish: Vec<Pattern> = c.publish.iter().map(|p| Pattern::parse(p)).collect();
-        for cap in &c.caps {
-            if !matches!(cap.match_type.as_str(), "" | "wildcard") {
-                return Err(AuthError::new(
-                    ErrorCode::Unauthorized,
-                    "token `caps`: only exact and `wildcard` (a trailing `*`) matches are supported",
-                ));
-            }
-            let patterns = || cap.channels.iter().map(|p| Pattern::parse(p));
-            if cap.allow.iter().any(|a| a == "sub") {
-                subscribe.extend(patterns());
-            }
-            if cap.allow.iter().any(|a| a == "pub") {
-                publish.extend(patterns());
-            }
-        }
-        Ok(Identity {
-            sub: Arc::from(c.sub),
-            device,
-            subscribe,
-            publish,
-            server_side: server_side(&c.channels),
-            exp: Some(c.exp),
-            info,
-        })
     }
+    Ok(Identity {
+        sub: Arc::from(c.sub),
+        device,
+        subscribe,
+        publish,
+        server_side: server_side(&c.channels),
+        exp: Some(c.exp),
+        info,
+    })
 }
 
 /// The API credentials. Each key is identified by a short hash of itself, which

@@ -46,6 +46,11 @@ pub struct Config {
     /// API keys for `/api/v1` (`Authorization: Bearer <key>`). Each key is its
     /// own idempotency scope.
     pub api_keys: Vec<String>,
+    /// The log filter (`info`, `warn,herald_server=debug`, ...); `HERALD_LOG`
+    /// wins over it. Unset: `info` (the storage library's own lines at
+    /// `warn`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
     /// How long idempotency receipts are kept.
     #[serde(with = "humantime_serde")]
     pub idempotency_ttl: Duration,
@@ -93,6 +98,7 @@ impl Default for Config {
             engine: EngineKind::Embedded,
             dev: false,
             api_keys: Vec::new(),
+            log: None,
             idempotency_ttl: Duration::from_secs(24 * 3600),
             console: ConsoleSetting::Auto,
             allowed_origins: Vec::new(),
@@ -128,21 +134,87 @@ pub enum ConsoleSetting {
     Off,
 }
 
-/// Token verification for WebSocket clients.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// Token verification for WebSocket clients: the keys a token may be
+/// signed with (several at once, chosen by the token's `kid`), an identity
+/// provider's JWKS endpoint, and the claims every token must carry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct JwtConfig {
-    /// HS256 shared secret. Enables HS256 when set.
+    /// HS256 shared secret (a key without a `kid`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hs256_secret: Option<String>,
-    /// RS256 public key, PEM text. Enables RS256 when set.
+    /// RS256 public key, PEM text (a key without a `kid`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rs256_public_key_pem: Option<String>,
-    /// ES256 (P-256) public key, PEM text. Enables ES256 when set.
+    /// ES256 (P-256) public key, PEM text (a key without a `kid`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub es256_public_key_pem: Option<String>,
+    /// `[[jwt.keys]]`: more keys, each with its algorithm and usually a
+    /// `kid`, all valid at once (rotation: add the new key, move the
+    /// token issuer to it, remove the old one once its tokens expired).
+    pub keys: Vec<JwtKey>,
+    /// An identity provider's JWKS endpoint (`https://`; `http://` only to
+    /// a loopback address). Its keys are valid beside the static ones.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jwks_url: Option<String>,
+    /// Shortest time between two fetches of the JWKS, whatever asks for
+    /// it (its cache headers, a token with an unknown `kid`, a failure).
+    #[serde(with = "humantime_serde")]
+    pub jwks_refresh_min: Duration,
+    /// Longest time the JWKS is used without a fetch (its `Cache-Control:
+    /// max-age` is held between the two bounds; without one, this).
+    #[serde(with = "humantime_serde")]
+    pub jwks_refresh_max: Duration,
+    /// Accepted `iss` values; when set, a token must carry one of them.
+    pub issuers: Vec<String>,
+    /// Accepted `aud` values; when set, a token's `aud` must name one.
+    pub audiences: Vec<String>,
     /// Clock skew allowed on `exp` and `nbf`, in seconds.
     pub leeway_secs: u64,
+}
+
+impl Default for JwtConfig {
+    fn default() -> Self {
+        Self {
+            hs256_secret: None,
+            rs256_public_key_pem: None,
+            es256_public_key_pem: None,
+            keys: Vec::new(),
+            jwks_url: None,
+            jwks_refresh_min: Duration::from_secs(30),
+            jwks_refresh_max: Duration::from_secs(3600),
+            issuers: Vec::new(),
+            audiences: Vec::new(),
+            leeway_secs: 0,
+        }
+    }
+}
+
+/// One `[[jwt.keys]]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtKey {
+    /// The `kid` of the tokens it signs. Without one, the key is tried for
+    /// every token of its algorithm that no other key's `kid` names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kid: Option<String>,
+    /// `HS256`, `RS256`, `ES256` or `EdDSA` (Ed25519).
+    pub alg: JwtAlg,
+    /// HS256: the shared secret (at least 32 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    /// RS256, ES256, EdDSA: the public key, PEM text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_key_pem: Option<String>,
+}
+
+/// The token algorithms Herald accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JwtAlg {
+    HS256,
+    RS256,
+    ES256,
+    EdDSA,
 }
 
 /// `[http]`: connections that are not WebSocket sessions (API requests,

@@ -96,7 +96,7 @@ impl Server {
         let metrics = Arc::new(metrics::Metrics::with_engine(&engine));
         let hub = Arc::new(hub::Hub::new(metrics.clone(), &config.websocket));
         engine.set_sink(hub.clone());
-        let jwt = auth::JwtVerifier::new(&config.jwt)
+        let jwt = auth::verifier(&config.jwt, None, &metrics)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let presence_tick = config.heartbeat.ping_interval.min(config.presence.renew_interval());
         let origins = |key: &str, list: &[String]| {
@@ -118,7 +118,7 @@ impl Server {
             webhooks: webhooks::Webhooks::new(&config.webhooks),
             consumers: consumers::Consumers::new(&config.consumers),
             subscribe_cache: Default::default(),
-            config,
+            live: AppState::initial_config(config),
             engine,
             hub,
             metrics,
@@ -146,6 +146,11 @@ impl Server {
     /// configuration again: the way the binary read it at start.
     pub fn set_reloader(&self, read: reload::Reader) {
         let _ = self.state.reloads.reader.set(read);
+    }
+
+    /// How a reload that changes `log` puts the new filter in force.
+    pub fn set_log_filter(&self, apply: reload::LogFilter) {
+        let _ = self.state.reloads.log_filter.set(apply);
     }
 
     /// The router inside the layers every request passes, applied around
@@ -217,7 +222,7 @@ impl Server {
     pub async fn run(self, signal: impl Future<Output = ()>) -> std::io::Result<()> {
         let state = self.state.clone();
         let http_tasks = TaskTracker::new();
-        let http = &state.config.http;
+        let http = &state.config().http;
         let serving = gateway::listener::Serving {
             connections: Arc::new(gateway::listener::Connections::new(
                 state.max_http_connections,
@@ -241,7 +246,7 @@ impl Server {
             tokio::select! {
                 () = &mut signal, if !signalled => {
                     // Without a drain period, every session closes at once (1001).
-                    if state.config.shutdown.drain_period.is_zero() {
+                    if state.config().shutdown.drain_period.is_zero() {
                         break;
                     }
                     signalled = true;
@@ -264,7 +269,7 @@ impl Server {
         state.shutdown.cancel();
         state.sessions.stop_all();
         state.tasks.close();
-        let grace = state.config.shutdown.grace;
+        let grace = state.config().shutdown.grace;
         http_tasks.close();
         let drained = tokio::time::timeout(grace, async {
             tokio::join!(http_tasks.wait(), state.tasks.wait());

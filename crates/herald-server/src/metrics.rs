@@ -279,6 +279,12 @@ server_metrics! {
         /// Configuration reloads (SIGHUP, `POST /api/v1/admin/reload`) by
         /// `result`: `applied` or `refused`.
         pub reloads: Labelled<Counter> => "reloads": "Configuration reloads by result (applied, refused)",
+        /// Fetches of the JWKS (`jwt.jwks_url`) by `result`: `ok` or
+        /// `failed` (the keys held were kept).
+        pub jwks_refreshes: Labelled<Counter>
+            => "jwks_refreshes": "JWKS fetches by result (ok, failed: the keys held were kept)",
+        /// Keys held from the JWKS (those Herald takes: signature public keys).
+        pub jwks_keys: Gauge => "jwks_keys": "Keys held from the JWKS endpoint",
     }
     derived {
         /// `outbox_full{limit="frames"}`: the outbox held

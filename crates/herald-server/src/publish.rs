@@ -148,14 +148,14 @@ impl AppState {
     /// appended: size, then the rules of [`check_data`] (what is stored must
     /// be servable to every client as it is).
     pub fn check_publish_data(&self, data: &RawValue) -> Result<(), ApiError> {
-        let max_bytes = self.config.websocket.max_message_bytes;
+        let max_bytes = self.config().websocket.max_message_bytes;
         if data.get().len() > max_bytes {
             return Err(ApiError::new(
                 ErrorCode::PayloadTooLarge,
                 format!("`data` is larger than {max_bytes} bytes"),
             ));
         }
-        check_data(data, self.config.publish.max_data_depth)
+        check_data(data, self.config().publish.max_data_depth)
             .map_err(|e| ApiError::new(ErrorCode::BadData, e.to_string()))
     }
 
@@ -234,7 +234,7 @@ impl AppState {
         claim: bool,
         guards: &mut Vec<InFlightGuard<'a>>,
     ) -> Result<AppendRequest, ApiError> {
-        let ns = self.config.namespaces.resolve(&p.channel)?;
+        let ns = self.config().namespaces.resolve(&p.channel)?;
         self.check_publish_data(&p.data)?;
         if let (true, Some((key, _))) = (claim, &p.dedup) {
             guards.push(self.in_flight.claim(key)?);
@@ -254,7 +254,7 @@ impl AppState {
             dedup: p.dedup.map(|(key, fingerprint)| Dedup {
                 key,
                 fingerprint,
-                ttl: self.config.idempotency_ttl,
+                ttl: self.config().idempotency_ttl,
             }),
             ..AppendRequest::message(p.channel, p.data, ns.is_durable(), ns.retention())
         }

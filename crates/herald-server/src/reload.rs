@@ -2,12 +2,15 @@
 //!
 //! A reload reads the configuration the way a start does (file, then the
 //! environment and flags: [`Reader`], given by the binary) and compares it,
-//! key by key, with the one the node runs. The keys in [`LIVE`] are applied
-//! at once: their parts of the state are rebuilt with their constructors
-//! and swapped in (`arc_swap`), so the next request or upgrade uses them
-//! while every open connection stays up. A change to any other key refuses
-//! the whole reload, naming the keys: nothing changes. An invalid file is
-//! refused with the error a start would print. Reloads are serialised.
+//! key by key, with the one in force. If every changed key is live
+//! ([`is_live`]) the new configuration is put in force as a whole
+//! (`AppState::set_config`; every live setting is read from the snapshot in
+//! force where it is used), and the parts built from it at start are
+//! rebuilt and swapped in (API keys, the JWT verifier, the webhooks) or
+//! told (the log filter, the subscribe proxy's cache). Open connections stay up. A change
+//! to any other key refuses the whole reload, naming the keys: nothing
+//! changes. An invalid file is refused with the error a start would print.
+//! Reloads are serialised.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -19,18 +22,50 @@ use crate::state::AppState;
 /// Reads the configuration again: file, environment and flags.
 pub type Reader = Box<dyn Fn() -> Result<Config, String> + Send + Sync>;
 
-/// The top-level keys a reload applies live, with every key under them
-/// but those in [`FIXED`]. Every other key needs a restart (a drain, then
-/// a start).
-pub const LIVE: &[&str] = &["api_keys", "jwt"];
+/// Puts a log filter in force (the binary's; `None`: its default). The
+/// filter was checked when the configuration was read.
+pub type LogFilter = Box<dyn Fn(Option<&str>) + Send + Sync>;
+
+/// The keys a reload applies live, with every key under them but those in
+/// [`FIXED`]. Each is read from the configuration in force where it is
+/// used, or rebuilt by the reload (`api_keys`, `jwt`, `log`). Every other
+/// key needs a restart (a drain, then a start): it sized or started
+/// something that lives as long as the process (the listener, the engine,
+/// the connection caps, the hub's byte ceiling, the heartbeat tick, the
+/// room keeper's period).
+pub const LIVE: &[&str] = &[
+    "api_keys",
+    "jwt",
+    "log",
+    "idempotency_ttl",
+    "namespaces",
+    "personal",
+    "proxies",
+    "websocket",
+    "rate_limits",
+    "publish",
+    "history",
+    "shutdown",
+    "webhooks",
+    "http.max_body_bytes",
+    "presence.max_members_listed",
+];
 
 /// Keys under a [`LIVE`] one that still need a restart:
-/// `jwt.leeway_secs` is also read by every open session's expiry check.
-pub const FIXED: &[&str] = &["jwt.leeway_secs"];
+/// `jwt.leeway_secs` is also read by every open session's expiry timer;
+/// `websocket.max_connections` is fitted to the open-files limit at start;
+/// the outbox byte bounds are the hub's, sized at start.
+pub const FIXED: &[&str] = &[
+    "jwt.leeway_secs",
+    "websocket.max_connections",
+    "websocket.outbox_bytes",
+    "websocket.total_outbox_bytes",
+];
 
 /// Whether a reload applies the (dotted) `key` live.
 pub fn is_live(key: &str) -> bool {
-    !FIXED.contains(&key) && LIVE.contains(&key.split('.').next().unwrap_or_default())
+    let under = |p: &&str| key == *p || key.strip_prefix(*p).is_some_and(|rest| rest.starts_with('.'));
+    !FIXED.iter().any(under) && LIVE.iter().any(under)
 }
 
 /// The reload's state in [`AppState`].
@@ -38,9 +73,10 @@ pub fn is_live(key: &str) -> bool {
 pub struct Reloads {
     /// Set once by the binary (`Server::set_reloader`).
     pub(crate) reader: OnceLock<Reader>,
-    /// The configuration last applied, as TOML (`None`: the one started
-    /// with). Its lock serialises reloads.
-    applied: Mutex<Option<toml::Value>>,
+    /// Set once by the binary (`Server::set_log_filter`).
+    pub(crate) log_filter: OnceLock<LogFilter>,
+    /// Serialises reloads.
+    lock: Mutex<()>,
 }
 
 /// A reload that was applied.
@@ -60,6 +96,10 @@ pub enum Refused {
     /// Keys that cannot change while the node runs.
     #[error("cannot change without a restart: {}", .0.join(", "))]
     NeedsRestart(Vec<String>),
+    /// A namespace left out of the file while this node has subscribers
+    /// on channels of it.
+    #[error("namespace `{name}` is removed but {channels} of its channels have subscribers on this node: end them (or drain the node) first")]
+    NamespaceInUse { name: String, channels: usize },
     /// The server was started without a way to read its configuration
     /// (embedded in a test or a program).
     #[error("this server has no configuration to reload")]
@@ -90,24 +130,40 @@ impl AppState {
 
     /// Apply `next` (already validated) if it changes only [`LIVE`] keys.
     pub fn reload_with(&self, next: &Config) -> Result<Reloaded, Refused> {
-        let mut applied = self.reloads.applied.lock().unwrap_or_else(|e| e.into_inner());
-        let current = match &*applied {
-            Some(v) => v.clone(),
-            None => to_value(&self.config)?,
-        };
-        let wanted = to_value(next)?;
+        let _serialised = self.reloads.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.config();
         let mut changed = Vec::new();
-        diff("", &current, &wanted, &mut changed);
+        diff("", &to_value(current)?, &to_value(next)?, &mut changed);
         let fixed: Vec<String> = changed.iter().filter(|k| !is_live(k)).cloned().collect();
         if !fixed.is_empty() {
             return Err(Refused::NeedsRestart(fixed));
         }
+        // A namespace removed while this node has subscribers on it: their
+        // sessions resolve it again (acks, presence, catch-up).
+        for name in current.namespaces.0.keys().filter(|n| !next.namespaces.0.contains_key(*n)) {
+            let open = self.hub.channels_in(name);
+            if open > 0 {
+                return Err(Refused::NamespaceInUse { name: name.clone(), channels: open });
+            }
+        }
         // Build everything before swapping anything: a failure changes nothing.
-        let jwt = auth::JwtVerifier::new(&next.jwt).map_err(|e| Refused::Invalid(format!("jwt: {e}")))?;
+        let jwt = auth::verifier(&next.jwt, Some(&self.jwt.load()), &self.metrics)
+            .map_err(|e| Refused::Invalid(format!("jwt: {e}")))?;
         let api_keys = auth::ApiKeys::new(&next.api_keys);
+        self.set_config(next.clone());
         self.jwt.store(Arc::new(jwt));
         self.api_keys.store(Arc::new(api_keys));
-        *applied = Some(wanted);
+        if changed.iter().any(|k| k == "log") {
+            if let Some(apply) = self.reloads.log_filter.get() {
+                apply(next.log.as_deref());
+            }
+        }
+        if changed.iter().any(|k| k.starts_with("proxies")) {
+            self.subscribe_cache.clear();
+        }
+        // Always: an entry whose secret alone changed differs, though its
+        // redacted form does not.
+        self.webhooks.replace(&next.webhooks);
         Ok(Reloaded { changed })
     }
 }
@@ -170,5 +226,8 @@ mod tests {
         let fixed: Vec<_> = v.iter().filter(|k| !is_live(k)).collect();
         assert_eq!(fixed, ["listen", "websocket.max_connections"]);
         assert!(is_live("jwt.hs256_secret") && !is_live("jwt.leeway_secs"));
+        assert!(is_live("namespaces.chat.history_size") && is_live("websocket.max_message_bytes"));
+        assert!(!is_live("websocket.outbox_bytes") && !is_live("http.max_connections"));
+        assert!(is_live("http.max_body_bytes") && !is_live("http.max_body_bytes_x"));
     }
 }

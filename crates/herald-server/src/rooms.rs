@@ -99,7 +99,8 @@ pub async fn join(
     channel: &ChannelName,
     member: Member,
 ) -> Result<MemberLease, EngineError> {
-    let joined = state.engine.presence_join(channel, &member, state.config.presence.member_lease_ttl).await?;
+    let joined =
+        state.engine.presence_join(channel, &member, state.config().presence.member_lease_ttl).await?;
     let lease = joined.lease();
     let hold =
         MemberLease { key: lease.key(), token: lease.token, member: lease.member.clone(), lapsed: None };
@@ -121,7 +122,7 @@ pub async fn rejoin(
     channel: &ChannelName,
     hold: &MemberLease,
 ) -> Result<bool, EngineError> {
-    let ttl = state.config.presence.member_lease_ttl;
+    let ttl = state.config().presence.member_lease_ttl;
     match state.engine.presence_rejoin(channel, &hold.member, hold.token, ttl).await? {
         Rejoined::Back(lease) => {
             state.metrics.presence_joins.inc();
@@ -176,7 +177,7 @@ pub(crate) async fn announce(state: &AppState, channel: &ChannelName, kind: Fram
 /// moves a room, so only then is its state checked now (one room read for
 /// everyone else); the keeper's pass would make the same transition later.
 pub(crate) async fn member_changed(state: &AppState, channel: &ChannelName, user: &str) {
-    if !state.config.namespaces.resolve(channel).is_ok_and(|ns| ns.room) {
+    if !state.config().namespaces.resolve(channel).is_ok_and(|ns| ns.room) {
         return;
     }
     match state.engine.room(channel).await {
@@ -227,7 +228,7 @@ pub async fn check_room(state: &AppState, channel: &ChannelName) {
 }
 
 async fn try_check_room(state: &AppState, channel: &ChannelName) -> Result<(), EngineError> {
-    let Ok(ns) = state.config.namespaces.resolve(channel) else { return Ok(()) };
+    let Ok(ns) = state.config().namespaces.resolve(channel) else { return Ok(()) };
     for _ in 0..CAS_RETRIES {
         let Some(room) = state.engine.room(channel).await? else { return Ok(()) };
         let host_present = state.engine.presence_has_user(channel, &room.host).await?;

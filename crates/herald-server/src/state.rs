@@ -17,7 +17,8 @@ use crate::{auth, browser, hub, metrics, publish};
 
 /// Shared server state. Sessions and handlers hold it by `Arc`.
 pub struct AppState {
-    pub config: Config,
+    /// The configuration in force ([`AppState::config`]).
+    pub(crate) live: arc_swap::ArcSwap<&'static Config>,
     pub engine: Arc<dyn Engine>,
     pub hub: Arc<hub::Hub>,
     pub metrics: Arc<metrics::Metrics>,
@@ -60,4 +61,29 @@ pub struct AppState {
     pub consumers: crate::integration::consumers::Consumers,
     /// Answers of the subscribe proxy, when cached.
     pub subscribe_cache: crate::integration::proxies::SubscribeCache,
+}
+
+impl AppState {
+    /// The configuration in force now: the one started with, replaced as
+    /// a whole by each applied reload (`reload`). Every setting is read
+    /// from it where it is used; the keys a reload may not change
+    /// (`reload::is_live`) are the same in every snapshot. A caller reads
+    /// one snapshot per request or step.
+    ///
+    /// Each snapshot lives as long as the process (it is leaked when it is
+    /// put in force, a few KiB per applied reload), so a reference to it
+    /// may be held across awaits and reads cost one atomic load.
+    pub fn config(&self) -> &'static Config {
+        **self.live.load()
+    }
+
+    /// Put `config` in force (start and `reload` only).
+    pub(crate) fn set_config(&self, config: Config) {
+        self.live.store(Arc::new(Box::leak(Box::new(config))));
+    }
+
+    /// The initial value of [`AppState`]'s configuration.
+    pub(crate) fn initial_config(config: Config) -> arc_swap::ArcSwap<&'static Config> {
+        arc_swap::ArcSwap::from_pointee(Box::leak(Box::new(config)))
+    }
 }

@@ -42,6 +42,10 @@ pub struct ServeFlags {
     /// HS256 secret for client tokens (at least 32 bytes)
     #[arg(long, env = "HERALD_JWT_SECRET", hide_env_values = true)]
     pub jwt_secret: Option<String>,
+    /// An identity provider's JWKS endpoint for client tokens
+    /// (jwt.jwks_url; https://, or http:// to a loopback address)
+    #[arg(long, env = "HERALD_JWKS_URL")]
+    pub jwks_url: Option<String>,
     /// Most concurrent WebSocket connections
     #[arg(long, env = "HERALD_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
@@ -100,6 +104,9 @@ pub fn load(flags: &ServeFlags) -> Result<Loaded, String> {
     if let Some(secret) = &flags.jwt_secret {
         config.jwt.hs256_secret = Some(secret.clone());
     }
+    if let Some(url) = &flags.jwks_url {
+        config.jwt.jwks_url = Some(url.clone());
+    }
     if let Some(n) = flags.max_connections {
         config.websocket.max_connections = n;
     }
@@ -113,6 +120,13 @@ pub fn load(flags: &ServeFlags) -> Result<Loaded, String> {
             "never" => herald_store::FsyncMode::Never,
             other => return Err(format!("--fsync / HERALD_FSYNC: `{other}` is not `always` or `never`")),
         };
+    }
+    // HERALD_LOG wins over the file's `log`.
+    if let Ok(log) = std::env::var("HERALD_LOG") {
+        config.log = Some(log);
+    }
+    if let Some(log) = &config.log {
+        tracing_subscriber::EnvFilter::try_new(log).map_err(|e| format!("log / HERALD_LOG: `{log}`: {e}"))?;
     }
     config.validate()?;
     Ok(Loaded { config, deprecations })
@@ -129,7 +143,7 @@ pub fn default_toml() -> String {
         "# Herald configuration: every key with its default.\n\
          # Environment overrides: HERALD_LISTEN, HERALD_DATA_DIR, HERALD_ENGINE,\n\
          # HERALD_REDIS_URL (redis.url), HERALD_API_KEYS (comma-separated), HERALD_JWT_SECRET,\n\
-         # HERALD_DEV, HERALD_MAX_CONNECTIONS (websocket.max_connections), HERALD_FSYNC\n\
+         # HERALD_JWKS_URL (jwt.jwks_url), HERALD_DEV, HERALD_MAX_CONNECTIONS (websocket.max_connections), HERALD_FSYNC\n\
          # (storage.fsync), HERALD_DRAIN_PERIOD (shutdown.drain_period), HERALD_CONFIG. Keys of earlier layouts (`[limits]`, `redis_url`, ...)\n\
          # are still read, each with a warning naming its new key (docs/configuration.md).\n\n",
     );

@@ -64,14 +64,14 @@ fn main() -> ExitCode {
                     return ExitCode::from(config_load::EXIT_CONFIG as u8);
                 }
             };
-            let _traces = init_tracing();
+            let (log_filter, _traces) = init_tracing(loaded.config.log.as_deref());
             if let Some(file) = config_load::config_file(&flags) {
                 tracing::info!(file = %file.display(), "configuration file read");
             }
             for deprecation in &loaded.deprecations {
                 tracing::warn!("{deprecation}");
             }
-            run_async(serve(loaded.config, flags))
+            run_async(serve(loaded.config, flags, log_filter))
         }
         Command::Publish(args) => run_async(cli::publish(args)),
         Command::PublishBatch(args) => run_async(cli::publish_batch(args)),
@@ -97,17 +97,22 @@ fn run_async(fut: impl std::future::Future<Output = anyhow::Result<()>>) -> Exit
     }
 }
 
-/// Logs to stderr (`HERALD_LOG`, `HERALD_LOG_FORMAT`), and traces over OTLP
-/// when the environment asks for them (`otel.rs`): the provider returned
-/// is flushed when dropped.
-fn init_tracing() -> Option<otel::Traces> {
+/// The log filter without `log` (or `HERALD_LOG`): the storage library's
+/// own info lines (ingestion, flushes) are noise at the default level.
+const DEFAULT_LOG: &str = "info,fjall=warn,lsm_tree=warn";
+
+/// Logs to stderr with `log` (checked by `config_load::load`;
+/// `HERALD_LOG_FORMAT`), and traces over OTLP when the environment asks
+/// for them (`otel.rs`). Returns how a reload puts another log filter in
+/// force, and the traces' provider, flushed when dropped.
+fn init_tracing(log: Option<&str>) -> (herald_server::reload::LogFilter, Option<otel::Traces>) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::{EnvFilter, Layer, Registry};
-    // The storage library's own info lines (ingestion, flushes) are noise at
-    // the default level.
-    let filter = EnvFilter::try_from_env("HERALD_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("info,fjall=warn,lsm_tree=warn"));
+    use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
+    let filter = |log: Option<&str>| {
+        EnvFilter::try_new(log.unwrap_or(DEFAULT_LOG)).unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG))
+    };
+    let (log_filter, handle) = reload::Layer::new(filter(log));
     let json = std::env::var("HERALD_LOG_FORMAT").is_ok_and(|v| v == "json");
     // Logs go to stderr; stdout carries only the connect banner.
     let fmt = tracing_subscriber::fmt::layer().with_target(false).with_writer(std::io::stderr);
@@ -120,14 +125,21 @@ fn init_tracing() -> Option<otel::Traces> {
             (None, None)
         }
     };
-    tracing_subscriber::registry().with(fmt.with_filter(filter)).with(otel).init();
+    tracing_subscriber::registry().with(fmt.with_filter(log_filter)).with(otel).init();
     if traces.is_some() {
         tracing::info!("traces: exporting over OTLP (OTEL_EXPORTER_OTLP_ENDPOINT)");
     }
-    traces
+    let reload: herald_server::reload::LogFilter = Box::new(move |log| {
+        let _ = handle.reload(filter(log));
+    });
+    (reload, traces)
 }
 
-async fn serve(config: herald_server::Config, flags: ServeFlags) -> anyhow::Result<()> {
+async fn serve(
+    config: herald_server::Config,
+    flags: ServeFlags,
+    log_filter: herald_server::reload::LogFilter,
+) -> anyhow::Result<()> {
     let engine = open_engine(&config).await?;
     let dev = config.dev;
     let console = config.console_enabled();
@@ -166,6 +178,7 @@ async fn serve(config: herald_server::Config, flags: ServeFlags) -> anyhow::Resu
     }
     // A reload reads the configuration as the start did: the same file, and
     // the same flags and environment over it.
+    server.set_log_filter(log_filter);
     server.set_reloader(Box::new(move || {
         config_load::load(&flags).map(|l| l.config).map_err(|e| format!("invalid configuration: {e}"))
     }));

@@ -39,7 +39,7 @@ async fn messages_are_appended_in_order_and_answered_in_order() {
 #[tokio::test]
 async fn a_bad_message_fails_alone() {
     let srv = TestServer::start().await;
-    let big = "x".repeat(srv.state.config.websocket.max_message_bytes + 1);
+    let big = "x".repeat(srv.state.config().websocket.max_message_bytes + 1);
     let r = post_messages(
         &srv,
         json!([

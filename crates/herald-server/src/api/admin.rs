@@ -32,7 +32,7 @@ struct Draining {
 /// serving. Idempotent; it cannot be undone short of a restart.
 pub async fn drain(State(state): St, ApiKey(scope): ApiKey) -> Result<Response, ApiError> {
     let started = !state.sessions.is_draining();
-    let period = state.config.shutdown.drain_period;
+    let period = state.config().shutdown.drain_period;
     if started {
         tracing::info!(scope, "drain requested through the API");
         tokio::spawn(run(state.clone()));
@@ -44,7 +44,7 @@ pub async fn drain(State(state): St, ApiKey(scope): ApiKey) -> Result<Response, 
 /// Drain the node's sessions over `shutdown.drain_period`, bounded by
 /// `shutdown.grace` (see `hub::Sessions::drain`).
 pub(crate) async fn run(state: Arc<AppState>) {
-    let s = &state.config.shutdown;
+    let s = &state.config().shutdown;
     state.sessions.drain(s.drain_period, s.grace).await;
 }
 

@@ -87,7 +87,7 @@ async fn publish_messages_in(
             "an Idempotency-Key header names one message: give each message its `idempotency_key`",
         ));
     }
-    let max = state.config.publish.max_batch_messages;
+    let max = state.config().publish.max_batch_messages;
     if messages.is_empty() {
         return Err(ApiError::new(ErrorCode::BadRequest, "`messages` is empty"));
     }

@@ -49,7 +49,7 @@ pub(crate) fn router() -> Router<Arc<AppState>> {
 }
 
 fn enabled(state: &AppState) -> Result<(), ApiError> {
-    if state.config.console_enabled() {
+    if state.config().console_enabled() {
         Ok(())
     } else {
         Err(ApiError::new(
@@ -85,7 +85,7 @@ async fn session(
     enabled(&state)?;
     key?;
     let body = serde_json::json!({
-        "dev": state.config.dev,
+        "dev": state.config().dev,
         "jwt": state.jwt.load().is_configured(),
         "version": env!("CARGO_PKG_VERSION"),
     });

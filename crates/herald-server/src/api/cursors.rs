@@ -72,7 +72,8 @@ pub async fn inbox(
     check_id(&user).map_err(|e| ApiError::new(ErrorCode::BadRequest, format!("`user` {e}")))?;
     let mut by_channel: std::collections::BTreeMap<ChannelName, Vec<InboxDevice>> = Default::default();
     if let Ok(own) = ChannelName::new(&format!("user:{user}")) {
-        if state.config.namespaces.resolve(&own).is_ok_and(|ns| ns.delivery == herald_core::Delivery::Acked) {
+        if state.config().namespaces.resolve(&own).is_ok_and(|ns| ns.delivery == herald_core::Delivery::Acked)
+        {
             by_channel.entry(own).or_default();
         }
     }

@@ -84,7 +84,7 @@ impl<T: RequestBody> FromRequest<Arc<AppState>> for Body<T> {
     async fn from_request(req: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
         // Read within our limit here (no `DefaultBodyLimit` layer: the
         // layers wrap the router once, see `Server::http_service`).
-        let limit = state.config.http.max_body_bytes;
+        let limit = state.config().http.max_body_bytes;
         let body = body_bytes(axum::body::to_bytes(req.into_body(), limit).await, limit)?;
         T::parse(&body).map(Body).map_err(body_error)
     }
@@ -127,7 +127,7 @@ fn api_auth(state: &AppState, headers: &HeaderMap) -> Result<String, ApiError> {
             .check(key.trim())
             .map(|scope| format!("api:{scope}"))
             .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "unknown API key")),
-        None if state.config.dev => Ok("api:dev".to_owned()),
+        None if state.config().dev => Ok("api:dev".to_owned()),
         None if state.api_keys.load().is_empty() => Err(ApiError::new(
             ErrorCode::Unauthorized,
             "no API keys are configured: set api_keys in the config or HERALD_API_KEYS (or run with --dev)",
@@ -142,7 +142,7 @@ pub(crate) fn parse_channel<'a>(
     name: &str,
 ) -> Result<(ChannelName, &'a NamespaceOptions), ApiError> {
     let channel = ChannelName::new(name).map_err(|e| ApiError::new(ErrorCode::BadChannel, e.to_string()))?;
-    let ns = state.config.namespaces.resolve(&channel)?;
+    let ns = state.config().namespaces.resolve(&channel)?;
     Ok((channel, ns))
 }
 

@@ -153,7 +153,7 @@ async fn publish_batch_in(
 /// Validation: 1..=`publish.max_batch_channels` channels, each valid, in a
 /// namespace, and named once.
 pub(super) fn batch_targets<'a>(state: &'a AppState, channels: &[String]) -> Result<Targets<'a>, ApiError> {
-    let max = state.config.publish.max_batch_channels;
+    let max = state.config().publish.max_batch_channels;
     if channels.is_empty() || channels.len() > max {
         return Err(ApiError::new(ErrorCode::BadRequest, format!("`channels` must name 1..={max} channels")));
     }
@@ -272,7 +272,7 @@ pub async fn history(
     if !ns.is_durable() {
         return Err(ApiError::new(ErrorCode::NotSupported, "volatile channels keep no history"));
     }
-    let max = state.config.history.max_limit;
+    let max = state.config().history.max_limit;
     let limit = page_limit(q.limit, 100.min(max), max)?;
     let page = state.engine.read(&channel, q.after, limit).await?;
     // Each message as stored, `data` as the publisher sent it: the frames

@@ -55,7 +55,7 @@ async fn respond(state: &AppState, status: StatusCode, channel: &ChannelName, ro
     let members = if room.state == RoomStatus::Closed {
         (0, Vec::new())
     } else {
-        match rooms::members(state, channel, state.config.presence.max_members_listed).await {
+        match rooms::members(state, channel, state.config().presence.max_members_listed).await {
             Ok(m) => m,
             Err(e) => return ApiError::from(e).into_response(),
         }
@@ -90,7 +90,7 @@ fn check_attributes(
     attrs: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<(), ApiError> {
     let len = serde_json::to_vec(attrs).map(|v| v.len()).unwrap_or(usize::MAX);
-    let max = state.config.websocket.max_message_bytes / 2;
+    let max = state.config().websocket.max_message_bytes / 2;
     if len > max {
         return Err(ApiError::new(
             ErrorCode::PayloadTooLarge,
@@ -99,7 +99,7 @@ fn check_attributes(
     }
     // Every room event carries the attributes one level down in its `data`,
     // which keeps to the publish rule on depth like any other `data`.
-    let max_depth = state.config.publish.max_data_depth;
+    let max_depth = state.config().publish.max_data_depth;
     if 1 + depth(attrs.values()) >= max_depth {
         return Err(ApiError::new(
             ErrorCode::BadData,
@@ -263,7 +263,7 @@ pub async fn presence(
         ));
     }
     let count_only = matches!(q.count.as_deref(), Some("1" | "true"));
-    let max = state.config.presence.max_members_listed;
+    let max = state.config().presence.max_members_listed;
     let limit = page_limit(q.limit, max, max)?;
     let (count, members) = rooms::list(&state, ns, &channel, count_only, limit).await?;
     let body = serde_json::to_vec(&PresenceReply { channel: channel.to_string(), count, members })

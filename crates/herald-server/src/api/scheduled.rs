@@ -65,7 +65,7 @@ fn resolve_time(
         (None, Some(d)) => now.saturating_add(d),
         (None, None) => now,
     };
-    let ahead = state.config.publish.max_schedule_ahead;
+    let ahead = state.config().publish.max_schedule_ahead;
     let max = now.saturating_add(u64::try_from(ahead.as_millis()).unwrap_or(u64::MAX));
     if at > max {
         return Err(ApiError::new(
@@ -142,7 +142,7 @@ pub(crate) async fn store(state: &AppState, ask: ScheduleAsk<'_>) -> Result<Vec<
         Some(a) => Some(state.in_flight.claim(a)?),
         None => None,
     };
-    let ttl = state.config.idempotency_ttl;
+    let ttl = state.config().idempotency_ttl;
     let mut receipts = Vec::with_capacity(ask.targets.len());
     // One after the other: with a key, the first channel decides (a
     // mismatch there schedules nothing); a retry completes a partial batch.

@@ -21,7 +21,7 @@ use crate::state::AppState;
 /// Channels reported per webhook.
 const STATUS_LIMIT: usize = 10_000;
 
-fn hook<'a>(state: &'a AppState, name: &str) -> Result<&'a Arc<Hook>, ApiError> {
+fn hook(state: &AppState, name: &str) -> Result<Arc<Hook>, ApiError> {
     state
         .webhooks
         .get(name)
@@ -43,7 +43,7 @@ fn channel(hook: &Hook, ch: &str) -> Result<ChannelName, ApiError> {
 /// stalled (failing or overtaken).
 pub async fn status(State(state): State<Arc<AppState>>, _key: ApiKey) -> Result<Response, ApiError> {
     let mut out = Vec::new();
-    for hook in &state.webhooks.hooks {
+    for hook in state.webhooks.hooks().iter() {
         let cursors = state.engine.user_cursors(hook.sub.user(), STATUS_LIMIT).await?;
         let mut channels = Vec::new();
         let mut lag_total = 0u64;
@@ -102,7 +102,7 @@ pub async fn skip(
 ) -> Result<Response, ApiError> {
     // The scope names the API key by a digest prefix, never the key.
     let hook = hook(&state, &name)?;
-    let ch = channel(hook, &ch)?;
+    let ch = channel(&hook, &ch)?;
     let cursor = state.engine.cursor(&ch, &hook.sub).await?.map_or(0, |c| c.seq);
     let page = state.engine.read(&ch, cursor, 1).await?;
     let Some(next) = page.messages.first().and_then(|m| m.seq) else {
@@ -129,7 +129,7 @@ pub async fn retry(
     Path((name, ch)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     let hook = hook(&state, &name)?;
-    let ch = channel(hook, &ch)?;
+    let ch = channel(&hook, &ch)?;
     hook.retry(ch.clone());
     let reply = WebhookRetrying { channel: ch.as_str().to_owned(), retrying: true };
     Ok((StatusCode::ACCEPTED, Json(reply)).into_response())

@@ -300,8 +300,9 @@ fn the_documented_old_key_table_is_the_one_in_the_code() {
 
 #[test]
 fn the_documented_file_is_the_current_layout() {
-    let start = CONFIGURATION_MD.find("## File\n\n```toml\n").expect("the File section")
-        + "## File\n\n```toml\n".len();
+    let section = CONFIGURATION_MD.find("## File\n").expect("the File section");
+    let start =
+        section + CONFIGURATION_MD[section..].find("```toml\n").expect("its example") + "```toml\n".len();
     let len = CONFIGURATION_MD[start..].find("```").unwrap();
     let loaded = Config::from_toml(&CONFIGURATION_MD[start..start + len]).unwrap();
     assert!(loaded.deprecations.is_empty(), "{:?}", loaded.deprecations);

@@ -132,15 +132,15 @@ impl Session {
     /// connection task then holds the `Session` once, not also the pieces it
     /// was made from (an async fn keeps its arguments alive in its future).
     pub fn new(state: Arc<AppState>, ws: Socket, identity: Identity, conn_id: u64, wire: Wire) -> Self {
-        let mailbox = Arc::new(Mailbox::new(state.config.websocket.outbox_capacity));
+        let mailbox = Arc::new(Mailbox::new(state.config().websocket.outbox_capacity));
         state.sessions.add(conn_id, &mailbox);
         let handle = ConnHandle { id: conn_id, mailbox };
         state.metrics.connections.inc();
         state.metrics.connections_total.inc();
         let protocol = wire.protocol();
         state.metrics.protocol_connection(protocol, 1);
-        let budget = budget::Budget::new(&state.config.rate_limits, Instant::now());
-        let frame_estimate = state.config.websocket.max_message_bytes;
+        let budget = budget::Budget::new(&state.config().rate_limits, Instant::now());
+        let frame_estimate = state.config().websocket.max_message_bytes;
         Session {
             chans: Channels {
                 regs: Registrations {
@@ -276,7 +276,7 @@ impl Session {
         if self.chans.regs.subs.values().any(|s| s.presence.is_some()) {
             self.state.presence_tick
         } else {
-            self.state.config.heartbeat.ping_interval
+            self.state.config().heartbeat.ping_interval
         }
     }
 
@@ -284,7 +284,7 @@ impl Session {
     /// closes with 4003 then, not at the next tick.
     fn expiry_timer(&self) -> Option<Pin<Box<Sleep>>> {
         let exp = self.identity.exp?;
-        let at = UNIX_EPOCH + Duration::from_secs(exp.saturating_add(self.state.config.jwt.leeway_secs));
+        let at = UNIX_EPOCH + Duration::from_secs(exp.saturating_add(self.state.config().jwt.leeway_secs));
         let left = at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
         Some(Box::pin(tokio::time::sleep(left)))
     }
@@ -336,7 +336,7 @@ impl Session {
     }
 
     async fn on_tick(&mut self) -> Result<(), SessionEnd> {
-        let heartbeat = &self.state.config.heartbeat;
+        let heartbeat = &self.state.config().heartbeat;
         if self.wire.reads() && self.last_rx.elapsed() >= heartbeat.idle_timeout {
             return Err(SessionEnd::Close {
                 code: close::IDLE_TIMEOUT,
@@ -394,7 +394,7 @@ impl Session {
     /// refusals go on.
     fn take_budget(&mut self) -> Result<bool, SessionEnd> {
         let now = Instant::now();
-        let rate_limits = &self.state.config.rate_limits;
+        let rate_limits = &self.state.config().rate_limits;
         if self.budget.take_frame(rate_limits, now) {
             return Ok(true);
         }
@@ -428,7 +428,7 @@ impl Session {
         req: Option<u64>,
         channel: Option<&str>,
     ) -> Result<(), SessionEnd> {
-        if !self.budget.take_error_reply(&self.state.config.rate_limits, Instant::now()) {
+        if !self.budget.take_error_reply(&self.state.config().rate_limits, Instant::now()) {
             self.state.metrics.error_replies_dropped.inc();
             return Ok(());
         }
@@ -445,7 +445,7 @@ impl Session {
         let payload = self.liveness.next_ping();
         let ping = self
             .wire
-            .ping(payload, self.state.config.heartbeat.idle_timeout)
+            .ping(payload, self.state.config().heartbeat.idle_timeout)
             .map_err(|reason| SessionEnd::Close { code: close::BAD_REQUEST, reason, reconnect: false })?;
         self.ws.send(ping).await.map_err(|_| SessionEnd::Gone)
     }

@@ -46,12 +46,12 @@ pub async fn stream(State(state): State<Arc<AppState>>, req: Request) -> Respons
 }
 
 async fn open(state: &Arc<AppState>, req: &Parts) -> Result<Response, ApiError> {
-    if !state.config.sse.enabled {
+    if !state.config().sse.enabled {
         return Err(ApiError::new(ErrorCode::NotFound, "Server-Sent Events are off (sse.enabled)"));
     }
     let headers = &req.headers;
     precheck(state, headers)?;
-    let q = parse_query(req.uri.query().unwrap_or(""), state.config.sse.max_channels)?;
+    let q = parse_query(req.uri.query().unwrap_or(""), state.config().sse.max_channels)?;
     let identity =
         identify(state, headers, q.token.as_deref(), q.user.as_deref(), q.device.as_deref()).await?;
     let starts = starts(state, headers, &q).await?;
@@ -62,7 +62,7 @@ async fn open(state: &Arc<AppState>, req: &Parts) -> Result<Response, ApiError> 
         return Err(e);
     };
     let conn_id = state.next_conn_id.fetch_add(1, Ordering::Relaxed);
-    let (writer, body) = sse_pipe(&sse::retry(state.config.sse.retry.as_millis()));
+    let (writer, body) = sse_pipe(&sse::retry(state.config().sse.retry.as_millis()));
     let wire = Wire::Sse(Box::new(Conn::new(q.channels)));
     let mut session = Session::new(state.clone(), Socket::Sse(writer), identity, conn_id, wire);
     session.start_sse(starts).await?;
@@ -139,7 +139,7 @@ async fn starts(state: &AppState, headers: &HeaderMap, q: &SseQuery) -> Result<V
     let mut starts = vec![None; n];
     if q.from_first {
         for (start, channel) in starts.iter_mut().zip(&q.channels) {
-            if state.config.namespaces.resolve(channel)?.is_durable() {
+            if state.config().namespaces.resolve(channel)?.is_durable() {
                 let pos = state.engine.position(channel).await?;
                 *start = Some(Since { seq: pos.first.saturating_sub(1), epoch: Some(pos.epoch.to_string()) });
             }

@@ -45,16 +45,16 @@ pub(crate) async fn identify(
     device: Option<&str>,
 ) -> Result<Identity, ApiError> {
     let no_token = crate::auth::bearer(headers).is_none() && token.is_none();
-    match state.config.proxies.connect.as_ref() {
+    match state.config().proxies.connect.as_ref() {
         // No token and a connect proxy: the backend decides (proxies.rs).
         Some(p) if no_token && user.is_none() => {
             crate::integration::proxies::connect(state, p, headers, device).await
         }
-        _ => authenticate(state, headers, token, user, device),
+        _ => authenticate(state, headers, token, user, device).await,
     }
 }
 
-fn authenticate(
+async fn authenticate(
     state: &AppState,
     headers: &HeaderMap,
     token: Option<&str>,
@@ -66,10 +66,10 @@ fn authenticate(
     }
     let bearer = crate::auth::bearer(headers);
     if let Some(token) = bearer.or(token) {
-        return verify_token(state, token, device);
+        return verify_token(state, token, device).await;
     }
     match user {
-        Some(user) if state.config.dev => dev_identity(user, device),
+        Some(user) if state.config().dev => dev_identity(user, device),
         Some(_) => Err(ApiError::new(
             ErrorCode::Forbidden,
             "token-less `?user=` connections are only accepted in --dev mode",
@@ -81,15 +81,17 @@ fn authenticate(
 }
 
 /// A client JWT, verified with the configured keys (both socket protocols).
-pub(crate) fn verify_token(
+pub(crate) async fn verify_token(
     state: &AppState,
     token: &str,
     device: Option<&str>,
 ) -> Result<Identity, ApiError> {
-    if !state.jwt.load().is_configured() {
+    // Held by `Arc`: a JWKS refresh may be awaited.
+    let jwt = state.jwt.load_full();
+    if !jwt.is_configured() {
         return Err(ApiError::new(ErrorCode::Unauthorized, "this server has no JWT keys configured"));
     }
-    state.jwt.load().verify(token.trim(), device).map_err(|e| ApiError::new(e.code, e.message))
+    jwt.verify(token.trim(), device).await.map_err(|e| ApiError::new(e.code, e.message))
 }
 
 /// A token-less dev-mode identity for `user` (the caller checked dev mode).
@@ -174,7 +176,7 @@ pub(crate) fn precheck(state: &AppState, headers: &HeaderMap) -> Result<(), ApiE
         e.retry_after = Some(1);
         return Err(e);
     }
-    crate::browser::check_ws_origin(state.config.dev, &state.ws_origins, headers).inspect_err(|_| {
+    crate::browser::check_ws_origin(state.config().dev, &state.ws_origins, headers).inspect_err(|_| {
         state.metrics.origin_refused.inc();
     })
 }
@@ -213,7 +215,7 @@ pub(crate) fn start_session(
                     *boxed
                 };
                 let limits =
-                    Limits::default().max_payload_len(Some(task_state.config.websocket.max_message_bytes));
+                    Limits::default().max_payload_len(Some(task_state.config().websocket.max_message_bytes));
                 let ws = ServerBuilder::new()
                     .limits(limits)
                     .config(Config::default().flush_threshold(WRITE_BATCH_BYTES))

@@ -162,6 +162,17 @@ impl Hub {
         self.shard(channel).read().expect("hub lock poisoned").get(channel).map_or(0, Vec::len)
     }
 
+    /// Channels of `namespace` with a local subscriber (a reload that
+    /// removes a namespace asks).
+    pub fn channels_in(&self, namespace: &str) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                s.read().expect("hub lock poisoned").keys().filter(|c| c.namespace() == namespace).count()
+            })
+            .sum()
+    }
+
     /// A connection cannot take `msg`: durable, kick it (the log has the
     /// message, the client resumes from its last seq); volatile, drop it.
     fn refuse(&self, conn: &ConnHandle, msg: &Message) {

@@ -182,7 +182,7 @@ pub async fn publish(
     channel: &ChannelName,
     data: Box<RawValue>,
 ) -> Result<Box<RawValue>, ApiError> {
-    let Some(p) = state.config.proxies.publish.as_ref().filter(|p| p.applies_to(channel)) else {
+    let Some(p) = state.config().proxies.publish.as_ref().filter(|p| p.applies_to(channel)) else {
         return Ok(data);
     };
     let body = serde_json::to_vec(&PublishQuestion { channel: channel.as_str(), user, device, data: &data })
@@ -208,7 +208,7 @@ pub async fn publish(
         ));
     }
     match answer.data {
-        Some(replaced) if replaced.get().len() > state.config.websocket.max_message_bytes => {
+        Some(replaced) if replaced.get().len() > state.config().websocket.max_message_bytes => {
             Err(unavailable(channel, "publish", "replacement data above websocket.max_message_bytes"))
         }
         Some(replaced) => Ok(replaced),
@@ -239,6 +239,13 @@ pub struct SubscribeCache {
     answers: std::sync::Mutex<Answers>,
 }
 
+impl SubscribeCache {
+    /// Forget every answer (a reload changed `[proxies]`).
+    pub fn clear(&self) {
+        self.answers.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
 /// Cached answers kept before the cache is cleared.
 const CACHE_CAP: usize = 100_000;
 
@@ -249,7 +256,7 @@ pub async fn subscribe(
     device: Option<&str>,
     channel: &ChannelName,
 ) -> Result<(), ApiError> {
-    let Some(p) = state.config.proxies.subscribe.as_ref().filter(|p| p.applies_to(channel)) else {
+    let Some(p) = state.config().proxies.subscribe.as_ref().filter(|p| p.applies_to(channel)) else {
         return Ok(());
     };
     let cache = &state.subscribe_cache;

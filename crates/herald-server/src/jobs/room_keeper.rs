@@ -31,18 +31,18 @@ const EXPIRE_PAGE: usize = 1024;
 /// Every node runs one; the engine makes their work disjoint (a lease is
 /// swept once, a room version is written once).
 pub async fn run(state: Arc<AppState>) {
-    let mut tick = tokio::time::interval(state.config.presence.sweep_interval);
+    let mut tick = tokio::time::interval(state.config().presence.sweep_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let has_presence = state.config.namespaces.0.values().any(|ns| ns.presence);
-    if !has_presence {
-        return;
-    }
     // Logged once per outage, not on every tick.
     let mut failing = false;
     loop {
         tokio::select! {
             _ = state.shutdown.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        // Read each tick: a reload may add the first presence namespace.
+        if !state.config().namespaces.0.values().any(|ns| ns.presence) {
+            continue;
         }
         let result = match sweep_leases(&state).await {
             Ok(()) => sweep_rooms(&state).await,

@@ -151,7 +151,7 @@ async fn deliver_page(state: &Arc<AppState>, claims: Vec<Claim>) {
 /// expires and it is claimed again.
 async fn deliver(state: &AppState, claim: &Claim) {
     let s = &claim.schedule;
-    let Ok(ns) = state.config.namespaces.resolve(&s.channel) else {
+    let Ok(ns) = state.config().namespaces.resolve(&s.channel) else {
         tracing::warn!(channel = %s.channel, id = %s.id, "scheduled message for a namespace no longer configured; cancelled");
         cancel(state, &s.id).await;
         return;

@@ -55,7 +55,7 @@ where
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let http = &self.state.config.http;
+        let http = &self.state.config().http;
         let limit = http.max_body_bytes;
         let declared = req
             .headers()

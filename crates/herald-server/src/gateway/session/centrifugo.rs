@@ -157,11 +157,11 @@ impl Session {
 
     /// The identity of a `connect` or `refresh` token (dev mode: the
     /// upgrade's `?user=` when there is no token).
-    fn identity_of(&mut self, token: &str) -> Result<Identity, ApiError> {
+    async fn identity_of(&mut self, token: &str) -> Result<Identity, ApiError> {
         let device = self.conn().device.clone();
         if !token.is_empty() {
-            crate::gateway::ws::verify_token(&self.state, token, device.as_deref())
-        } else if self.state.config.dev {
+            crate::gateway::ws::verify_token(&self.state, token, device.as_deref()).await
+        } else if self.state.config().dev {
             let user = self.conn().dev_user.clone().unwrap_or_else(|| self.conn().client.clone());
             crate::gateway::ws::dev_identity(&user, device.as_deref())
         } else {
@@ -187,13 +187,13 @@ impl Session {
         }
         let headers = self.conn().headers.take();
         let state = self.state.clone();
-        let identity = match (&state.config.proxies.connect, headers) {
+        let identity = match (&state.config().proxies.connect, headers) {
             // No token and a connect proxy: the backend decides, as on /ws.
             (Some(p), Some(headers)) if token.is_empty() && self.conn().dev_user.is_none() => {
                 let device = self.conn().device.clone();
                 Box::pin(crate::integration::proxies::connect(&state, p, &headers, device.as_deref())).await
             }
-            _ => self.identity_of(token),
+            _ => self.identity_of(token).await,
         };
         self.identity = match identity {
             Ok(identity) => identity,
@@ -208,7 +208,7 @@ impl Session {
         let frames: Vec<Vec<StoredFrame>> = subs.iter().map(|(_, r)| r.frames()).collect();
         let result = ConnectResult {
             session: self.new_identity(),
-            ping: u32::try_from(self.state.config.heartbeat.ping_interval.as_secs())
+            ping: u32::try_from(self.state.config().heartbeat.ping_interval.as_secs())
                 .unwrap_or(u32::MAX)
                 .max(1),
             pong: true,
@@ -241,7 +241,7 @@ impl Session {
     /// expiry. Subscriptions the new token no longer allows stay until the
     /// client ends them (as on `/ws`, permissions are checked at subscribe).
     async fn refresh(&mut self, id: u32, token: &str) -> Result<(), SessionEnd> {
-        let identity = self.identity_of(token).map_err(|e| Self::token_refused(&e))?;
+        let identity = self.identity_of(token).await.map_err(|e| Self::token_refused(&e))?;
         if identity.sub != self.identity.sub {
             return Err(SessionEnd::Close {
                 code: close::UNAUTHORIZED,
@@ -283,12 +283,12 @@ impl Session {
         s: &SubscribeRequest,
         by: Asker,
     ) -> Result<Result<Recovered, ApiError>, SessionEnd> {
-        let ns = match self.state.config.namespaces.resolve(channel) {
+        let ns = match self.state.config().namespaces.resolve(channel) {
             Ok(ns) => ns.clone(),
             Err(e) => return Ok(Err(e.into())),
         };
         let durable = ns.is_durable();
-        let bound = self.state.config.history.max_limit;
+        let bound = self.state.config().history.max_limit;
         let recovering = durable && s.recover;
         let mut since = None;
         if recovering {
@@ -402,7 +402,7 @@ impl Session {
         channel: &ChannelName,
         bound: usize,
     ) -> Result<Vec<Arc<Message>>, SessionEnd> {
-        let max_bytes = self.state.config.websocket.outbox_bytes;
+        let max_bytes = self.state.config().websocket.outbox_bytes;
         let mut out: Vec<Arc<Message>> = Vec::new();
         let mut bytes = 0;
         while out.len() < bound && bytes < max_bytes && self.chans.catchup.contains(channel) {
@@ -423,7 +423,7 @@ impl Session {
     /// negative: up to `history.max_limit`), `reverse`.
     async fn history(&mut self, id: u32, h: cf::HistoryRequest) -> Result<Vec<u8>, ApiError> {
         let channel = channel(&h.channel)?;
-        let ns = self.state.config.namespaces.resolve(&channel)?;
+        let ns = self.state.config().namespaces.resolve(&channel)?;
         if !self.identity.may_subscribe(&channel, ns) {
             return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
         }
@@ -432,7 +432,7 @@ impl Session {
         }
         let state = self.state.clone();
         let pos = state.engine.position(&channel).await?;
-        let max = state.config.history.max_limit;
+        let max = state.config().history.max_limit;
         let limit = usize::try_from(h.limit).map_or(max, |l| l.min(max));
         let unrecoverable =
             |msg: &str| self.wire.reply(&Reply::error_code(id, cf::error_code::UNRECOVERABLE_POSITION, msg));

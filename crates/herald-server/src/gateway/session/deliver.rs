@@ -156,7 +156,7 @@ impl Session {
     /// One page of catch-up for the subscription at the front of the queue.
     pub(super) async fn catchup_step(&mut self) -> Result<(), SessionEnd> {
         let Some(channel) = self.chans.catchup.pop_front() else { return Ok(()) };
-        let page_bytes = self.state.config.websocket.outbox_bytes / 4;
+        let page_bytes = self.state.config().websocket.outbox_bytes / 4;
         let page_len = (page_bytes / self.held.frame_estimate.max(MIN_FRAME_ESTIMATE)).clamp(1, CATCHUP_PAGE);
         let span = tracing::trace_span!(
             target: crate::trace::TARGET,
@@ -282,7 +282,7 @@ impl Session {
         if messages.is_empty() {
             return Some(0);
         }
-        let websocket = &self.state.config.websocket;
+        let websocket = &self.state.config().websocket;
         let queued = &self.state.hub.queued;
         let used = self.handle.mailbox.get();
         let room = websocket.outbox_bytes.saturating_sub(used).min(queued.room());

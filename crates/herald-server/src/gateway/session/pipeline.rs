@@ -111,7 +111,7 @@ impl Session {
     /// Whether the socket may be read: the pipeline has room for one more
     /// publish.
     pub(super) fn may_read(&self) -> bool {
-        self.pipeline.len() < self.state.config.websocket.max_publishes_in_flight
+        self.pipeline.len() < self.state.config().websocket.max_publishes_in_flight
     }
 
     /// Queue one publish frame (the batch starts in `start_batch`).
@@ -178,7 +178,7 @@ impl Session {
                 Err(e) => {
                     if !self
                         .budget
-                        .take_error_reply(&self.state.config.rate_limits, std::time::Instant::now())
+                        .take_error_reply(&self.state.config().rate_limits, std::time::Instant::now())
                     {
                         self.state.metrics.error_replies_dropped.inc();
                         continue;

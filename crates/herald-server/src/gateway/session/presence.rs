@@ -35,7 +35,7 @@ impl Session {
                 // The rule of `data` on depth: a member is stored and sent
                 // inside other documents, which must stay readable.
                 let raw: &RawValue = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
-                herald_proto::check_data(raw, self.state.config.publish.max_data_depth)
+                herald_proto::check_data(raw, self.state.config().publish.max_data_depth)
                     .map_err(|e| ApiError::new(ErrorCode::BadData, format!("`info`: {e}")))?;
                 Some(serde_json::from_str(text).map_err(|e| bad(e.to_string()))?)
             }
@@ -64,7 +64,7 @@ impl Session {
     /// brings its member back.
     pub(super) async fn renew_presence(&mut self) {
         let state = self.state.clone();
-        let ttl = state.config.presence.member_lease_ttl;
+        let ttl = state.config().presence.member_lease_ttl;
         let holds: Vec<(ChannelName, rooms::MemberLease)> = self
             .chans
             .regs
@@ -140,7 +140,7 @@ impl Session {
     /// `{"type":"presence"}`: the channel's members and their count.
     pub(super) async fn presence_list(&mut self, channel: &ChannelName) -> Result<OkFrame, ApiError> {
         let state = self.state.clone();
-        let ns = state.config.namespaces.resolve(channel)?;
+        let ns = state.config().namespaces.resolve(channel)?;
         if !ns.presence {
             return Err(ApiError::new(ErrorCode::NotSupported, "this namespace has no presence"));
         }
@@ -148,7 +148,7 @@ impl Session {
             return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
         }
         let (count, members) =
-            rooms::list(&state, ns, channel, false, state.config.presence.max_members_listed).await?;
+            rooms::list(&state, ns, channel, false, state.config().presence.max_members_listed).await?;
         Ok(OkFrame { channel: Some(channel.to_string()), count: Some(count), members, ..Default::default() })
     }
 }

@@ -37,7 +37,7 @@ impl Session {
         by: Asker,
     ) -> Result<(OkFrame, bool), ApiError> {
         let state = self.state.clone();
-        let ns = state.config.namespaces.resolve(channel)?;
+        let ns = state.config().namespaces.resolve(channel)?;
         if by == Asker::Client && !self.identity.may_subscribe(channel, ns) {
             return Err(ApiError::new(ErrorCode::Forbidden, "the token does not allow this channel"));
         }
@@ -54,10 +54,13 @@ impl Session {
             )
             .await?;
         }
-        if self.chans.regs.subs.len() >= state.config.websocket.max_subscriptions {
+        if self.chans.regs.subs.len() >= state.config().websocket.max_subscriptions {
             return Err(ApiError::new(
                 ErrorCode::TooManySubscriptions,
-                format!("at most {} subscriptions per connection", state.config.websocket.max_subscriptions),
+                format!(
+                    "at most {} subscriptions per connection",
+                    state.config().websocket.max_subscriptions
+                ),
             ));
         }
         let room_closed = if ns.room {
@@ -294,7 +297,7 @@ impl Session {
         meta: Option<herald_proto::Meta>,
         idempotency_key: Option<String>,
     ) -> Result<Publish, ApiError> {
-        let ns = self.state.config.namespaces.resolve(channel)?;
+        let ns = self.state.config().namespaces.resolve(channel)?;
         if !ns.client_publish {
             return Err(ApiError::new(ErrorCode::Forbidden, "clients may not publish to this namespace"));
         }

@@ -16,7 +16,7 @@ impl Session {
     /// if `personal.subscribe` is on and the user id can be a channel's
     /// (a user id outside the channel alphabet has none: logged).
     pub(super) fn personal_channel(&self) -> Option<ChannelName> {
-        let p = &self.state.config.personal;
+        let p = &self.state.config().personal;
         if !p.subscribe {
             return None;
         }

@@ -206,7 +206,7 @@ fn refuses_the_row(e: &ApiError) -> bool {
 fn to_publish(state: &AppState, consumer: &str, row: &Row) -> Result<Publish, ApiError> {
     let channel =
         ChannelName::new(&row.channel).map_err(|e| ApiError::new(ErrorCode::BadChannel, e.to_string()))?;
-    state.config.namespaces.resolve(&channel)?;
+    state.config().namespaces.resolve(&channel)?;
     let data = RawValue::from_string(row.data.clone())
         .map_err(|e| ApiError::new(ErrorCode::BadData, format!("`data` is not JSON: {e}")))?;
     let meta: Option<Meta> = match row.meta.as_deref() {

@@ -16,7 +16,7 @@ pub enum StartAt {
 }
 
 /// One `[[webhooks]]` entry. Every default is here.
-#[derive(Clone, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct WebhookConfig {
     /// 1..=64 of `[a-z0-9_-]`; the `Herald-Webhook-Id` header and the

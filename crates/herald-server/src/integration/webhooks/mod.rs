@@ -94,6 +94,10 @@ pub struct Hook {
     workers: Mutex<HashMap<ChannelName, Arc<Worker>>>,
     pub(crate) errors: Mutex<HashMap<ChannelName, LastError>>,
     permits: Semaphore,
+    /// Cancelled when a reload removes or changes the webhook: its loop
+    /// and channel workers end (a request in flight completes; its
+    /// leases expire).
+    stop: tokio_util::sync::CancellationToken,
 }
 
 impl Hook {
@@ -108,6 +112,7 @@ impl Hook {
             wake_rx: Mutex::new(Some(wake_rx)),
             workers: Mutex::default(),
             errors: Mutex::default(),
+            stop: Default::default(),
         }
     }
 
@@ -142,7 +147,10 @@ impl Hook {
 
 /// Every configured webhook of this server.
 pub struct Webhooks {
-    pub hooks: Vec<Arc<Hook>>,
+    /// Replaced by a reload that changes `[[webhooks]]` ([`Webhooks::replace`]).
+    hooks: arc_swap::ArcSwap<Vec<Arc<Hook>>>,
+    /// Tells the deliverer ([`run`]) that `hooks` changed.
+    changed: Notify,
     /// This process's holder id for ownership leases.
     holder: String,
     http: reqwest::Client,
@@ -155,10 +163,38 @@ impl Webhooks {
             .build()
             .expect("an HTTP client without TLS builds");
         Webhooks {
-            hooks: configs.iter().cloned().map(|c| Arc::new(Hook::new(c))).collect(),
+            hooks: arc_swap::ArcSwap::from_pointee(
+                configs.iter().cloned().map(|c| Arc::new(Hook::new(c))).collect(),
+            ),
+            changed: Notify::new(),
             holder: uuid::Uuid::new_v4().simple().to_string(),
             http,
         }
+    }
+
+    /// The webhooks in force.
+    pub fn hooks(&self) -> Arc<Vec<Arc<Hook>>> {
+        self.hooks.load_full()
+    }
+
+    /// Put `configs` in force (a reload): a webhook whose entry is
+    /// unchanged keeps running as it is; a removed or changed one stops
+    /// (its cursors stay in the engine, so an entry of the same name
+    /// resumes where it stopped); a new or changed one starts.
+    pub fn replace(&self, configs: &[WebhookConfig]) {
+        let old = self.hooks.load_full();
+        let next: Vec<Arc<Hook>> = configs
+            .iter()
+            .map(|c| match old.iter().find(|h| h.cfg == *c) {
+                Some(h) => h.clone(),
+                None => Arc::new(Hook::new(c.clone())),
+            })
+            .collect();
+        for gone in old.iter().filter(|h| !next.iter().any(|n| Arc::ptr_eq(h, n))) {
+            gone.stop.cancel();
+        }
+        self.hooks.store(Arc::new(next));
+        self.changed.notify_one();
     }
 
     /// The server's outgoing HTTP client (webhooks and proxies).
@@ -166,8 +202,8 @@ impl Webhooks {
         &self.http
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<Hook>> {
-        self.hooks.iter().find(|h| h.cfg.name == name)
+    pub fn get(&self, name: &str) -> Option<Arc<Hook>> {
+        self.hooks.load().iter().find(|h| h.cfg.name == name).cloned()
     }
 
     /// Before an append to `channel`: make sure every matching webhook has
@@ -179,10 +215,10 @@ impl Webhooks {
         ns: &NamespaceOptions,
         channel: &ChannelName,
     ) -> Result<(), EngineError> {
-        if self.hooks.is_empty() || !ns.is_durable() {
+        if self.hooks.load().is_empty() || !ns.is_durable() {
             return Ok(());
         }
-        for hook in &self.hooks {
+        for hook in self.hooks().iter() {
             if !hook.cfg.matches(channel.as_str()) || hook.known.lock().expect("known lock").contains(channel)
             {
                 continue;
@@ -213,7 +249,7 @@ impl Webhooks {
 
     /// After an append to `channel` on this node: wake its deliverers.
     pub fn appended(&self, channel: &ChannelName) {
-        for hook in &self.hooks {
+        for hook in self.hooks.load().iter() {
             if hook.cfg.matches(channel.as_str()) {
                 hook.retry(channel.clone());
             }
@@ -222,11 +258,23 @@ impl Webhooks {
 }
 
 /// The deliverer: one loop per webhook until shutdown, each starting
-/// channel workers. Every node runs it; leases make the work disjoint.
+/// channel workers; a reload's new webhooks get theirs as they come. Every
+/// node runs it; leases make the work disjoint.
 pub async fn run(state: Arc<AppState>) {
     let tasks = tokio_util::task::TaskTracker::new();
-    for hook in &state.webhooks.hooks {
-        tasks.spawn(hook_loop(state.clone(), hook.clone(), tasks.clone()));
+    let mut running: Vec<Arc<Hook>> = Vec::new();
+    loop {
+        running.retain(|h| !h.stop.is_cancelled());
+        for hook in state.webhooks.hooks().iter() {
+            if !running.iter().any(|r| Arc::ptr_eq(r, hook)) {
+                running.push(hook.clone());
+                tasks.spawn(hook_loop(state.clone(), hook.clone(), tasks.clone()));
+            }
+        }
+        tokio::select! {
+            () = state.shutdown.cancelled() => break,
+            () = state.webhooks.changed.notified() => {}
+        }
     }
     tasks.close();
     tasks.wait().await;
@@ -241,6 +289,7 @@ async fn hook_loop(state: Arc<AppState>, hook: Arc<Hook>, tasks: tokio_util::tas
         tokio::select! {
             biased;
             () = state.shutdown.cancelled() => return,
+            () = hook.stop.cancelled() => return,
             Some(channel) = wake.recv() => start(&state, &hook, channel, &tasks),
             _ = tick.tick() => match scan(&state, &hook, &tasks).await {
                 Ok(()) if failing => {
@@ -323,7 +372,7 @@ async fn channel_worker(state: Arc<AppState>, hook: Arc<Hook>, channel: ChannelN
     // counted once, not once per retry).
     let mut reported: Seq = 0;
     loop {
-        if state.shutdown.is_cancelled() {
+        if state.shutdown.is_cancelled() || hook.stop.is_cancelled() {
             break;
         }
         // Own the channel: claim, or renew after a third of the TTL.

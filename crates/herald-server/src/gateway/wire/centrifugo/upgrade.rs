@@ -74,7 +74,7 @@ pub async fn upgrade(
     }
     // Anonymous until `connect` sets the identity: it may do nothing.
     let nobody = Identity::granted("-", None, &[], &[], None);
-    let headers = state.config.proxies.connect.is_some().then(|| Box::new(req.headers().clone()));
+    let headers = state.config().proxies.connect.is_some().then(|| Box::new(req.headers().clone()));
     let (protobuf, echo) = negotiate(&q, req.headers());
     let conn = Box::new(Conn::new(q.user, q.device, headers));
     let wire = if protobuf { Wire::CentrifugoProtobuf(conn) } else { Wire::CentrifugoJson(conn) };
