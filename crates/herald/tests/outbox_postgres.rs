@@ -10,7 +10,7 @@ mod outbox_backend;
 
 use std::time::Duration;
 
-use herald_test_support::{assert_eventually, PostgresServer};
+use herald_test_support::{assert_eventually, eventually, PostgresServer};
 use outbox_backend::*;
 
 fn consumer(dsn: &str, partitions: u32) -> String {
@@ -145,7 +145,12 @@ async fn a_parked_row_fixed_in_the_dead_letter_table_is_published_on_retry() {
     let tags = || got.lock().unwrap().get("orders:0").cloned().unwrap_or_default();
     assert_eventually("the partition goes on past the parked row", || async { tags().len() == 2 }).await;
     assert_eq!(tags(), [(1, "first".to_owned()), (2, "third".to_owned())]);
-    let parked = api_get(&herald.url, "/api/v1/consumers/orders/parked").await;
+    // Listed once the row's move to the dead-letter table has committed.
+    let parked = eventually("the parked row listed", || async {
+        let parked = api_get(&herald.url, "/api/v1/consumers/orders/parked").await;
+        parked["rows"].as_array().is_some_and(|r| !r.is_empty()).then_some(parked)
+    })
+    .await;
     let row = &parked["rows"][0];
     assert_eq!((row["channel"].as_str(), row["code"].as_str()), (Some("orders:0"), Some("bad_request")));
     assert!(row["error"].as_str().unwrap().contains("meta"), "{row}");

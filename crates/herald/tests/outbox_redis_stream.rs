@@ -52,7 +52,12 @@ fn spawn_writers(
             let (url, ledger) = (url.to_owned(), ledger.clone());
             tokio::spawn(async move {
                 let client = redis::Client::open(url.as_str()).unwrap();
-                let mut con = client.get_multiplexed_async_connection().await.unwrap();
+                // Generous: the writers share two cores with the nodes,
+                // Redis and the rest of the suite.
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_response_timeout(Some(Duration::from_secs(10)))
+                    .set_connection_timeout(Some(Duration::from_secs(10)));
+                let mut con = client.get_multiplexed_async_connection_with_config(&config).await.unwrap();
                 for i in 0..entries {
                     let (channel, tag) = if poison && w == 0 && i == 10 {
                         ("nope:1".to_owned(), "poison".to_owned())

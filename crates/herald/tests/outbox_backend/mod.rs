@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use herald_client::{Backoff, Client, ClientOptions, ConnectOptions, Event};
-use herald_test_support::HeraldProcess;
+use herald_test_support::{eventually, HeraldProcess};
 use tokio::sync::RwLock;
 
 pub const API_KEY: &str = "outbox-test-api-key-0123456789";
@@ -187,7 +187,16 @@ pub async fn subscriber(url: &str, user: &str, channels: usize) -> (Client, Rece
     let received: Received = Arc::default();
     for c in 0..channels {
         let channel = format!("orders:{c}");
-        let mut sub = client.subscribe(&channel, None).await.expect("subscribe");
+        // A node on Redis may answer `unavailable` while Redis is slow
+        // under the suite's load: subscribing again is what a client does.
+        let mut sub = eventually("a subscription", || async {
+            match client.subscribe(&channel, None).await {
+                Ok(sub) => Some(sub),
+                Err(e) if format!("{e:?}").contains("unavailable") => None,
+                Err(e) => panic!("subscribe: {e:?}"),
+            }
+        })
+        .await;
         let received = received.clone();
         tokio::spawn(async move {
             while let Some(event) = sub.next().await {
