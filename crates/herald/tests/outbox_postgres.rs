@@ -227,3 +227,50 @@ async fn marked_rows_stay_with_their_publish_time_and_are_published_once() {
     }
     drop(herald);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_after_a_later_id_is_still_published_first() {
+    let pg = PostgresServer::start();
+    let admin = pg.connect().await;
+    admin.batch_execute(DDL).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "engine = \"embedded\"\ndata_dir = {:?}\n{}",
+        dir.path().join("data"),
+        consumer(&pg.dsn(), 1)
+    );
+    let herald = spawn_herald(0, &config, dir.path());
+    let (_c, got) = subscriber(&herald.url, "o", 1).await;
+    let tags = || got.lock().unwrap().get("orders:0").cloned().unwrap_or_default();
+
+    // The slow transaction takes id 1 and stays open; id 2 commits.
+    let mut slow = pg.connect().await;
+    let tx = slow.transaction().await.unwrap();
+    let first: i64 = tx
+        .query_one("INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{\"tag\":\"slow\"}') RETURNING id", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let second: i64 = admin
+        .query_one("INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{\"tag\":\"fast\"}') RETURNING id", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(first < second);
+    let url = herald.url.clone();
+    assert_eventually("the status says the partition waits for a transaction", || async {
+        let s = api_get(&url, "/api/v1/consumers").await;
+        s["consumers"][0]["partitions"][0]["last_error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("long transaction"))
+    })
+    .await;
+    assert!(tags().is_empty(), "nothing published past an open transaction's id: {:?}", tags());
+    tx.commit().await.unwrap();
+    assert_eventually("both published", || async { tags().len() == 2 }).await;
+    assert_eq!(tags(), [(1, "slow".to_owned()), (2, "fast".to_owned())], "row-id order, not commit order");
+    assert_eventually("the wait is no longer reported", || async {
+        api_get(&url, "/api/v1/consumers").await["consumers"][0]["partitions"][0]["last_error"].is_null()
+    })
+    .await;
+}

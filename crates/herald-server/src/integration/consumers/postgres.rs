@@ -334,6 +334,9 @@ enum Stepped {
     Full,
     /// Fewer rows than a batch, or none: wait for a notification.
     Idle,
+    /// A transaction holding an earlier id is still open after the
+    /// patience: nothing read; try again.
+    Waiting,
 }
 
 /// The barrier (see the module docs): the highest id whose fate is known,
@@ -397,8 +400,7 @@ async fn step(
 ) -> Result<Stepped, SourceError> {
     let cfg = &consumer.cfg;
     let Some(high) = barrier(src, patience).await? else {
-        consumer.note_error(p, "waiting for a long transaction that holds an earlier id");
-        return Ok(Stepped::Idle);
+        return Ok(Stepped::Waiting);
     };
     let parts = i64::from(cfg.partitions);
     let batch = cfg.batch_size as i64;
@@ -614,10 +616,17 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
                 if failing {
                     failing = false;
                     tracing::info!(consumer = %cfg.name, partition = p, "consumer partition recovered");
-                    consumer.update(p, |s| s.last_error = None);
                 }
-                if let Stepped::Full = stepped {
-                    continue;
+                match stepped {
+                    Stepped::Waiting => {
+                        consumer.note_error(p, "waiting for a long transaction that holds an earlier id");
+                        continue;
+                    }
+                    Stepped::Full => {
+                        consumer.update(p, |s| s.last_error = None);
+                        continue;
+                    }
+                    Stepped::Idle => consumer.update(p, |s| s.last_error = None),
                 }
                 if observed.elapsed() >= cfg.poll_interval {
                     observed = Instant::now();
