@@ -145,6 +145,13 @@ async fn a_parked_row_fixed_in_the_dead_letter_table_is_published_on_retry() {
     let tags = || got.lock().unwrap().get("orders:0").cloned().unwrap_or_default();
     assert_eventually("the partition goes on past the parked row", || async { tags().len() == 2 }).await;
     assert_eq!(tags(), [(1, "first".to_owned()), (2, "third".to_owned())]);
+    // The batch's removal transaction (which parks the row) commits after
+    // its appends were fanned out.
+    let url = herald.url.clone();
+    assert_eventually("the row is parked", || async {
+        !api_get(&url, "/api/v1/consumers/orders/parked").await["rows"].as_array().unwrap().is_empty()
+    })
+    .await;
     let parked = api_get(&herald.url, "/api/v1/consumers/orders/parked").await;
     let row = &parked["rows"][0];
     assert_eq!((row["channel"].as_str(), row["code"].as_str()), (Some("orders:0"), Some("bad_request")));
