@@ -10,7 +10,7 @@ mod outbox_backend;
 
 use std::time::Duration;
 
-use herald_test_support::{assert_eventually, eventually, PostgresServer};
+use herald_test_support::{assert_eventually, PostgresServer};
 use outbox_backend::*;
 
 fn consumer(dsn: &str, partitions: u32) -> String {
@@ -145,12 +145,14 @@ async fn a_parked_row_fixed_in_the_dead_letter_table_is_published_on_retry() {
     let tags = || got.lock().unwrap().get("orders:0").cloned().unwrap_or_default();
     assert_eventually("the partition goes on past the parked row", || async { tags().len() == 2 }).await;
     assert_eq!(tags(), [(1, "first".to_owned()), (2, "third".to_owned())]);
-    // Listed once the row's move to the dead-letter table has committed.
-    let parked = eventually("the parked row listed", || async {
-        let parked = api_get(&herald.url, "/api/v1/consumers/orders/parked").await;
-        parked["rows"].as_array().is_some_and(|r| !r.is_empty()).then_some(parked)
+    // The batch's removal transaction (which parks the row) commits after
+    // its appends were fanned out.
+    let url = herald.url.clone();
+    assert_eventually("the row is parked", || async {
+        !api_get(&url, "/api/v1/consumers/orders/parked").await["rows"].as_array().unwrap().is_empty()
     })
     .await;
+    let parked = api_get(&herald.url, "/api/v1/consumers/orders/parked").await;
     let row = &parked["rows"][0];
     assert_eq!((row["channel"].as_str(), row["code"].as_str()), (Some("orders:0"), Some("bad_request")));
     assert!(row["error"].as_str().unwrap().contains("meta"), "{row}");
@@ -238,4 +240,51 @@ async fn marked_rows_stay_with_their_publish_time_and_are_published_once() {
         assert_eq!(seqs, (1..=rows.len() as u64).collect::<Vec<_>>(), "{channel}");
     }
     drop(herald);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_committed_after_a_later_id_is_still_published_first() {
+    let pg = PostgresServer::start();
+    let admin = pg.connect().await;
+    admin.batch_execute(DDL).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "engine = \"embedded\"\ndata_dir = {:?}\n{}",
+        dir.path().join("data"),
+        consumer(&pg.dsn(), 1)
+    );
+    let herald = spawn_herald(0, &config, dir.path());
+    let (_c, got) = subscriber(&herald.url, "o", 1).await;
+    let tags = || got.lock().unwrap().get("orders:0").cloned().unwrap_or_default();
+
+    // The slow transaction takes id 1 and stays open; id 2 commits.
+    let mut slow = pg.connect().await;
+    let tx = slow.transaction().await.unwrap();
+    let first: i64 = tx
+        .query_one("INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{\"tag\":\"slow\"}') RETURNING id", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let second: i64 = admin
+        .query_one("INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{\"tag\":\"fast\"}') RETURNING id", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(first < second);
+    let url = herald.url.clone();
+    assert_eventually("the status says the partition waits for a transaction", || async {
+        let s = api_get(&url, "/api/v1/consumers").await;
+        s["consumers"][0]["partitions"][0]["last_error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("long transaction"))
+    })
+    .await;
+    assert!(tags().is_empty(), "nothing published past an open transaction's id: {:?}", tags());
+    tx.commit().await.unwrap();
+    assert_eventually("both published", || async { tags().len() == 2 }).await;
+    assert_eq!(tags(), [(1, "slow".to_owned()), (2, "fast".to_owned())], "row-id order, not commit order");
+    assert_eventually("the wait is no longer reported", || async {
+        api_get(&url, "/api/v1/consumers").await["consumers"][0]["partitions"][0]["last_error"].is_null()
+    })
+    .await;
 }

@@ -52,11 +52,11 @@ fn spawn_writers(
             let (url, ledger) = (url.to_owned(), ledger.clone());
             tokio::spawn(async move {
                 let client = redis::Client::open(url.as_str()).unwrap();
-                // Generous: the writers share two cores with the nodes,
-                // Redis and the rest of the suite.
-                let config = redis::AsyncConnectionConfig::new()
-                    .set_response_timeout(Some(Duration::from_secs(10)))
-                    .set_connection_timeout(Some(Duration::from_secs(10)));
+                // Far above the client's 500 ms default: on a loaded machine an
+                // `XADD` under `appendfsync always` can take longer, and a
+                // timed-out one would leave its outcome unknown.
+                let config =
+                    redis::AsyncConnectionConfig::new().set_response_timeout(Some(Duration::from_secs(30)));
                 let mut con = client.get_multiplexed_async_connection_with_config(&config).await.unwrap();
                 for i in 0..entries {
                     let (channel, tag) = if poison && w == 0 && i == 10 {

@@ -10,7 +10,9 @@
 //!   step therefore first reads `H`, the last value the id sequence handed
 //!   out, then the transactions holding a `RowExclusiveLock` on the table or
 //!   its sequence (every transaction that took an id or inserted holds one
-//!   until it ends), waits until each of those has ended, and only then
+//!   until it ends; the consumer's own partition connections, named
+//!   `herald consumer <name>` whatever the DSN says, only remove rows and
+//!   are left out), waits until each of those has ended, and only then
 //!   reads rows with `id <= H`. Every id up to `H` was handed out before the
 //!   lock list was read, so its transaction was in that list or had ended:
 //!   once the list is gone, each row up to `H` is committed (and visible)
@@ -100,6 +102,8 @@ struct Source {
     /// The id sequence, if the table has one (bigserial or identity).
     sequence: Option<u32>,
     sql: Sql,
+    /// The `application_name` of this consumer's partition connections.
+    reader: String,
 }
 
 /// The hash of a channel to its partition, the same in every statement.
@@ -204,8 +208,21 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// database host gone without a reset), unless the DSN says otherwise.
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// What a connection is for: a partition's reader, whose transactions
+/// only remove rows, or an operator's request, which may insert.
+#[derive(Clone, Copy)]
+enum Role {
+    Partition,
+    Admin,
+}
+
+/// The `application_name` of every partition connection of a consumer.
+fn reader_name(cfg: &ConsumerConfig) -> String {
+    format!("herald consumer {}", cfg.name)
+}
+
 /// Open a connection whose notifications wake `notified`.
-async fn open(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Client, SourceError> {
+async fn open(cfg: &ConsumerConfig, notified: Arc<Notify>, role: Role) -> Result<Client, SourceError> {
     let mut pg: tokio_postgres::Config = cfg.dsn.parse()?;
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(CONNECT_TIMEOUT);
@@ -213,9 +230,12 @@ async fn open(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Client, Sou
     if pg.get_tcp_user_timeout().is_none() {
         pg.tcp_user_timeout(TCP_USER_TIMEOUT);
     }
-    if pg.get_application_name().is_none() {
-        pg.application_name(format!("herald consumer {}", cfg.name));
-    }
+    // Always ours, whatever the DSN says: the barrier leaves out exactly
+    // the sessions named so (see `barrier`).
+    pg.application_name(match role {
+        Role::Partition => reader_name(cfg),
+        Role::Admin => format!("herald consumer {} admin", cfg.name),
+    });
     let (client, mut connection) = pg.connect(NoTls).await?;
     tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
@@ -234,7 +254,7 @@ async fn open(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Client, Sou
 
 /// Connect, check the table, create the helper tables if missing, listen.
 async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, SourceError> {
-    let client = open(cfg, notified).await?;
+    let client = open(cfg, notified, Role::Partition).await?;
     let setup = |m: String| SourceError::Setup(m);
     let table_oid: u32 = client
         .query_opt("SELECT to_regclass($1)::oid", &[&cfg.table])
@@ -309,7 +329,7 @@ async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, 
     let sql = Sql::new(cfg, has("meta"), has("idempotency_key"), has("created_at"));
     let mut relations = vec![table_oid];
     relations.extend(sequence);
-    Ok(Source { client, relations, sequence, sql })
+    Ok(Source { client, relations, sequence, sql, reader: reader_name(cfg) })
 }
 
 /// Raise the partition's fence to `token`: `Err(Lost)` if a greater token
@@ -334,6 +354,9 @@ enum Stepped {
     Full,
     /// Fewer rows than a batch, or none: wait for a notification.
     Idle,
+    /// A transaction holding an earlier id is still open after the
+    /// patience: nothing read; try again.
+    Waiting,
 }
 
 /// The barrier (see the module docs): the highest id whose fate is known,
@@ -352,12 +375,18 @@ async fn barrier(src: &Source, patience: Duration) -> Result<Option<i64>, Source
         // waited for (docs/consumers.md: such ids must grow in commit order).
         None => i64::MAX,
     };
+    // Left out: this consumer's own partition connections (on every
+    // node), whose transactions only delete or mark rows already read and
+    // never take an id; waiting for them would make partitions wait for
+    // each other's removals.
     let writers: Vec<String> = src
         .client
         .query_one(
-            "SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') FROM pg_locks \
-             WHERE relation = ANY($1) AND mode = 'RowExclusiveLock' AND pid <> pg_backend_pid()",
-            &[&src.relations],
+            "SELECT coalesce(array_agg(DISTINCT l.virtualtransaction), '{}') FROM pg_locks l \
+             LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+             WHERE l.relation = ANY($1) AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid() \
+             AND a.application_name IS DISTINCT FROM $2",
+            &[&src.relations, &src.reader],
         )
         .await?
         .get(0);
@@ -397,8 +426,7 @@ async fn step(
 ) -> Result<Stepped, SourceError> {
     let cfg = &consumer.cfg;
     let Some(high) = barrier(src, patience).await? else {
-        consumer.note_error(p, "waiting for a long transaction that holds an earlier id");
-        return Ok(Stepped::Idle);
+        return Ok(Stepped::Waiting);
     };
     let parts = i64::from(cfg.partitions);
     let batch = cfg.batch_size as i64;
@@ -614,10 +642,17 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
                 if failing {
                     failing = false;
                     tracing::info!(consumer = %cfg.name, partition = p, "consumer partition recovered");
-                    consumer.update(p, |s| s.last_error = None);
                 }
-                if let Stepped::Full = stepped {
-                    continue;
+                match stepped {
+                    Stepped::Waiting => {
+                        consumer.note_error(p, "waiting for a long transaction that holds an earlier id");
+                        continue;
+                    }
+                    Stepped::Full => {
+                        consumer.update(p, |s| s.last_error = None);
+                        continue;
+                    }
+                    Stepped::Idle => consumer.update(p, |s| s.last_error = None),
                 }
                 if observed.elapsed() >= cfg.poll_interval {
                     observed = Instant::now();
@@ -695,7 +730,7 @@ pub struct Parked {
 /// The consumer's parked rows, oldest first (one short connection: an
 /// operator's request).
 pub async fn list_parked(cfg: &ConsumerConfig, limit: i64) -> Result<Vec<Parked>, SourceError> {
-    let client = open(cfg, Arc::new(Notify::new())).await?;
+    let client = open(cfg, Arc::new(Notify::new()), Role::Admin).await?;
     let sql = format!(
         "SELECT id, channel, code, error, (extract(epoch FROM parked_at) * 1000)::bigint FROM {} \
          WHERE consumer = $1 ORDER BY id LIMIT $2",
@@ -717,7 +752,7 @@ pub async fn list_parked(cfg: &ConsumerConfig, limit: i64) -> Result<Vec<Parked>
 /// Put a parked row back into the outbox as a new row (a new id: it is
 /// published after the rows already there). `None`: no such parked row.
 pub async fn retry_parked(cfg: &ConsumerConfig, id: i64) -> Result<Option<i64>, SourceError> {
-    let client = open(cfg, Arc::new(Notify::new())).await?;
+    let client = open(cfg, Arc::new(Notify::new()), Role::Admin).await?;
     let columns: Vec<String> = client
         .query(
             "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
