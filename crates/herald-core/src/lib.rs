@@ -27,6 +27,7 @@ pub use engine::{
     Rooms, Seq, SubscriberId, UserCursor,
 };
 pub use engine::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
+pub use engine::{Admission, Ban, Control, ControlSink, NodeInfo};
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};
 pub use presence::{member_key, FenceToken, Joined, Lease, Member, Rejoined, Renewed, GONE_CAP, GONE_MEMORY};
 pub use room::{IllegalTransition, Room, RoomReason, RoomStatus};
