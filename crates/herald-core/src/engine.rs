@@ -100,7 +100,10 @@ use std::sync::Arc;
 /// that implements the parts; write `impl Log for MyEngine`, and so on.
 pub trait Engine: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + Ownership + Control {}
 
-impl<T: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + Ownership + Control + ?Sized> Engine for T {}
+impl<T: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + Ownership + Control + ?Sized> Engine
+    for T
+{
+}
 
 /// Who acknowledges messages on acked channels: a token's `sub` plus the
 /// optional device id given at connect. Each device of a user has its own

@@ -281,10 +281,6 @@ pub struct RefreshRequest {
     pub token: String,
 }
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
 fn is_zero32(n: &u32) -> bool {
     *n == 0
 }
@@ -486,6 +482,27 @@ pub struct Push<'a> {
     pub leave: Option<JoinLeave>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unsubscribe: Option<Unsubscribe>,
+    /// The server subscribed the connection (a server-side subscription
+    /// made after connect).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscribe: Option<SubscribePush>,
+}
+
+/// A `subscribe` push: the stream position the subscription starts at.
+#[derive(Debug, Serialize)]
+pub struct SubscribePush {
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub recoverable: bool,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub epoch: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub offset: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub positioned: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Serialize)]
@@ -501,7 +518,7 @@ pub struct Unsubscribe {
 
 impl<'a> Push<'a> {
     pub fn new(channel: &'a str) -> Self {
-        Push { channel, publication: None, join: None, leave: None, unsubscribe: None }
+        Push { channel, publication: None, join: None, leave: None, unsubscribe: None, subscribe: None }
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -204,7 +204,14 @@ impl EngineState {
         let id = id.to_owned();
         self.redis
             .call("node leave", |mut c| async move {
-                redis::pipe().atomic().hdel(&info, &id).ignore().zrem(&exp, &id).ignore().query_async::<()>(&mut c).await
+                redis::pipe()
+                    .atomic()
+                    .hdel(&info, &id)
+                    .ignore()
+                    .zrem(&exp, &id)
+                    .ignore()
+                    .query_async::<()>(&mut c)
+                    .await
             })
             .await
     }
@@ -245,7 +252,9 @@ impl EngineState {
         }
         let reports: Vec<Option<String>> = self
             .redis
-            .call("nodes", |mut c| async move { redis::cmd("HMGET").arg(&info).arg(&live).query_async(&mut c).await })
+            .call("nodes", |mut c| async move {
+                redis::cmd("HMGET").arg(&info).arg(&live).query_async(&mut c).await
+            })
             .await?;
         let mut nodes: Vec<NodeInfo> =
             reports.into_iter().flatten().filter_map(|r| serde_json::from_str(&r).ok()).collect();

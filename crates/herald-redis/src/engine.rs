@@ -302,7 +302,12 @@ impl Control for RedisEngine {
         self.inner.revoke(user, before_ms).await
     }
 
-    async fn admission(&self, user: &str, device: Option<&str>, now_ms: u64) -> Result<Admission, EngineError> {
+    async fn admission(
+        &self,
+        user: &str,
+        device: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Admission, EngineError> {
         self.inner.admission(user, device, now_ms).await
     }
 

@@ -53,7 +53,8 @@ pub(crate) fn revoke_key(user: &str) -> Vec<u8> {
 }
 
 fn decode(v: &[u8]) -> Result<u64, StorageError> {
-    let bytes: [u8; 8] = v.try_into().map_err(|_| StorageError::Corrupt("control entry: not a u64".into()))?;
+    let bytes: [u8; 8] =
+        v.try_into().map_err(|_| StorageError::Corrupt("control entry: not a u64".into()))?;
     Ok(u64::from_be_bytes(bytes))
 }
 

@@ -399,7 +399,12 @@ impl Control for EmbeddedEngine {
     }
 
     /// Runs inline: two or three point reads.
-    async fn admission(&self, user: &str, device: Option<&str>, now_ms: u64) -> Result<Admission, EngineError> {
+    async fn admission(
+        &self,
+        user: &str,
+        device: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Admission, EngineError> {
         crate::control::admission(&self.shared.storage, user, device, now_ms).map_err(|e| self.read_failed(e))
     }
 

@@ -81,8 +81,12 @@ pub trait Control: Send + Sync + 'static {
 
     /// The ban (of the user, or of `device`) in force at `now_ms` and the
     /// revocation of `user`, in one read.
-    async fn admission(&self, user: &str, device: Option<&str>, now_ms: u64)
-        -> Result<Admission, EngineError>;
+    async fn admission(
+        &self,
+        user: &str,
+        device: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Admission, EngineError>;
 
     /// Hand `order` to the [`ControlSink`] of every node of the deployment,
     /// this one included. At most once per node; a node that is cut off

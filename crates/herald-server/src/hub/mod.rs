@@ -41,8 +41,8 @@ mod mailbox;
 mod sessions;
 
 pub use ceiling::{Charge, QueuedBytes};
-pub use mailbox::{Mailbox, PushError, Stop};
-pub use sessions::Sessions;
+pub use mailbox::{Closing, Mailbox, Order, PushError, Stop, ORDERS_MAX};
+pub use sessions::{SessionInfo, Sessions};
 
 const SHARDS: usize = 32;
 
@@ -160,6 +160,58 @@ impl Hub {
     /// Local subscribers of a channel (for tests and metrics).
     pub fn subscriber_count(&self, channel: &ChannelName) -> usize {
         self.shard(channel).read().expect("hub lock poisoned").get(channel).map_or(0, Vec::len)
+    }
+
+    /// The channels each of `conns` subscribes on this node: one scan of
+    /// every local subscription (the connection listing's cost).
+    pub fn channels_of(&self, conns: &[u64]) -> HashMap<u64, Vec<ChannelName>> {
+        let mut out: HashMap<u64, Vec<ChannelName>> = conns.iter().map(|&c| (c, Vec::new())).collect();
+        for shard in &self.shards {
+            let map = shard.read().expect("hub lock poisoned");
+            for (channel, subs) in map.iter() {
+                for conn in subs {
+                    if let Some(list) = out.get_mut(&conn.id) {
+                        list.push(channel.clone());
+                    }
+                }
+            }
+        }
+        for list in out.values_mut() {
+            list.sort();
+        }
+        out
+    }
+
+    /// Up to `limit` channels with a local subscriber, named after `after`
+    /// and accepted by `filter`, in name order, with their local
+    /// subscriber counts: one scan of every local channel.
+    pub fn channels(
+        &self,
+        filter: impl Fn(&str) -> bool,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Vec<(ChannelName, usize)> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let map = shard.read().expect("hub lock poisoned");
+            for (channel, subs) in map.iter() {
+                let name = channel.as_str();
+                if after.is_none_or(|a| name > a) && filter(name) {
+                    out.push((channel.clone(), subs.len()));
+                }
+            }
+        }
+        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        out.truncate(limit);
+        out
+    }
+
+    /// Local subscriptions, every channel's subscribers counted.
+    pub fn subscriptions(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.read().expect("hub lock poisoned").values().map(Vec::len).sum::<usize>())
+            .sum()
     }
 
     /// A connection cannot take `msg`: durable, kick it (the log has the
