@@ -428,3 +428,40 @@ async fn bad_users_devices_channels_and_values_are_clear_problems() {
     let r = srv.get("/api/v1/channels?limit=0").await;
     assert_eq!((r.status, r.body["code"].as_str()), (400, Some("bad_request")));
 }
+
+/// The Rust client hands a server-side subscription made from a position
+/// over as a `Subscription` that starts after that position.
+#[tokio::test]
+async fn the_rust_client_takes_a_server_side_subscription_from_its_position() {
+    use herald_client::{Client, ClientOptions, Event};
+    let srv = TestServer::start().await;
+    for n in 1..=3 {
+        srv.publish("chat:rc", json!(n)).await;
+    }
+    let mut opts = ClientOptions::new(ConnectOptions::dev_user(&srv.url, "rc"));
+    opts.server_subscriptions = true;
+    let client = Client::new(opts);
+    assert_eventually("connected", || async {
+        srv.get("/api/v1/users/rc/connections").await.body["connections"]
+            .as_array()
+            .is_some_and(|l| l.len() == 1)
+    })
+    .await;
+    srv.call(
+        "POST",
+        "/api/v1/users/rc/subscriptions",
+        Some(json!({"channel": "chat:rc", "since": {"seq": 1}})),
+        &[],
+    )
+    .await;
+    let mut sub =
+        tokio::time::timeout(WAIT, client.next_server_subscription()).await.unwrap().expect("handed over");
+    assert_eq!(sub.channel().as_str(), "chat:rc");
+    let mut seqs = Vec::new();
+    while seqs.len() < 2 {
+        if let Event::Message(m) = tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap().unwrap() {
+            seqs.push(m.seq.unwrap());
+        }
+    }
+    assert_eq!(seqs, [2, 3]);
+}

@@ -37,8 +37,12 @@ impl Session {
                 }
                 let from = since.as_ref().map(|s| s.seq);
                 match self.subscribe(None, &channel, since, PresenceArgs::default(), Asker::Server).await {
-                    Ok((ok, ended)) => {
+                    Ok((mut ok, ended)) => {
                         let start = from.or(ok.head).unwrap_or(0);
+                        // Durable, not acked: the client starts after `since`.
+                        if ok.epoch.is_some() && ok.cursor.is_none() {
+                            ok.since = from;
+                        }
                         self.send_bytes(self.wire.subscribed(&channel, &ok, start)).await?;
                         if ended {
                             self.end_subscription(&channel, "room_closed").await?;
