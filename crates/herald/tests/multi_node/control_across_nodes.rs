@@ -191,3 +191,45 @@ async fn channel_and_node_lists_gather_every_node_and_drop_a_dead_one() {
     assert!(started.elapsed() < Duration::from_secs(1), "no wait for a node no longer listed");
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_removed_through_one_node_leaves_the_room_on_the_other() {
+    use herald_test_support::{create_room, join, next_presence, presence_config};
+    let redis = RedisServer::start();
+    let ttl = Duration::from_secs(30);
+    let a = Node::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await;
+    let b = Node::on_redis_with(engine_config(&redis.url()), presence_config(ttl)).await;
+    create_room(&a, "room:rm", "host", 60).await;
+    let mut watcher = a.connect("watcher").await;
+    join(&mut watcher, "room:rm", "w").await;
+    assert_eq!(next_presence(&mut watcher).await.0, "join");
+    let mut speaker = b.connect("speaker").await;
+    join(&mut speaker, "room:rm", "s").await;
+    assert_eq!(next_presence(&mut watcher).await.1, "speaker");
+    speaker.publish("room:rm", &json!("talking"), None).await.unwrap();
+
+    let removed = Instant::now();
+    let r = a.call("DELETE", "/api/v1/rooms/room:rm/members/speaker", None, &[]).await;
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(next_kind(&mut speaker, "unsubscribed").await.channel.as_deref(), Some("room:rm"));
+    let (kind, user, _) = loop {
+        let p = next_presence(&mut watcher).await;
+        if p.0 == "leave" {
+            break p;
+        }
+    };
+    assert_eq!((kind.as_str(), user.as_str()), ("leave", "speaker"));
+    assert!(
+        removed.elapsed() < Duration::from_secs(2),
+        "left at once, not at the lease's end: {:?}",
+        removed.elapsed()
+    );
+    let members = b.get("/api/v1/channels/room:rm/presence").await.body;
+    let users: Vec<&str> =
+        members["members"].as_array().unwrap().iter().map(|m| m["user"].as_str().unwrap()).collect();
+    assert_eq!(users, ["watcher"], "{members}");
+    let r = speaker.subscribe("room:rm", None).await.unwrap();
+    assert_eq!(r.kind, "error", "rejoin refused on the other node: {r:?}");
+    a.stop().await;
+    b.stop().await;
+}
