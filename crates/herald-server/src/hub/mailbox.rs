@@ -349,4 +349,25 @@ mod tests {
         assert_eq!(conn.push(outgoing(7, &queued)), Err(PushError::Closed));
         assert!(conn.pop().is_none());
     }
+
+    /// Orders wait in order up to `ORDERS_MAX`; the backend's first close
+    /// wins and stops the session as `Stop::Backend`, shutdown still first.
+    #[tokio::test]
+    async fn orders_are_bounded_and_the_first_close_wins() {
+        let conn = Mailbox::new(4);
+        let channel = |n: usize| herald_proto::ChannelName::new(&format!("chat:{n}")).unwrap();
+        for n in 0..ORDERS_MAX {
+            assert!(conn.order(Order::Unsubscribe { channel: channel(n) }));
+        }
+        assert!(!conn.order(Order::Unsubscribe { channel: channel(999) }), "bounded");
+        let first = poll_fn(|cx| conn.poll_order(cx)).await;
+        assert_eq!(first, Order::Unsubscribe { channel: channel(0) });
+        let closing = |code| Closing { code, reason: Arc::from("r"), reconnect: false };
+        conn.disconnect(closing(4012));
+        conn.disconnect(closing(4011));
+        assert_eq!(poll_fn(|cx| conn.poll_stop(cx)).await, Stop::Backend);
+        assert_eq!(conn.closing(), Some(closing(4012)), "the first close wins");
+        conn.shut_down();
+        assert_eq!(poll_fn(|cx| conn.poll_stop(cx)).await, Stop::Shutdown);
+    }
 }

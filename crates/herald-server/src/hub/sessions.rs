@@ -104,15 +104,21 @@ impl Sessions {
         }
     }
 
-    /// Say who session `id` serves (once per identity: a second call
-    /// replaces the first). Nothing if the session is gone.
-    pub fn identify(&self, id: u64, info: SessionInfo) {
-        let info = Arc::new(info);
+    /// Say who session `id` serves (a second call, after a token refresh,
+    /// replaces the first and keeps its `connected_at_ms`). Nothing if the
+    /// session is gone.
+    pub fn identify(&self, id: u64, mut info: SessionInfo) {
         // Indexed under the entry's shard lock (then the user's), so a
         // concurrent `remove`, which takes the entry first, finds the
         // index entry to remove.
         let mut shard = self.shard(id).lock().expect("sessions lock poisoned");
         let Some(entry) = shard.get_mut(&id) else { return };
+        // A new identity on the same connection (a token refresh): the
+        // connection is as old as it was.
+        if let Some(previous) = &entry.info {
+            info.connected_at_ms = previous.connected_at_ms;
+        }
+        let info = Arc::new(info);
         if let Some(previous) = entry.info.replace(info.clone()) {
             self.unindex(&previous.user, id);
         }
@@ -339,6 +345,42 @@ mod tests {
         let late = Arc::new(Mailbox::new(4));
         sessions.add(3, &late);
         assert_eq!(wait(late).await.unwrap(), Some(Stop::Shutdown));
+    }
+
+    fn info(user: &str, device: &str, at: u64) -> SessionInfo {
+        SessionInfo {
+            user: Arc::from(user),
+            device: Some(Arc::from(device)),
+            protocol: "herald",
+            connected_at_ms: at,
+            remote: None,
+            iat: None,
+        }
+    }
+
+    /// The user index follows identification, re-identification and
+    /// removal; a refresh keeps the connection's age.
+    #[test]
+    fn sessions_are_found_by_user_while_registered() {
+        let sessions = Sessions::default();
+        let conns = open(&sessions, 3);
+        sessions.identify(0, info("ann", "a", 10));
+        sessions.identify(1, info("ann", "b", 11));
+        sessions.identify(2, info("bob", "a", 12));
+        let ids = |u: &str| sessions.of_user(u).iter().map(|s| s.0).collect::<Vec<_>>();
+        assert_eq!((ids("ann"), ids("bob"), ids("cy")), (vec![0, 1], vec![2], vec![]));
+        sessions.identify(1, info("ann", "b", 99));
+        assert_eq!(sessions.of_user("ann")[1].1.connected_at_ms, 11, "a refresh keeps the age");
+        assert_eq!(ids("ann"), [0, 1], "indexed once");
+        sessions.remove(0);
+        assert_eq!(ids("ann"), [1]);
+        sessions.identify(7, info("ann", "z", 1));
+        assert_eq!(ids("ann"), [1], "a session never added is not indexed");
+        sessions.remove(1);
+        sessions.remove(2);
+        assert!(sessions.of_user("ann").is_empty() && sessions.of_user("bob").is_empty());
+        assert!(sessions.users.iter().all(|s| s.lock().unwrap().is_empty()), "no empty entries left");
+        drop(conns);
     }
 
     fn drained(conns: &[Arc<Mailbox>]) -> usize {
