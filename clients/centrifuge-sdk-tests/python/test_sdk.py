@@ -37,6 +37,7 @@ from centrifuge import (
     PublicationContext,
     ServerPublicationContext,
     ServerSubscribedContext,
+    ServerUnsubscribedContext,
     StreamPosition,
     SubscribedContext,
     SubscriptionEventHandler,
@@ -223,6 +224,67 @@ async def server_side(herald: Herald, wire: Wire) -> None:
     await client.disconnect()
 
 
+class Backend(ServerSide):
+    """Server-side subscriptions and their ends, and the connection's
+    states, for the backend's actions."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsubscribed = []
+        self.connects = 0
+        self.connecting = []
+        self.disconnected = []
+
+    async def on_unsubscribed(self, ctx: ServerUnsubscribedContext) -> None:
+        self.unsubscribed.append(ctx)
+
+    async def on_connected(self, ctx) -> None:
+        self.connects += 1
+
+    async def on_connecting(self, ctx: ConnectingContext) -> None:
+        self.connecting.append(ctx.code)
+
+    async def on_disconnected(self, ctx: DisconnectedContext) -> None:
+        self.disconnected.append(ctx.code)
+
+
+async def backend_actions(herald: Herald, wire: Wire) -> None:
+    """The backend subscribes a connected user from a position and
+    unsubscribes it (server-side subscription events), disconnects it with
+    reconnect (the SDK reconnects) and bans it (the SDK stops)."""
+    url = f"ws://127.0.0.1:{herald.port}/connection/websocket"
+    user = f"py-api-{wire.name}"
+    channel = f"chat:py-api-{wire.name}"
+    # A pattern grants permissions only: no server-side subscription of its own.
+    tok = token(user, channels=("chat:py-none-*",))
+
+    async def get_token() -> str:
+        return tok
+
+    for i in range(1, 3):
+        herald.publish(channel, i)
+    events = Backend()
+    client = Client(url, events=events, token=tok, get_token=get_token, use_protobuf=wire.protobuf,
+                    min_reconnect_delay=0.05, max_reconnect_delay=0.3)
+    await client.connect()
+    await eventually("connected", lambda: events.connects == 1)
+    status, _ = herald.api("POST", f"/api/v1/users/{user}/subscriptions", {"channel": channel, "since": {"seq": 1}})
+    assert status == 202, status
+    await eventually("subscribed by the backend", lambda: [s.channel for s in events.subscribed] == [channel])
+    herald.publish(channel, 3)
+    await eventually("from after seq 1, then live", lambda: len(events.pubs) >= 2)
+    assert [p.offset for _, p in events.pubs] == [2, 3], events.pubs
+    herald.api("DELETE", f"/api/v1/users/{user}/subscriptions/{channel}")
+    await eventually("unsubscribed by the backend", lambda: [u.channel for u in events.unsubscribed] == [channel])
+    herald.api("POST", f"/api/v1/users/{user}/disconnect", {"reconnect": True})
+    await eventually("reconnected", lambda: events.connects == 2)
+    assert 3011 in events.connecting, events.connecting
+    herald.api("POST", f"/api/v1/users/{user}/disconnect", {"reconnect": False, "ban_seconds": 60})
+    await eventually("stopped", lambda: events.disconnected)
+    assert events.disconnected[0] == 3503, events.disconnected
+    await client.disconnect()
+
+
 async def run(herald: Herald, wire: Wire) -> None:
     url = f"ws://127.0.0.1:{herald.port}/connection/websocket"
     channel = f"chat:py-{wire.name}"
@@ -364,6 +426,7 @@ def main() -> int:
             asyncio.run(asyncio.wait_for(restart(herald, wire), timeout=120))
             asyncio.run(asyncio.wait_for(presence(herald, wire), timeout=120))
             asyncio.run(asyncio.wait_for(refresh(herald, wire), timeout=120))
+            asyncio.run(asyncio.wait_for(backend_actions(herald, wire), timeout=120))
             print(f"centrifuge-python ({wire.name}): ok")
     finally:
         herald.close()

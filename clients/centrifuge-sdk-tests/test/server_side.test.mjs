@@ -120,3 +120,61 @@ test('a user-limited channel: its users subscribe, a third user is refused', asy
   assert.equal(subC.state, 'unsubscribed', JSON.stringify(ctx));
   assert.equal(ctx.code, 103, JSON.stringify(ctx));
 });
+
+/** A call of the backend's API. */
+async function api(method, path, body) {
+  const res = await fetch(`${herald.url}${path}`, {
+    method,
+    headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await res.text();
+  assert.equal(res.status, 202, text);
+  return JSON.parse(text);
+}
+
+test('the backend subscribes and unsubscribes a connected user: server-side subscription events', async (t) => {
+  const channel = 'chat:js-api-sub';
+  for (let i = 1; i <= 2; i++) await publishHttp(channel, i);
+  const c = client('js-api', ['chat:nothing']);
+  t.after(() => c.disconnect());
+  const subscribed = [];
+  const unsubscribed = [];
+  c.on('subscribed', (ctx) => ctx.channel === channel && subscribed.push(ctx));
+  c.on('unsubscribed', (ctx) => ctx.channel === channel && unsubscribed.push(ctx));
+  const got = collect(c, channel);
+  const connected = new Promise((resolve) => c.once('connected', resolve));
+  c.connect();
+  await connected;
+  await api('POST', '/api/v1/users/js-api/subscriptions', { channel, since: { seq: 1 } });
+  await eventually('subscribed by the backend', () => subscribed.length === 1);
+  assert.equal(subscribed[0].recoverable, true);
+  await eventually('from after seq 1', () => got.length === 1);
+  await publishHttp(channel, 3);
+  await eventually('live', () => got.length === 2);
+  assert.deepEqual(got.map((p) => p.offset), [2, 3]);
+  await api('DELETE', `/api/v1/users/js-api/subscriptions/${encodeURIComponent(channel)}`);
+  await eventually('unsubscribed by the backend', () => unsubscribed.length === 1);
+  await publishHttp(channel, 4);
+  await new Promise((r) => setTimeout(r, 200));
+  assert.equal(got.length, 2, 'nothing after the unsubscribe');
+});
+
+test('a disconnect with reconnect is followed by a reconnect; a ban stops the SDK', async (t) => {
+  const c = client('js-dis', ['chat:*']);
+  t.after(() => c.disconnect());
+  const connects = [];
+  c.on('connected', () => connects.push(Date.now()));
+  const reasons = [];
+  c.on('connecting', (ctx) => reasons.push(ctx.code));
+  c.connect();
+  await eventually('connected', () => connects.length === 1);
+  await api('POST', '/api/v1/users/js-dis/disconnect', { reconnect: true });
+  await eventually('reconnected', () => connects.length === 2);
+  assert.ok(reasons.includes(3011), `force reconnect: ${reasons}`);
+  const disconnected = new Promise((resolve) => c.once('disconnected', resolve));
+  await api('POST', '/api/v1/users/js-dis/disconnect', { reconnect: false, ban_seconds: 60 });
+  const ctx = await disconnected;
+  assert.equal(ctx.code, 3503, JSON.stringify(ctx));
+  assert.equal(c.state, 'disconnected');
+});

@@ -485,7 +485,9 @@ export class Herald extends Emitter<HeraldEvents> {
       this.#link.sendUnsubscribe(channel);
       return;
     }
-    const sub = new Subscription<unknown>(this.#link, channel, {}, true);
+    // Made from a position: delivery starts after `since`, not the head.
+    const since = typeof f.since === 'number' ? { seq: f.since, epoch: f.epoch as string | undefined } : undefined;
+    const sub = new Subscription<unknown>(this.#link, channel, since ? { since } : {}, true);
     this.#subs.set(channel, sub);
     sub._subscribe();
     sub._onReply(reply);

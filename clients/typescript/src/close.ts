@@ -32,6 +32,7 @@ export function closeAction(code: number | undefined, disconnect?: DisconnectFra
     case CloseCode.MESSAGE_TOO_BIG:
     case CloseCode.BAD_REQUEST:
     case CloseCode.UNAUTHORIZED:
+    case CloseCode.DISCONNECTED_FOR_GOOD:
       return 'fatal';
     case CloseCode.TOKEN_EXPIRED:
       return 'refresh_token';
@@ -42,7 +43,8 @@ export function closeAction(code: number | undefined, disconnect?: DisconnectFra
     case CloseCode.RATE_LIMITED:
       return 'slow';
     default:
-      // 1001 shutdown, 1006 lost, 1011 internal, 4004 idle, anything new.
+      // 1001 shutdown, 1006 lost, 1011 internal, 4004 idle, 4011
+      // disconnected by the backend, anything new.
       return 'retry';
   }
 }

@@ -76,6 +76,10 @@ export const CloseCode = {
   SLOW_CONSUMER: 4008,
   RATE_LIMITED: 4009,
   DRAINING: 4010,
+  /** The backend disconnected this connection; reconnect (with backoff). */
+  DISCONNECTED: 4011,
+  /** The backend disconnected this connection for good (a ban): do not reconnect. */
+  DISCONNECTED_FOR_GOOD: 4012,
 } as const;
 
 /** Server conditions that pass: the same request may succeed later. */

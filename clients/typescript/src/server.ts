@@ -1,7 +1,9 @@
 /**
  * {@link HeraldServer}: the HTTP API for backends (Node 20+, or anything
  * with `fetch`): publish with retries under one idempotency key, history,
- * delivery cursors, inboxes, presence and rooms.
+ * delivery cursors, inboxes, presence and rooms; and the backend's
+ * actions on users (connections, disconnect and ban, revoke, server-side
+ * subscribe and unsubscribe, member removal) and the channel and node lists.
  *
  * Retries: a publish is retried after a network error, a 5xx, a 429 or
  * `409 idempotency_key_in_flight`, always under the same key, so however
@@ -147,6 +149,40 @@ export interface Room {
   updated_at_ms: number;
   member_count: number;
   members: Member[];
+}
+
+/** One open connection of a user ({@link HeraldServer.connections}). */
+export interface UserConnection {
+  /** `{node}/{n}`: unique in the deployment; {@link HeraldServer.disconnect} takes it. */
+  id: string;
+  device?: string;
+  node: string;
+  /** `herald`, `centrifugo` or `centrifugo_protobuf`. */
+  protocol: string;
+  connected_at_ms: number;
+  /** The client's address as the proxy in front reports it. */
+  remote?: string;
+  subscriptions: string[];
+}
+
+/** What an action on a user stored; its connections are told on every node right after. */
+export interface ActionResult {
+  user: string;
+  action: string;
+  banned_until_ms?: number;
+  issued_before_ms?: number;
+}
+
+/** One node of the deployment ({@link HeraldServer.nodes}). */
+export interface NodeInfo {
+  id: string;
+  version: string;
+  started_at_ms: number;
+  connections: number;
+  subscriptions: number;
+  /** `ok`, or why the node's engine refuses work. */
+  engine: string;
+  reported_at_ms: number;
 }
 
 interface Call {
@@ -305,6 +341,68 @@ export class HeraldServer {
   async closeRoom(room: string, opts: { ifMatch?: number } = {}): Promise<Room> {
     const headers = opts.ifMatch === undefined ? undefined : { 'if-match': `"${opts.ifMatch}"` };
     return (await this.#call({ method: 'DELETE', path: `/api/v1/rooms/${enc(room)}`, headers, retry: false })).json as Room;
+  }
+
+  /** A user's open connections on every node. */
+  async connections(user: string): Promise<UserConnection[]> {
+    return ((await this.#get(`/api/v1/users/${enc(user)}/connections`)) as { connections: UserConnection[] }).connections;
+  }
+
+  /**
+   * Close a user's connections (all, one `device`'s, or one `connection`).
+   * `reconnect: false` closes with a code clients do not reconnect after;
+   * `banSeconds` also refuses the user (or the device) until then.
+   * Idempotent, so retried like a read.
+   */
+  async disconnect(
+    user: string,
+    opts: { reconnect: boolean; device?: string; connection?: string; reason?: string; banSeconds?: number },
+  ): Promise<ActionResult> {
+    const body: Record<string, unknown> = { reconnect: opts.reconnect };
+    if (opts.device !== undefined) body.device = opts.device;
+    if (opts.connection !== undefined) body.connection = opts.connection;
+    if (opts.reason !== undefined) body.reason = opts.reason;
+    if (opts.banSeconds !== undefined) body.ban_seconds = opts.banSeconds;
+    return (await this.#call({ method: 'POST', path: `/api/v1/users/${enc(user)}/disconnect`, body, retry: true })).json as ActionResult;
+  }
+
+  /** Refuse the user's tokens issued before `issuedBefore` (default now) and close their connections as expired. */
+  async revoke(user: string, issuedBefore: number | Date = Date.now()): Promise<ActionResult> {
+    const body = { issued_before_ms: issuedBefore instanceof Date ? issuedBefore.getTime() : issuedBefore };
+    return (await this.#call({ method: 'POST', path: `/api/v1/users/${enc(user)}/revoke`, body, retry: true })).json as ActionResult;
+  }
+
+  /** Subscribe every open connection of the user (or of `device`) to `channel`, from after `since` or live. */
+  async subscribeUser(user: string, channel: string, opts: { device?: string; since?: { seq: number; epoch?: string } } = {}): Promise<ActionResult> {
+    const body: Record<string, unknown> = { channel };
+    if (opts.device !== undefined) body.device = opts.device;
+    if (opts.since !== undefined) body.since = opts.since;
+    return (await this.#call({ method: 'POST', path: `/api/v1/users/${enc(user)}/subscriptions`, body, retry: true })).json as ActionResult;
+  }
+
+  /** Unsubscribe the user's connections from `channel`. */
+  async unsubscribeUser(user: string, channel: string): Promise<ActionResult> {
+    return (await this.#call({ method: 'DELETE', path: `/api/v1/users/${enc(user)}/subscriptions/${enc(channel)}`, retry: true })).json as ActionResult;
+  }
+
+  /** Remove a member from a room: unsubscribed, lease ended, rejoin refused. */
+  async removeMember(room: string, user: string): Promise<ActionResult> {
+    return (await this.#call({ method: 'DELETE', path: `/api/v1/rooms/${enc(room)}/members/${enc(user)}`, retry: true })).json as ActionResult;
+  }
+
+  /** One page of the channels with a subscriber on some node (`pattern`: `*` matches any run of characters). */
+  async channels(opts: { pattern?: string; limit?: number; after?: string } = {}): Promise<{ channels: { channel: string; subscribers: number }[]; next?: string }> {
+    const parts: string[] = [];
+    if (opts.pattern !== undefined) parts.push(`pattern=${enc(opts.pattern)}`);
+    if (opts.limit !== undefined) parts.push(`limit=${opts.limit}`);
+    if (opts.after !== undefined) parts.push(`after=${enc(opts.after)}`);
+    const q = parts.length ? `?${parts.join('&')}` : '';
+    return this.#get(`/api/v1/channels${q}`) as Promise<{ channels: { channel: string; subscribers: number }[]; next?: string }>;
+  }
+
+  /** Every node of the deployment. */
+  async nodes(): Promise<NodeInfo[]> {
+    return ((await this.#get('/api/v1/nodes')) as { nodes: NodeInfo[] }).nodes;
   }
 
   async #get(path: string): Promise<unknown> {

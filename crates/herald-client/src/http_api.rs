@@ -11,6 +11,8 @@ use serde::Serialize;
 use crate::url::encode_path_segment;
 use crate::ClientError;
 
+mod control;
+
 /// A response as received, for asserting exact statuses, headers and bodies.
 #[derive(Debug, Clone)]
 pub struct RawResponse {

@@ -43,7 +43,10 @@ pub use connection::{
 };
 pub use error::ClientError;
 pub use event::{ClientStatus, ConnState, Delivery, Event, PublishReply, SubscribeInfo};
-pub use herald_proto::{MessageView, Meta};
+pub use herald_proto::{
+    ActionReply, ChannelInfo, ChannelsReply, ConnectionInfo, DisconnectBody, MessageView, Meta, NodeView,
+    Since,
+};
 pub use http_api::{
     DeliverAt, History, HistoryMessage, HttpApi, ItemError, MessageItem, MessageResult, PublishResult,
     RawResponse, ScheduledEntry, ScheduledResult,

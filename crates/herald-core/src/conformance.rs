@@ -36,10 +36,14 @@ use crate::engine::{
 };
 use crate::room::Room;
 
+mod control;
 mod presence;
 mod rooms;
 mod schedules;
 
+pub use control::{
+    bans_and_revocations_keep_the_later_time, broadcasts_reach_the_sink_and_node_entries_are_leased,
+};
 pub use presence::{
     presence_expire_returns_each_expired_lease_once, presence_join_lists_counts_and_finds_users,
     presence_rejoin_is_fenced_by_later_tokens_and_leaves, presence_rejoin_reclaims_with_a_greater_token,
@@ -884,6 +888,8 @@ macro_rules! with_conformance_scenarios {
             cancelled_schedules_are_never_delivered,
             a_later_claim_fences_off_an_earlier_one,
             ownership_is_exclusive_and_fenced,
+            bans_and_revocations_keep_the_later_time,
+            broadcasts_reach_the_sink_and_node_entries_are_leased,
         ];
     };
 }

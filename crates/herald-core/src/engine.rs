@@ -42,9 +42,13 @@
 //!   fencing tokens and appended exactly once;
 //! - [`Lifecycle`] (`lifecycle.rs`): health, metrics, close;
 //! - [`Ownership`] (`ownership.rs`): exclusive leases with fencing tokens on
-//!   work one node at a time must do (webhook delivery of a channel).
+//!   work one node at a time must do (webhook delivery of a channel);
+//! - [`Control`] (`control.rs`): bans and revocations of users (stored:
+//!   they hold on every node and across restarts), the control channel
+//!   every node listens to (at most once per node), and the registry of
+//!   nodes (leased entries).
 //!
-//! [`Engine`] is the seven together, implemented for every type that
+//! [`Engine`] is the eight together, implemented for every type that
 //! implements them; the server holds an `Arc<dyn Engine>`. [`EngineError`]
 //! is in `error.rs`, [`EngineMetric`] and the counter table
 //! ([`engine_counters!`](crate::engine_counters)) in `metrics.rs`. Subscriber
@@ -65,6 +69,7 @@
 //!   The engine's gap filling is what keeps that rare and cheap (one read
 //!   per node and gap, not one per subscriber).
 
+mod control;
 mod cursors;
 mod error;
 mod lifecycle;
@@ -75,6 +80,7 @@ mod presence;
 mod rooms;
 mod schedules;
 
+pub use control::{Admission, Ban, Control, ControlSink, NodeInfo};
 pub use cursors::{AckError, CursorAck, CursorState, Cursors, UserCursor};
 pub use error::EngineError;
 pub use lifecycle::{Health, Lifecycle};
@@ -92,9 +98,12 @@ use std::sync::Arc;
 
 /// A whole engine: every part of the contract. Implemented for every type
 /// that implements the parts; write `impl Log for MyEngine`, and so on.
-pub trait Engine: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + Ownership {}
+pub trait Engine: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + Ownership + Control {}
 
-impl<T: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + Ownership + ?Sized> Engine for T {}
+impl<T: Log + Cursors + Presence + Rooms + Schedules + Lifecycle + Ownership + Control + ?Sized> Engine
+    for T
+{
+}
 
 /// Who acknowledges messages on acked channels: a token's `sub` plus the
 /// optional device id given at connect. Each device of a user has its own

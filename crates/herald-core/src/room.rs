@@ -38,6 +38,11 @@ pub struct Room {
     pub grace_until_ms: Option<u64>,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    /// Users removed from the room, in removal order: their subscribes to
+    /// the room's channel are refused for the room's life. At most
+    /// [`Room::MAX_REMOVED`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
 }
 
 /// Why a change was refused.
@@ -58,6 +63,8 @@ pub enum RoomReason {
     GraceExpired,
     /// Changed through the API.
     Api,
+    /// A member was removed through the API.
+    MemberRemoved,
 }
 
 impl Room {
@@ -77,7 +84,29 @@ impl Room {
             grace_until_ms: None,
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
+            removed: Vec::new(),
         }
+    }
+
+    /// Most users a room records as removed.
+    pub const MAX_REMOVED: usize = 1000;
+
+    /// Whether `user` was removed from the room.
+    pub fn is_removed(&self, user: &str) -> bool {
+        self.removed.iter().any(|u| u == user)
+    }
+
+    /// The next version of this room with `user` removed; `None` if it is
+    /// already (nothing to write).
+    pub fn remove_member(&self, user: &str, now_ms: u64) -> Option<Room> {
+        if self.is_removed(user) {
+            return None;
+        }
+        let mut next = self.clone();
+        next.removed.push(user.to_owned());
+        next.version = self.version + 1;
+        next.updated_at_ms = now_ms;
+        Some(next)
     }
 
     /// The next version of this room with state `to` (and new attributes if

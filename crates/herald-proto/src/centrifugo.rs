@@ -55,12 +55,18 @@ pub mod disconnect {
     pub const INSUFFICIENT_STATE: u16 = 3010;
     /// No pong (nothing read within `heartbeat.idle_timeout`): reconnect.
     pub const NO_PONG: u16 = 3012;
+    /// The backend disconnected the connection and lets it reconnect
+    /// (Centrifugo's "force reconnect").
+    pub const FORCE_RECONNECT: u16 = 3011;
     /// The frame budget was exceeded: reconnect (after backoff).
     pub const TOO_MANY_REQUESTS: u16 = 3013;
     /// Bad or missing token: stop.
     pub const INVALID_TOKEN: u16 = 3500;
     /// A malformed command or a binary frame: stop.
     pub const BAD_REQUEST: u16 = 3501;
+    /// The backend disconnected the connection for good, or refused it (a
+    /// ban): stop (Centrifugo's "force no reconnect").
+    pub const FORCE_NO_RECONNECT: u16 = 3503;
     /// A frame above `websocket.max_message_bytes` (the SDK stops on it).
     pub const MESSAGE_TOO_BIG: u16 = 1009;
 }
@@ -79,6 +85,8 @@ pub const fn disconnect_of(herald: u16) -> u16 {
         close::RESYNC => disconnect::INSUFFICIENT_STATE,
         close::SLOW_CONSUMER => disconnect::SLOW,
         close::RATE_LIMITED => disconnect::TOO_MANY_REQUESTS,
+        close::DISCONNECTED => disconnect::FORCE_RECONNECT,
+        close::DISCONNECTED_FOR_GOOD => disconnect::FORCE_NO_RECONNECT,
         _ => disconnect::SERVER_ERROR,
     }
 }
@@ -112,7 +120,7 @@ pub const fn error_of(code: ErrorCode) -> (u32, bool) {
         ErrorCode::UnknownNamespace | ErrorCode::NotFound => (e::UNKNOWN_CHANNEL, false),
         ErrorCode::Unauthorized | ErrorCode::OriginNotAllowed => (e::UNAUTHORIZED, false),
         ErrorCode::TokenExpired => (e::TOKEN_EXPIRED, false),
-        ErrorCode::Forbidden => (e::PERMISSION_DENIED, false),
+        ErrorCode::Forbidden | ErrorCode::Banned => (e::PERMISSION_DENIED, false),
         ErrorCode::AlreadySubscribed => (e::ALREADY_SUBSCRIBED, false),
         ErrorCode::TooManySubscriptions | ErrorCode::TooManyConnections => (e::LIMIT_EXCEEDED, false),
         ErrorCode::NotSupported | ErrorCode::ChannelClosed => (e::NOT_AVAILABLE, false),
@@ -271,10 +279,6 @@ pub struct StreamPosition {
 pub struct RefreshRequest {
     #[serde(default)]
     pub token: String,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 fn is_zero32(n: &u32) -> bool {
@@ -478,6 +482,27 @@ pub struct Push<'a> {
     pub leave: Option<JoinLeave>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unsubscribe: Option<Unsubscribe>,
+    /// The server subscribed the connection (a server-side subscription
+    /// made after connect).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscribe: Option<SubscribePush>,
+}
+
+/// A `subscribe` push: the stream position the subscription starts at.
+#[derive(Debug, Serialize)]
+pub struct SubscribePush {
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub recoverable: bool,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub epoch: String,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub offset: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub positioned: bool,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Serialize)]
@@ -493,7 +518,7 @@ pub struct Unsubscribe {
 
 impl<'a> Push<'a> {
     pub fn new(channel: &'a str) -> Self {
-        Push { channel, publication: None, join: None, leave: None, unsubscribe: None }
+        Push { channel, publication: None, join: None, leave: None, unsubscribe: None, subscribe: None }
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -28,6 +28,13 @@ pub mod close {
     /// The node is draining (a deploy): reconnect now, without backoff, to
     /// another node, and resume.
     pub const DRAINING: u16 = 4010;
+    /// The backend disconnected this connection through the API
+    /// (`POST /api/v1/users/{user}/disconnect` with `reconnect: true`):
+    /// reconnect (with backoff) and resume.
+    pub const DISCONNECTED: u16 = 4011;
+    /// The backend disconnected this connection for good (`reconnect:
+    /// false`, a ban): do not reconnect.
+    pub const DISCONNECTED_FOR_GOOD: u16 = 4012;
 }
 
 /// Every wire-visible error, with a stable string code.
@@ -93,6 +100,10 @@ pub enum ErrorCode {
     PreconditionFailed,
     /// The channel was closed for good (a closed room): no more publishes.
     ChannelClosed,
+    /// The user (or device) is banned: the backend refused its connections
+    /// until a time (`POST /api/v1/users/{user}/disconnect` with
+    /// `ban_seconds`).
+    Banned,
     /// The storage engine cannot take writes or reads right now. Retry later.
     Unavailable,
     /// The server is shutting down.
@@ -131,6 +142,7 @@ impl ErrorCode {
             Self::Conflict => "conflict",
             Self::PreconditionFailed => "precondition_failed",
             Self::ChannelClosed => "channel_closed",
+            Self::Banned => "banned",
             Self::Unavailable => "unavailable",
             Self::ShuttingDown => "shutting_down",
             Self::Internal => "internal",
@@ -147,7 +159,7 @@ impl ErrorCode {
             | Self::IdempotencyKeyRequired
             | Self::IdempotencyKeyInvalid => 400,
             Self::Unauthorized | Self::TokenExpired => 401,
-            Self::Forbidden | Self::OriginNotAllowed => 403,
+            Self::Forbidden | Self::OriginNotAllowed | Self::Banned => 403,
             Self::NotFound | Self::UnknownNamespace => 404,
             Self::NotSupported | Self::MethodNotAllowed => 405,
             Self::RequestTimeout => 408,
@@ -170,6 +182,7 @@ impl ErrorCode {
         match self {
             Self::Unauthorized | Self::Forbidden | Self::OriginNotAllowed => close::UNAUTHORIZED,
             Self::TokenExpired => close::TOKEN_EXPIRED,
+            Self::Banned => close::DISCONNECTED_FOR_GOOD,
             Self::PayloadTooLarge => close::MESSAGE_TOO_BIG,
             Self::RateLimited | Self::TooManySubscriptions => close::RATE_LIMITED,
             Self::ShuttingDown => close::GOING_AWAY,
@@ -208,6 +221,7 @@ impl ErrorCode {
             Self::Conflict => "Conflict",
             Self::PreconditionFailed => "Precondition failed",
             Self::ChannelClosed => "Channel closed",
+            Self::Banned => "Banned",
             Self::Unavailable => "Storage unavailable",
             Self::ShuttingDown => "Server shutting down",
             Self::Internal => "Internal error",

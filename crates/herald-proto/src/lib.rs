@@ -17,6 +17,7 @@ pub mod centrifugo;
 pub mod centrifugo_pb;
 mod channel;
 mod code;
+mod control;
 mod data;
 pub mod frame;
 mod id;
@@ -32,6 +33,10 @@ pub use body::{
 };
 pub use channel::{ChannelName, ChannelNameError, MAX_CHANNEL_LEN, MAX_LIMITED_USERS};
 pub use code::{close, ErrorCode, Problem};
+pub use control::{
+    ActionReply, ChannelInfo, ChannelsQuery, ChannelsReply, ConnectionInfo, ConnectionsReply, DisconnectBody,
+    NodeView, NodesReply, RevokeBody, UserSubscribeBody,
+};
 pub use data::{check_data, DataError, MAX_DATA_DEPTH_LIMIT};
 pub use frame::client::{ClientFrame, ClientFrameError, OutFrame};
 pub use frame::server::{

@@ -242,6 +242,10 @@ pub struct RoomView {
     pub member_count: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub members: Option<Vec<Member>>,
+    /// Users removed from the room (`DELETE /api/v1/rooms/{room}/members/{user}`):
+    /// their subscribes to it are refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
 }
 
 /// `202` reply to a scheduled publish (and one entry of a scheduled batch):

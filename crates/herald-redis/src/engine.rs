@@ -10,6 +10,7 @@ use herald_core::{
     Joined, Lease, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, Lifecycle, Log, Page, Position, Presence,
     Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
+use herald_core::{Admission, Ban, Control, ControlSink, NodeInfo};
 use herald_core::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 use herald_proto::ChannelName;
 use redis::ProtocolVersion;
@@ -30,6 +31,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(5);
 /// The Redis engine. See the crate docs.
 pub struct RedisEngine {
     inner: Arc<EngineState>,
+    /// The control channel (`control.rs`).
+    bus: crate::control::Bus,
     lease: Arc<NodeLease>,
     node_id: String,
 }
@@ -58,6 +61,7 @@ impl RedisEngine {
         fan.tasks.spawn(fanout::run_dispatcher(inner.clone(), push_rx));
         fan.tasks.spawn(fanout::run_checker(inner.clone()));
         fan.tasks.spawn(lease::keep_alive(inner.clone(), lease.clone(), fan.cancel.clone()));
+        let bus = crate::control::Bus::open(&config, &fan.tasks, fan.cancel.clone()).await?;
         tracing::info!(
             urls = config.urls.len(),
             cluster = config.is_cluster(),
@@ -67,7 +71,7 @@ impl RedisEngine {
             command_timeout = ?config.command_timeout,
             "redis engine open"
         );
-        Ok(Self { inner, lease, node_id })
+        Ok(Self { inner, bus, lease, node_id })
     }
 
     /// The engine's counters, for metrics.
@@ -278,6 +282,49 @@ impl herald_core::Ownership for RedisEngine {
         let args = OwnRelease { owner, holder };
         self.inner.redis.run("own_release", &args).await?.signed("released")?;
         Ok(())
+    }
+}
+
+/// See `control.rs`.
+#[async_trait]
+impl Control for RedisEngine {
+    fn set_control_sink(&self, sink: Arc<dyn ControlSink>) {
+        if self.bus.sink.set(sink).is_err() {
+            tracing::warn!("control sink installed twice; the first stays");
+        }
+    }
+
+    async fn ban(&self, ban: &Ban) -> Result<(), EngineError> {
+        self.inner.ban(ban).await
+    }
+
+    async fn revoke(&self, user: &str, before_ms: u64) -> Result<u64, EngineError> {
+        self.inner.revoke(user, before_ms).await
+    }
+
+    async fn admission(
+        &self,
+        user: &str,
+        device: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Admission, EngineError> {
+        self.inner.admission(user, device, now_ms).await
+    }
+
+    async fn broadcast(&self, order: bytes::Bytes) -> Result<(), EngineError> {
+        self.inner.publish_order(&self.bus.channel, order).await
+    }
+
+    async fn node_report(&self, node: &NodeInfo, lease: Duration) -> Result<(), EngineError> {
+        self.inner.node_report(node, lease).await
+    }
+
+    async fn node_leave(&self, id: &str) -> Result<(), EngineError> {
+        self.inner.node_leave(id).await
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeInfo>, EngineError> {
+        self.inner.nodes().await
     }
 }
 

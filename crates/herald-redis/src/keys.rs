@@ -62,6 +62,11 @@ impl Keys {
         Self { prefix: Arc::from(prefix) }
     }
 
+    /// The configured prefix (`p`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     fn channel_key(&self, ch: &ChannelName, what: &str) -> String {
         format!("{}:{{{ch}}}:{what}", self.prefix)
     }

@@ -101,6 +101,7 @@
 mod append;
 mod config;
 mod conn;
+mod control;
 mod cursors;
 mod dial;
 mod engine;

@@ -4,8 +4,9 @@
 use herald_core::conformance::eventually;
 use herald_redis::testing::{self, RedisServer};
 
-/// Every socket the engine opens to Redis (each command connection and the
-/// pub/sub connection) has TCP keepalive on, so a peer that vanished is
+/// Every socket the engine opens to Redis (each command connection, the
+/// fan-out's pub/sub connection and the control channel's) has TCP
+/// keepalive on, so a peer that vanished is
 /// noticed even on an idle connection (`TCP_USER_TIMEOUT` is set with it;
 /// `ss` does not show that one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -17,7 +18,7 @@ async fn every_redis_socket_has_keepalive() {
     }
     let redis = RedisServer::start();
     let config = testing::engine_config(&redis.url());
-    let expected = config.connections + 1;
+    let expected = config.connections + 2;
     let engine = herald_redis::RedisEngine::open(config).await.unwrap();
     let sockets = || {
         let out = std::process::Command::new("ss")

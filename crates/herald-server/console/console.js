@@ -90,6 +90,7 @@ async function login() {
   });
   $('whoami').textContent = `${me()} · device ${device ?? '-'} · herald ${session.version ?? ''}`;
   $('inbox-user').value = me();
+  $('ctl-user').value = me();
   $('cursors-channel').value = `user:${me()}`;
   $('login').hidden = true;
   $('app').hidden = false;
@@ -121,6 +122,24 @@ function wire() {
     void showInbox();
   });
   $('cursors-show').addEventListener('click', () => void showCursors());
+  $('user-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    void showConnections();
+  });
+  const user = () => $('ctl-user').value.trim();
+  $('ctl-disconnect').addEventListener('click', () => void userAction(() => api.disconnect(user(), { reconnect: true, reason: 'disconnected from the console' })));
+  $('ctl-ban').addEventListener('click', () => void userAction(() => api.disconnect(user(), { reconnect: false, banSeconds: 60, reason: 'banned from the console' })));
+  $('ctl-revoke').addEventListener('click', () => void userAction(() => api.revoke(user(), Date.now())));
+  $('user-sub-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    void userAction(() => api.subscribeUser(user(), $('ctl-channel').value.trim()));
+  });
+  $('ctl-unsubscribe').addEventListener('click', () => void userAction(() => api.unsubscribeUser(user(), $('ctl-channel').value.trim())));
+  $('channels-form').addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    void showChannels();
+  });
+  $('ctl-nodes').addEventListener('click', () => void showNodes());
 }
 
 function subscribe(channel, since) {
@@ -246,6 +265,47 @@ async function showCursors() {
     show('inbox-view', el('p', {}, `${c.channel}: head ${c.head}, first ${c.first}`), table(['user', 'device', 'cursor', 'unread', 'acked at'], rows, [2, 3]));
   } catch (e) {
     show('inbox-view', failure(e));
+  }
+}
+
+async function showConnections() {
+  try {
+    const list = await api.connections($('ctl-user').value.trim());
+    const rows = list.map((c) => [c.id, c.device ?? '–', c.protocol, new Date(c.connected_at_ms).toLocaleTimeString(), c.remote ?? '–', c.subscriptions.join(' ')]);
+    show('users-view', table(['connection', 'device', 'protocol', 'since', 'remote', 'subscriptions'], rows));
+  } catch (e) {
+    show('users-view', failure(e));
+  }
+}
+
+/** An action on the user, then the connections as they are now. */
+async function userAction(call) {
+  try {
+    const r = await call();
+    show('users-view', el('p', {}, `${r.action} ${r.user}: done on every node`));
+  } catch (e) {
+    show('users-view', failure(e));
+  }
+}
+
+async function showChannels() {
+  try {
+    const pattern = $('ctl-pattern').value.trim() || undefined;
+    const page = await api.channels({ pattern, limit: 100 });
+    const rows = page.channels.map((c) => [c.channel, c.subscribers]);
+    show('users-view', table(['channel', 'subscribers'], rows, [1]), el('p', {}, page.next ? `more after ${page.next}` : ''));
+  } catch (e) {
+    show('users-view', failure(e));
+  }
+}
+
+async function showNodes() {
+  try {
+    const nodes = await api.nodes();
+    const rows = nodes.map((n) => [n.id, n.version, new Date(n.started_at_ms).toLocaleString(), n.connections, n.subscriptions, n.engine]);
+    show('users-view', table(['node', 'version', 'started', 'connections', 'subscriptions', 'engine'], rows, [3, 4]));
+  } catch (e) {
+    show('users-view', failure(e));
   }
 }
 

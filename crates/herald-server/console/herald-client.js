@@ -24,7 +24,11 @@ var CloseCode = {
   RESYNC: 4005,
   SLOW_CONSUMER: 4008,
   RATE_LIMITED: 4009,
-  DRAINING: 4010
+  DRAINING: 4010,
+  /** The backend disconnected this connection; reconnect (with backoff). */
+  DISCONNECTED: 4011,
+  /** The backend disconnected this connection for good (a ban): do not reconnect. */
+  DISCONNECTED_FOR_GOOD: 4012
 };
 var TRANSIENT = /* @__PURE__ */ new Set([
   "unavailable",
@@ -71,6 +75,7 @@ function closeAction(code, disconnect) {
     case CloseCode.MESSAGE_TOO_BIG:
     case CloseCode.BAD_REQUEST:
     case CloseCode.UNAUTHORIZED:
+    case CloseCode.DISCONNECTED_FOR_GOOD:
       return "fatal";
     case CloseCode.TOKEN_EXPIRED:
       return "refresh_token";
@@ -992,7 +997,8 @@ var Herald = class extends Emitter {
       this.#link.sendUnsubscribe(channel);
       return;
     }
-    const sub = new Subscription(this.#link, channel, {}, true);
+    const since = typeof f.since === "number" ? { seq: f.since, epoch: f.epoch } : void 0;
+    const sub = new Subscription(this.#link, channel, since ? { since } : {}, true);
     this.#subs.set(channel, sub);
     sub._subscribe();
     sub._onReply(reply);
@@ -1258,6 +1264,57 @@ var HeraldServer = class {
   async closeRoom(room, opts = {}) {
     const headers = opts.ifMatch === void 0 ? void 0 : { "if-match": `"${opts.ifMatch}"` };
     return (await this.#call({ method: "DELETE", path: `/api/v1/rooms/${enc(room)}`, headers, retry: false })).json;
+  }
+  /** A user's open connections on every node. */
+  async connections(user) {
+    return (await this.#get(`/api/v1/users/${enc(user)}/connections`)).connections;
+  }
+  /**
+   * Close a user's connections (all, one `device`'s, or one `connection`).
+   * `reconnect: false` closes with a code clients do not reconnect after;
+   * `banSeconds` also refuses the user (or the device) until then.
+   * Idempotent, so retried like a read.
+   */
+  async disconnect(user, opts) {
+    const body = { reconnect: opts.reconnect };
+    if (opts.device !== void 0) body.device = opts.device;
+    if (opts.connection !== void 0) body.connection = opts.connection;
+    if (opts.reason !== void 0) body.reason = opts.reason;
+    if (opts.banSeconds !== void 0) body.ban_seconds = opts.banSeconds;
+    return (await this.#call({ method: "POST", path: `/api/v1/users/${enc(user)}/disconnect`, body, retry: true })).json;
+  }
+  /** Refuse the user's tokens issued before `issuedBefore` (default now) and close their connections as expired. */
+  async revoke(user, issuedBefore = Date.now()) {
+    const body = { issued_before_ms: issuedBefore instanceof Date ? issuedBefore.getTime() : issuedBefore };
+    return (await this.#call({ method: "POST", path: `/api/v1/users/${enc(user)}/revoke`, body, retry: true })).json;
+  }
+  /** Subscribe every open connection of the user (or of `device`) to `channel`, from after `since` or live. */
+  async subscribeUser(user, channel, opts = {}) {
+    const body = { channel };
+    if (opts.device !== void 0) body.device = opts.device;
+    if (opts.since !== void 0) body.since = opts.since;
+    return (await this.#call({ method: "POST", path: `/api/v1/users/${enc(user)}/subscriptions`, body, retry: true })).json;
+  }
+  /** Unsubscribe the user's connections from `channel`. */
+  async unsubscribeUser(user, channel) {
+    return (await this.#call({ method: "DELETE", path: `/api/v1/users/${enc(user)}/subscriptions/${enc(channel)}`, retry: true })).json;
+  }
+  /** Remove a member from a room: unsubscribed, lease ended, rejoin refused. */
+  async removeMember(room, user) {
+    return (await this.#call({ method: "DELETE", path: `/api/v1/rooms/${enc(room)}/members/${enc(user)}`, retry: true })).json;
+  }
+  /** One page of the channels with a subscriber on some node (`pattern`: `*` matches any run of characters). */
+  async channels(opts = {}) {
+    const parts = [];
+    if (opts.pattern !== void 0) parts.push(`pattern=${enc(opts.pattern)}`);
+    if (opts.limit !== void 0) parts.push(`limit=${opts.limit}`);
+    if (opts.after !== void 0) parts.push(`after=${enc(opts.after)}`);
+    const q = parts.length ? `?${parts.join("&")}` : "";
+    return this.#get(`/api/v1/channels${q}`);
+  }
+  /** Every node of the deployment. */
+  async nodes() {
+    return (await this.#get("/api/v1/nodes")).nodes;
   }
   async #get(path) {
     return (await this.#call({ method: "GET", path, retry: true })).json;

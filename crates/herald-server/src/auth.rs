@@ -64,6 +64,10 @@ pub struct Identity {
     pub server_side: Vec<ChannelName>,
     /// Token expiry (seconds since the Unix epoch); `None` in dev mode.
     pub exp: Option<u64>,
+    /// When the token was issued (its `iat`, seconds since the Unix
+    /// epoch; 0 for a token without one, which any revocation covers);
+    /// `None` without a token (dev mode, the connect proxy).
+    pub iat: Option<u64>,
     /// The token's `info` claim (JSON text): what presence members see about
     /// this client. Wins over the subscribe frame's `info`.
     pub info: Option<Box<str>>,
@@ -79,6 +83,7 @@ impl Identity {
             publish: vec![Pattern::All],
             server_side: Vec::new(),
             exp: None,
+            iat: None,
             info: None,
         }
     }
@@ -99,6 +104,7 @@ impl Identity {
             publish: publish.iter().map(|p| Pattern::parse(p)).collect(),
             server_side: server_side(channels),
             exp,
+            iat: None,
             info: None,
         }
     }
@@ -181,6 +187,9 @@ struct Claims {
     #[serde(default)]
     info: Option<serde_json::Value>,
     exp: u64,
+    /// Issued at (seconds); checked against revocations.
+    #[serde(default)]
+    iat: Option<u64>,
 }
 
 /// One entry of Centrifugo's `caps` claim: what the client may do on
@@ -266,6 +275,7 @@ fn identity_from(c: Claims, device_param: Option<&str>) -> Result<Identity, Auth
         publish,
         server_side: server_side(&c.channels),
         exp: Some(c.exp),
+        iat: Some(c.iat.unwrap_or(0)),
         info,
     })
 }
@@ -314,6 +324,7 @@ mod tests {
             publish: vec![],
             server_side: vec![],
             exp: None,
+            iat: None,
             info: None,
         };
         let ns = NamespaceOptions::default();

@@ -15,7 +15,9 @@
 //! 1. The shared ground: [`state`](AppState) (the state every handler,
 //!    session and job holds), `publish` (the one publish path), `rooms`
 //!    (presence and room transitions), [`hub`] (fan-out, the mailboxes,
-//!    the byte ceiling, the session registry), and `config`, `error`,
+//!    the byte ceiling, the session registry), `control` (the backend's
+//!    orders to sessions on every node, the node registry's report), and
+//!    `config`, `error`,
 //!    [`metrics`], [`auth`], [`browser`], [`reload`] (live configuration
 //!    changes), [`trace`] (trace spans' target and W3C trace context).
 //!    These may name each other.
@@ -35,6 +37,7 @@ mod api;
 pub mod auth;
 pub mod browser;
 pub mod config;
+mod control;
 mod error;
 mod gateway;
 pub mod hub;
@@ -96,6 +99,11 @@ impl Server {
         let metrics = Arc::new(metrics::Metrics::with_engine(&engine));
         let hub = Arc::new(hub::Hub::new(metrics.clone(), &config.websocket));
         engine.set_sink(hub.clone());
+        let control = Arc::new(control::Orders::new(format!(
+            "herald-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        )));
+        engine.set_control_sink(control.clone());
         let jwt = auth::verifier(&config.jwt, None, &metrics)
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         let presence_tick = config.heartbeat.ping_interval.min(config.presence.renew_interval());
@@ -126,11 +134,13 @@ impl Server {
             in_flight: publish::InFlight::default(),
             shutdown: CancellationToken::new(),
             sessions: hub::Sessions::default(),
+            control,
             tasks: TaskTracker::new(),
             open_connections: AtomicUsize::new(0),
             next_conn_id: AtomicU64::new(1),
             scheduler: jobs::scheduler::Wake::default(),
         });
+        state.control.attach(&state);
         Ok(Server { state, listener })
     }
 
@@ -184,6 +194,17 @@ impl Server {
                     .patch(api::rooms::patch_room)
                     .delete(api::rooms::delete_room),
             )
+            .route("/api/v1/rooms/{room}/members/{user}", axum::routing::delete(api::users::remove_member))
+            .route("/api/v1/users/{user}/connections", get(api::users::connections))
+            .route("/api/v1/users/{user}/disconnect", post(api::users::disconnect))
+            .route("/api/v1/users/{user}/revoke", post(api::users::revoke))
+            .route("/api/v1/users/{user}/subscriptions", post(api::users::subscribe))
+            .route(
+                "/api/v1/users/{user}/subscriptions/{channel}",
+                axum::routing::delete(api::users::unsubscribe),
+            )
+            .route("/api/v1/channels", get(api::nodes::channels))
+            .route("/api/v1/nodes", get(api::nodes::nodes))
             .route("/api/v1/scheduled", get(api::scheduled::list))
             .route("/api/v1/admin/drain", post(api::admin::drain))
             .route("/api/v1/admin/reload", post(api::admin::reload))
@@ -240,6 +261,7 @@ impl Server {
         let scheduler = tokio::spawn(jobs::scheduler::run(state.clone()));
         let deliverer = tokio::spawn(integration::webhooks::run(state.clone()));
         let consumers = tokio::spawn(integration::consumers::run(state.clone()));
+        let reporter = tokio::spawn(control::report_node(state.clone()));
         tokio::pin!(signal);
         let mut signalled = false;
         loop {
@@ -284,6 +306,7 @@ impl Server {
         let _ = scheduler.await;
         let _ = deliverer.await;
         let _ = consumers.await;
+        let _ = reporter.await;
         state.engine.close().await;
         tracing::info!("shutdown complete");
         Ok(())

@@ -285,6 +285,16 @@ server_metrics! {
             => "jwks_refreshes": "JWKS fetches by result (ok, failed: the keys held were kept)",
         /// Keys held from the JWKS (those Herald takes: signature public keys).
         pub jwks_keys: Gauge => "jwks_keys": "Keys held from the JWKS endpoint",
+        /// The backend's actions on users taken by this node's API, by
+        /// `action` (`disconnect`, `ban`, `revoke`, `subscribe`,
+        /// `unsubscribe`, `remove_member`, `list_connections`,
+        /// `list_channels`, `list_nodes`).
+        pub control_actions: Labelled<Counter>
+            => "control_actions": "The backend's actions on users taken through this node's API, by action",
+        /// Connections this node closed, subscribed or unsubscribed for the
+        /// backend's actions (from any node), by `action`.
+        pub control_applied: Labelled<Counter>
+            => "control_applied": "Connections this node acted on for the backend's actions, by action",
     }
     derived {
         /// `outbox_full{limit="frames"}`: the outbox held
@@ -319,6 +329,8 @@ fn close_reason(code: u16) -> &'static str {
         close::SLOW_CONSUMER => "slow_consumer",
         close::RATE_LIMITED => "rate_limited",
         close::DRAINING => "drain",
+        close::DISCONNECTED => "disconnected",
+        close::DISCONNECTED_FOR_GOOD => "disconnected_for_good",
         _ => "other",
     }
 }
@@ -351,6 +363,18 @@ impl Metrics {
     /// Count a connection the server closed with `code`.
     pub fn closed(&self, code: u16) {
         self.closes.get_or_create(&[("reason", close_reason(code))]).inc();
+    }
+
+    /// Count one of the backend's actions taken through this node's API.
+    pub fn control_action(&self, action: &'static str) {
+        self.control_actions.get_or_create(&[("action", action)]).inc();
+    }
+
+    /// Count connections this node acted on for the backend.
+    pub fn control_applied(&self, action: &'static str, connections: u64) {
+        if connections > 0 {
+            self.control_applied.get_or_create(&[("action", action)]).inc_by(connections);
+        }
     }
 
     /// The OpenMetrics text exposition.

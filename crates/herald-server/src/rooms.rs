@@ -173,6 +173,26 @@ pub(crate) async fn announce(state: &AppState, channel: &ChannelName, kind: Fram
     }
 }
 
+/// End every lease of `user` on `channel` (among the first
+/// `presence.max_members_listed` members listed; the user's sessions end
+/// theirs too when they take the unsubscribe), each with its `leave`.
+/// Returns how many this call ended.
+pub async fn remove_user(state: &AppState, channel: &ChannelName, user: &str) -> Result<usize, EngineError> {
+    let leases = state.engine.presence(channel, state.config().presence.max_members_listed).await?;
+    let mut ended = 0;
+    for lease in leases.into_iter().filter(|l| l.member.user == user) {
+        if let Some(gone) = state.engine.presence_leave(channel, &lease.key(), lease.token).await? {
+            state.metrics.presence_leaves.inc();
+            announce(state, channel, FrameKind::Leave, &gone.member).await;
+            ended += 1;
+        }
+    }
+    if ended > 0 {
+        member_changed(state, channel, user).await;
+    }
+    Ok(ended)
+}
+
 /// A member of `user` joined or left `channel`. Only the host's presence
 /// moves a room, so only then is its state checked now (one room read for
 /// everyone else); the keeper's pass would make the same transition later.

@@ -36,6 +36,9 @@ pub struct AppState {
     /// Every socket session: shutdown tells each one through it
     /// (`hub::Sessions`), not through `shutdown`.
     pub sessions: hub::Sessions,
+    /// The backend's orders to this node's sessions, and this node's id
+    /// (`control.rs`).
+    pub control: Arc<crate::control::Orders>,
     /// WebSocket tasks (axum/hyper do not track upgraded connections).
     pub(crate) tasks: TaskTracker,
     pub(crate) open_connections: AtomicUsize,

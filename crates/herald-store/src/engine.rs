@@ -11,6 +11,7 @@ use herald_core::{
     Health, Joined, Lease, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, Lifecycle, Log, Page, Position,
     Presence, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
+use herald_core::{Admission, Ban, Control, ControlSink, NodeInfo};
 use herald_core::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
@@ -37,6 +38,11 @@ pub struct EmbeddedEngine {
     writer: Mutex<Option<JoinHandle<()>>>,
     queue_capacity: usize,
     data_dir: PathBuf,
+    /// Where [`Control::broadcast`] hands orders: this node is the only one.
+    control_sink: std::sync::OnceLock<Arc<dyn ControlSink>>,
+    /// This node's entry ([`Control::node_report`]) and when its lease ends
+    /// (ms). Not stored: a restarted node reports itself again.
+    node: Mutex<Option<(NodeInfo, u64)>>,
 }
 
 impl EmbeddedEngine {
@@ -74,6 +80,8 @@ impl EmbeddedEngine {
             writer: Mutex::new(Some(handle)),
             queue_capacity: config.queue_capacity,
             data_dir: config.data_dir,
+            control_sink: std::sync::OnceLock::new(),
+            node: Mutex::new(None),
         })
     }
 
@@ -371,6 +379,62 @@ impl Schedules for EmbeddedEngine {
 }
 
 impl herald_core::Ownership for EmbeddedEngine {}
+
+/// One node: the control channel is a call of this node's sink; bans and
+/// revocations are stored (`control.rs`) through the writer, with an fsync.
+#[async_trait]
+impl Control for EmbeddedEngine {
+    fn set_control_sink(&self, sink: Arc<dyn ControlSink>) {
+        let _ = self.control_sink.set(sink);
+    }
+
+    async fn ban(&self, ban: &Ban) -> Result<(), EngineError> {
+        let key = crate::control::ban_key(&ban.user, ban.device.as_deref());
+        self.submit(crate::control::Raise { key, at_ms: ban.until_ms }).await??;
+        Ok(())
+    }
+
+    async fn revoke(&self, user: &str, before_ms: u64) -> Result<u64, EngineError> {
+        self.submit(crate::control::Raise { key: crate::control::revoke_key(user), at_ms: before_ms }).await?
+    }
+
+    /// Runs inline: two or three point reads.
+    async fn admission(
+        &self,
+        user: &str,
+        device: Option<&str>,
+        now_ms: u64,
+    ) -> Result<Admission, EngineError> {
+        crate::control::admission(&self.shared.storage, user, device, now_ms).map_err(|e| self.read_failed(e))
+    }
+
+    async fn broadcast(&self, order: bytes::Bytes) -> Result<(), EngineError> {
+        if let Some(sink) = self.control_sink.get() {
+            sink.order(order);
+        }
+        Ok(())
+    }
+
+    async fn node_report(&self, node: &NodeInfo, lease: Duration) -> Result<(), EngineError> {
+        let until = self.shared.clock.now_ms().saturating_add(lease.as_millis() as u64);
+        *self.node.lock().expect("node lock poisoned") = Some((node.clone(), until));
+        Ok(())
+    }
+
+    async fn node_leave(&self, id: &str) -> Result<(), EngineError> {
+        let mut node = self.node.lock().expect("node lock poisoned");
+        if node.as_ref().is_some_and(|(n, _)| n.id == id) {
+            *node = None;
+        }
+        Ok(())
+    }
+
+    async fn nodes(&self) -> Result<Vec<NodeInfo>, EngineError> {
+        let now = self.shared.clock.now_ms();
+        let node = self.node.lock().expect("node lock poisoned");
+        Ok(node.iter().filter(|(_, until)| *until > now).map(|(n, _)| n.clone()).collect())
+    }
+}
 
 #[async_trait]
 impl Lifecycle for EmbeddedEngine {

@@ -159,6 +159,7 @@
 //! | `schedules` | schedule id (the hyphenated UUIDv7, as text) | the record of [`Schedule::encode_record`](herald_core::Schedule::encode_record), JSON `{"c": channel, "t": deliver_at, "r": created_at, "d": data, "m": meta}` with `data` byte for byte (no format byte: the layout both engines store) |
 //! | `schedules_due` | deliver_at (u64 ms) ++ schedule id | empty: the global due index, in delivery order |
 //! | `schedules_by_channel` | channel ++ `0x00` ++ deliver_at (u64 ms) ++ schedule id | empty: the per-channel index of `schedules` |
+//! | `control` | `ban\0` ++ user key ++ `\0` ++ device (empty: every device), or `rev\0` ++ user key (user key: `{len}:{user}`) | until / issued-before, ms (u64 BE): bans and revocations (`control.rs`) |
 //!
 //! The id and ts sit in a fixed header before the frame so reads and the
 //! sweeper never parse JSON, and reads send the stored frame unchanged.
@@ -214,6 +215,7 @@
 mod append;
 mod codec;
 mod config;
+mod control;
 mod cursors;
 mod engine;
 mod error;

@@ -13,7 +13,7 @@ use crate::append::AppendBatch;
 use crate::stage::{Req, Staging};
 use crate::storage::StorageError;
 use crate::writer::Writer;
-use crate::{presence, schedules};
+use crate::{control, presence, schedules};
 
 /// Declares [`Request`] with one arm per kind, `From<Req<kind>>` for each
 /// (how the engine queues a kind), and the dispatch to [`Req`].
@@ -84,4 +84,5 @@ requests! {
     ScheduleAdd(ScheduleRequest),
     ScheduleCancel(schedules::Cancel),
     ScheduleDeliver(schedules::Deliver),
+    ControlRaise(control::Raise),
 }

@@ -1,7 +1,7 @@
 //! The only module that knows the storage library (fjall).
 //!
-//! The rest of the crate sees fourteen byte-keyed spaces ([`Space`]; the
-//! fifteenth keyspace, `meta`, is read and written here at open only),
+//! The rest of the crate sees fifteen byte-keyed spaces ([`Space`]; the
+//! sixteenth keyspace, `meta`, is read and written here at open only),
 //! point reads, bounded range scans, consistent read views and one atomic
 //! [`WriteSet`] commit.
 //! Replacing fjall (for example with redb) means rewriting this file only.
@@ -51,6 +51,7 @@ pub(crate) enum Space {
     Schedules,
     SchedulesDue,
     SchedulesByChannel,
+    Control,
 }
 
 /// A storage failure. Any of these puts the engine into fail-stop.
@@ -186,6 +187,7 @@ pub(crate) struct Storage {
     schedules: Keyspace,
     schedules_due: Keyspace,
     schedules_by_channel: Keyspace,
+    control: Keyspace,
     epoch: Epoch,
     /// The key layout of this data dir's format (`log` and `channels`).
     key_layout: KeyLayout,
@@ -231,6 +233,7 @@ impl Storage {
             schedules: space("schedules")?,
             schedules_due: space("schedules_due")?,
             schedules_by_channel: space("schedules_by_channel")?,
+            control: space("control")?,
             epoch,
             key_layout,
             db,
@@ -264,6 +267,7 @@ impl Storage {
             Space::Schedules => &self.schedules,
             Space::SchedulesDue => &self.schedules_due,
             Space::SchedulesByChannel => &self.schedules_by_channel,
+            Space::Control => &self.control,
         }
     }
 

@@ -1,5 +1,6 @@
 //! The `herald` command: `serve`, `publish`, `tail`, `config`.
 
+mod admin_cli;
 mod cli;
 mod config_load;
 mod otel;
@@ -43,6 +44,13 @@ enum Command {
     PublishBatch(cli::PublishBatchArgs),
     /// Subscribe to a channel and print its messages (resumes on reconnect)
     Tail(cli::TailArgs),
+    /// Act on a user's connections on every node (list, disconnect, ban,
+    /// revoke, subscribe, unsubscribe, remove from a room)
+    Users(admin_cli::UsersArgs),
+    /// List the channels with a subscriber on some node
+    Channels(admin_cli::ChannelsArgs),
+    /// List the nodes of the deployment
+    Nodes(admin_cli::NodesArgs),
     /// Print the configuration layout: every key with its default (TOML)
     Config,
     /// Load generator and benchmarks (see docs/benchmarks.md)
@@ -76,6 +84,9 @@ fn main() -> ExitCode {
         Command::Publish(args) => run_async(cli::publish(args)),
         Command::PublishBatch(args) => run_async(cli::publish_batch(args)),
         Command::Tail(args) => run_async(cli::tail(args)),
+        Command::Users(args) => run_async(admin_cli::users(args)),
+        Command::Channels(args) => run_async(admin_cli::channels(args)),
+        Command::Nodes(args) => run_async(admin_cli::nodes(args)),
         Command::Bench(args) => herald_bench::main(*args),
     }
 }

@@ -191,3 +191,37 @@ fn publish_batch_reads_json_lines_and_prints_a_result_each() {
     assert_eq!((lines[0]["seq"].as_u64(), lines[0]["replayed"].as_bool()), (Some(1), Some(true)));
     assert_eq!(lines[2]["seq"].as_u64(), Some(3), "no key: published again");
 }
+
+/// `herald users`, `herald channels` and `herald nodes` print the API's
+/// replies; a refusal is the problem's detail on stderr.
+#[test]
+fn the_backend_verbs_act_on_users_and_list_the_deployment() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve_dev(dir.path());
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).args(["--url", &srv.url]).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let json = |s: &str| serde_json::from_str::<serde_json::Value>(s).expect("JSON on stdout");
+    let (ok, out, err) = run(&["users", "connections", "amy"]);
+    assert!(ok, "{err}");
+    assert_eq!(json(&out), serde_json::json!([]));
+    let (ok, out, err) = run(&["users", "disconnect", "amy", "--no-reconnect", "--ban", "60"]);
+    assert!(ok, "{err}");
+    assert!(json(&out)["banned_until_ms"].as_u64().is_some(), "{out}");
+    let (ok, out, _) = run(&["users", "revoke", "amy"]);
+    assert!(ok);
+    assert!(json(&out)["issued_before_ms"].as_u64().is_some());
+    let (ok, _, err) = run(&["users", "subscribe", "amy", "nope:1"]);
+    assert!(!ok && err.contains("unknown_namespace"), "a clear refusal: {err}");
+    let (ok, out, _) = run(&["nodes"]);
+    assert!(ok);
+    assert_eq!(json(&out).as_array().map(Vec::len), Some(1), "{out}");
+    let (ok, out, _) = run(&["channels", "--pattern", "chat:*"]);
+    assert!(ok);
+    assert_eq!(json(&out)["channels"], serde_json::json!([]));
+}

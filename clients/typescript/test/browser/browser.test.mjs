@@ -174,6 +174,16 @@ test('the console loads, connects, subscribes and shows a published message', as
   const metric = (name) => `Number(document.querySelector('[data-metric="${name}"]')?.textContent.split(' ')[0])`;
   await page.waitForFunction(`${metric('connections')} >= 1 && ${metric('subscriptions')} >= 2 && ${metric('room changes')} >= 2`, WAIT);
 
+  // Users and nodes: ada's connection with its subscriptions, the active
+  // channels, this node.
+  await page.click('#user-form button[type=submit]');
+  await page.waitForFunction("document.getElementById('users-view').textContent.includes('room:demo')", WAIT);
+  await page.$eval('#ctl-pattern', (e) => (e.value = 'chat:*'));
+  await page.click('#channels-form button[type=submit]');
+  await page.waitForFunction("document.getElementById('users-view').textContent.includes('chat:console')", WAIT);
+  await page.click('#ctl-nodes');
+  await page.waitForFunction("document.getElementById('users-view').textContent.includes('herald-')", WAIT);
+
   const dir = join(repo, 'target/test-artifacts');
   mkdirSync(dir, { recursive: true });
   await page.screenshot({ path: join(dir, 'console.png'), fullPage: true });

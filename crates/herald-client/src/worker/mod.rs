@@ -367,9 +367,12 @@ fn on_closed(
         return Err(ClientError::Disconnected { code: d.code, reason: d.reason });
     }
     match code {
-        Some(c @ (close::BAD_REQUEST | close::UNAUTHORIZED | close::TOKEN_EXPIRED)) => {
-            Err(ClientError::Disconnected { code: c, reason })
-        }
+        Some(
+            c @ (close::BAD_REQUEST
+            | close::UNAUTHORIZED
+            | close::TOKEN_EXPIRED
+            | close::DISCONNECTED_FOR_GOOD),
+        ) => Err(ClientError::Disconnected { code: c, reason }),
         _ => Ok(ClientError::Closed { code, reason }),
     }
 }

@@ -239,8 +239,10 @@ impl Worker {
         };
         let (events_tx, events_rx) = mpsc::channel(self.opts.event_capacity.max(1));
         let id = self.shared.next_sub_id.fetch_add(1, Ordering::Relaxed);
-        // Acked: delivery starts after the device's cursor, not the head.
-        let mut resume = ResumePoint::new(view.cursor.zip(view.epoch.clone()));
+        // Acked: delivery starts after the device's cursor, not the head;
+        // made from a position (`since`): after it.
+        let start = view.cursor.or(view.since);
+        let mut resume = ResumePoint::new(start.zip(view.epoch.clone()));
         resume.on_subscribed(&subscribed);
         let info = SubscribeInfo {
             channel: channel.clone(),

@@ -208,6 +208,13 @@ impl From<&Push<'_>> for pb::Reply {
                 .unsubscribe
                 .as_ref()
                 .map(|u| pb::Unsubscribe { code: u.code, reason: u.reason.clone() }),
+            subscribe: p.subscribe.as_ref().map(|s| pb::Subscribe {
+                recoverable: s.recoverable,
+                epoch: s.epoch.clone(),
+                offset: s.offset,
+                positioned: s.positioned,
+                data: Vec::new(),
+            }),
             ..Default::default()
         };
         pb::Reply { push: Some(push), ..Default::default() }

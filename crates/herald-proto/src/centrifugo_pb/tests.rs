@@ -390,8 +390,30 @@ fn pushes_read_back() {
             ..Push::new("room:1")
         },
     );
+    append_push(
+        &mut frame,
+        &Push {
+            subscribe: Some(cf::SubscribePush {
+                recoverable: true,
+                epoch: "e1".into(),
+                offset: 7,
+                positioned: true,
+            }),
+            ..Push::new("room:1")
+        },
+    );
     let got: Vec<pb::Push> = replies(&frame).into_iter().map(|r| r.push.expect("a push")).collect();
     assert!(got.iter().all(|p| p.channel == "room:1"));
+    assert_eq!(
+        got[3].subscribe,
+        Some(pb::Subscribe {
+            recoverable: true,
+            epoch: "e1".into(),
+            offset: 7,
+            positioned: true,
+            data: vec![]
+        })
+    );
     assert_eq!(got[0].join.as_ref().unwrap().info.as_ref().unwrap().client, "c1");
     assert_eq!(got[1].leave.as_ref().unwrap().info.as_ref().unwrap().user, "u1");
     assert_eq!(got[2].unsubscribe, Some(pb::Unsubscribe { code: 2000, reason: "closed".into() }));

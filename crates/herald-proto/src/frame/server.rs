@@ -47,6 +47,11 @@ pub struct OkFrame {
     /// before it is live (`head` minus what the subscriber already has).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unread: Option<u64>,
+    /// A `subscribed` frame of a subscription the server made from a
+    /// position: delivery starts after this seq (absent: after `head`, or
+    /// after `cursor` on an acked channel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
     /// Publish: assigned seq (absent for volatile channels).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seq: Option<u64>,
@@ -370,6 +375,8 @@ pub struct MessageView {
     pub cursor: Option<u64>,
     #[serde(default)]
     pub unread: Option<u64>,
+    #[serde(default)]
+    pub since: Option<u64>,
     #[serde(default)]
     pub redelivered: Option<bool>,
     #[serde(default)]

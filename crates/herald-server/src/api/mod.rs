@@ -3,7 +3,8 @@
 //! `scheduled`; `webhooks` and `consumers`: their status and the
 //! operator's actions;
 //! `health`: operations endpoints; `admin`: the operator's actions on the
-//! node), the typed extractors that check a
+//! node; `users`: the backend's actions on users, on every node; `nodes`:
+//! the active channels and the nodes of the deployment), the typed extractors that check a
 //! request before its handler runs (`extract`), and the web console.
 //! Errors are [`ApiError`](crate::ApiError)s, mapped once in `error.rs`.
 
@@ -24,8 +25,10 @@ pub(crate) mod cursors;
 pub(crate) mod extract;
 pub(crate) mod health;
 pub(crate) mod messages;
+pub(crate) mod nodes;
 pub(crate) mod rooms;
 pub(crate) mod scheduled;
+pub(crate) mod users;
 pub(crate) mod webhooks;
 
 /// The state every handler takes.

@@ -43,6 +43,7 @@ fn view(channel: &ChannelName, room: &Room, members: Option<(u64, Vec<Member>)>)
         updated_at_ms: room.updated_at_ms,
         member_count,
         members,
+        removed: room.removed.clone(),
     }
 }
 

@@ -48,6 +48,7 @@ mod apply;
 mod budget;
 mod centrifugo;
 mod channels;
+mod control;
 mod deliver;
 mod liveness;
 mod pipeline;
@@ -64,6 +65,7 @@ use channels::{ChannelTimers, Channels, LogDelivery, Registrations, Sub, Timers}
 pub type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
 pub use crate::gateway::wire::Wire;
+pub(crate) use control::admit;
 pub(crate) use presence::new_client_id;
 pub use socket::{sse_pipe, Socket};
 
@@ -92,6 +94,8 @@ enum SessionEnd {
     Gone,
     /// We close with this code and reason.
     Close { code: u16, reason: &'static str, reconnect: bool },
+    /// The backend closes the connection (`control.rs`).
+    Backend(crate::hub::Closing),
 }
 
 pub struct Session {
@@ -112,6 +116,8 @@ pub struct Session {
     pipeline: pipeline::Pipeline,
     /// The protocol spoken on this socket (`gateway::wire`).
     wire: Wire,
+    /// The client's address as the proxy in front reports it.
+    remote: Option<Arc<str>>,
 }
 
 /// What this session holds in its write path, counted in its byte bound
@@ -131,7 +137,14 @@ impl Session {
     /// Build the session for an upgraded socket. Synchronous on purpose: the
     /// connection task then holds the `Session` once, not also the pieces it
     /// was made from (an async fn keeps its arguments alive in its future).
-    pub fn new(state: Arc<AppState>, ws: Socket, identity: Identity, conn_id: u64, wire: Wire) -> Self {
+    pub fn new(
+        state: Arc<AppState>,
+        ws: Socket,
+        identity: Identity,
+        conn_id: u64,
+        wire: Wire,
+        remote: Option<Arc<str>>,
+    ) -> Self {
         let mailbox = Arc::new(Mailbox::new(state.config().websocket.outbox_capacity));
         state.sessions.add(conn_id, &mailbox);
         let handle = ConnHandle { id: conn_id, mailbox };
@@ -164,6 +177,7 @@ impl Session {
             budget,
             pipeline: pipeline::Pipeline::default(),
             wire,
+            remote,
         }
     }
 
@@ -182,8 +196,17 @@ impl Session {
                 self.chans.regs.leave_on_drop |= *code != close::IDLE_TIMEOUT;
                 self.state.metrics.closed(*code);
             }
-            if let SessionEnd::Close { code, reason, reconnect } = end {
-                Box::pin(self.close(code, reason, reconnect)).await;
+            match end {
+                SessionEnd::Close { code, reason, reconnect } => {
+                    Box::pin(self.close(code, reason, reconnect)).await;
+                }
+                SessionEnd::Backend(c) => {
+                    // The backend's close is a clean end: presence is left now.
+                    self.chans.regs.leave_on_drop = true;
+                    self.state.metrics.closed(c.code);
+                    Box::pin(self.close(c.code, &c.reason, c.reconnect)).await;
+                }
+                SessionEnd::Gone => {}
             }
             tracing::debug!(conn = self.handle.id, "connection ended");
         }
@@ -191,6 +214,7 @@ impl Session {
 
     async fn run_loop(&mut self) -> SessionEnd {
         if self.wire.starts_personal() {
+            self.register();
             if let Err(end) = Box::pin(self.start_personal()).await {
                 return end;
             }
@@ -223,6 +247,9 @@ impl Session {
                     Some(expired) = std::future::poll_fn(|cx| poll_timer(&mut self.chans.timers, cx)) => {
                         Box::pin(self.on_timer(expired)).await
                     }
+                    order = std::future::poll_fn(|cx| self.handle.mailbox.poll_order(cx)) => {
+                        Box::pin(self.on_order(order)).await
+                    }
                     _ = tick.tick() => Box::pin(self.on_tick()).await,
                 }
             };
@@ -244,6 +271,10 @@ impl Session {
                         code: close::DRAINING,
                         reason: "node draining: reconnect elsewhere",
                         reconnect: true,
+                    },
+                    Stop::Backend => match self.handle.mailbox.closing() {
+                        Some(c) => SessionEnd::Backend(c),
+                        None => SessionEnd::Gone,
                     },
                 }),
                 () = std::future::poll_fn(|cx| poll_deadline(&mut expiry, cx)) => Err(SessionEnd::Close {
@@ -453,7 +484,7 @@ impl Session {
     /// Say why, close, and wait briefly for the peer's close so our last
     /// frames are not lost to a reset. Bounded: a peer that reads nothing
     /// (a slow consumer) cannot hold the task.
-    async fn close(&mut self, code: u16, reason: &'static str, reconnect: bool) {
+    async fn close(&mut self, code: u16, reason: &str, reconnect: bool) {
         let (frame, code) = self.wire.close(code, reason, reconnect);
         let frame = frame.map(|f| self.wire.frame(Bytes::from(f)));
         let close_code = CloseCode::try_from(code).unwrap_or(CloseCode::INTERNAL_SERVER_ERROR);

@@ -21,7 +21,7 @@ use crate::error::ApiError;
 use crate::gateway::listener::Streaming;
 use crate::gateway::session::{sse_pipe, Session, Socket, Wire};
 use crate::gateway::wire::sse::{self, Conn};
-use crate::gateway::ws::{identify, precheck, ConnSlot};
+use crate::gateway::ws::{forwarded_for, identify, precheck, ConnSlot};
 use crate::state::AppState;
 
 /// What the query of `GET /sse` says.
@@ -54,6 +54,8 @@ async fn open(state: &Arc<AppState>, req: &Parts) -> Result<Response, ApiError> 
     let q = parse_query(req.uri.query().unwrap_or(""), state.config().sse.max_channels)?;
     let identity =
         identify(state, headers, q.token.as_deref(), q.user.as_deref(), q.device.as_deref()).await?;
+    // A banned user or a revoked token gets a problem, as before an upgrade.
+    crate::gateway::session::admit(state, &identity).await?;
     let starts = starts(state, headers, &q).await?;
     let Some(slot) = ConnSlot::acquire(state) else {
         state.metrics.connections_rejected.inc();
@@ -64,7 +66,8 @@ async fn open(state: &Arc<AppState>, req: &Parts) -> Result<Response, ApiError> 
     let conn_id = state.next_conn_id.fetch_add(1, Ordering::Relaxed);
     let (writer, body) = sse_pipe(&sse::retry(state.config().sse.retry.as_millis()));
     let wire = Wire::Sse(Box::new(Conn::new(q.channels)));
-    let mut session = Session::new(state.clone(), Socket::Sse(writer), identity, conn_id, wire);
+    let remote = forwarded_for(headers);
+    let mut session = Session::new(state.clone(), Socket::Sse(writer), identity, conn_id, wire, remote);
     session.start_sse(starts).await?;
     state.tasks.spawn(async move {
         let _slot = slot;

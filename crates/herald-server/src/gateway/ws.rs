@@ -159,10 +159,15 @@ pub async fn upgrade(
     };
     let identity =
         identify(&state, req.headers(), q.token.as_deref(), q.user.as_deref(), q.device.as_deref()).await;
-    match identity {
-        Ok(identity) => start_session(state, req, identity, Wire::Herald),
-        Err(e) => e.into_response(),
+    let identity = match identity {
+        Ok(identity) => identity,
+        Err(e) => return e.into_response(),
+    };
+    // Before the 101: a banned user or a revoked token gets a problem.
+    if let Err(e) = crate::gateway::session::admit(&state, &identity).await {
+        return e.into_response();
     }
+    start_session(state, req, identity, Wire::Herald)
 }
 
 /// The checks every socket endpoint makes first: shutdown, then the page's
@@ -199,6 +204,7 @@ pub(crate) fn start_session(
         e.retry_after = Some(5);
         return e.into_response();
     };
+    let remote = forwarded_for(req.headers());
     let on_upgrade = hyper::upgrade::on(&mut req);
     let conn_id = state.next_conn_id.fetch_add(1, Ordering::Relaxed);
     let task_state = state.clone();
@@ -220,7 +226,7 @@ pub(crate) fn start_session(
                     .limits(limits)
                     .config(Config::default().flush_threshold(WRITE_BATCH_BYTES))
                     .serve(TokioIo::new(upgraded));
-                let session = Session::new(task_state, Socket::Ws(ws), identity, conn_id, wire);
+                let session = Session::new(task_state, Socket::Ws(ws), identity, conn_id, wire, remote);
                 session.run().await;
             }
             Err(e) => tracing::debug!(error = %e, "upgrade failed"),
@@ -232,6 +238,19 @@ pub(crate) fn start_session(
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
     h.insert(header::SEC_WEBSOCKET_ACCEPT, HeaderValue::from_str(&accept).expect("base64 is a valid header"));
     resp
+}
+
+/// The client's address as the proxy in front reports it: the first entry
+/// of `X-Forwarded-For`, else `X-Real-IP` (at most 64 bytes; none without
+/// a proxy, as the listener does not keep the peer's address).
+pub(crate) fn forwarded_for(headers: &HeaderMap) -> Option<Arc<str>> {
+    let first = headers
+        .get("x-forwarded-for")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(',').next())
+        .or_else(|| headers.get("x-real-ip").and_then(|v| v.to_str().ok()))?
+        .trim();
+    (!first.is_empty() && first.len() <= 64).then(|| Arc::from(first))
 }
 
 /// The vendored tokio-websockets' batching (vendor/README.md): a socket

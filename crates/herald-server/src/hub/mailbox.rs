@@ -20,12 +20,47 @@ pub enum Stop {
     /// The node is draining: this connection's turn to go
     /// ([`Mailbox::drain`]).
     Drain,
+    /// The backend disconnected it ([`Mailbox::disconnect`]; the code and
+    /// reason in [`Mailbox::closing`]).
+    Backend,
+}
+
+/// How the backend closes a connection ([`Mailbox::disconnect`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Closing {
+    /// One of Herald's close codes (`herald_proto::close`).
+    pub code: u16,
+    pub reason: Arc<str>,
+    pub reconnect: bool,
+}
+
+/// What the backend asks a session to do besides closing (see
+/// [`Mailbox::order`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Order {
+    /// Subscribe the channel (from `since`, or live) and tell the client.
+    Subscribe { channel: herald_proto::ChannelName, since: Option<herald_proto::Since> },
+    /// End the subscription of the channel, if any, and tell the client.
+    Unsubscribe { channel: herald_proto::ChannelName },
+}
+
+/// Orders a session has not taken yet, at most; one more is refused
+/// (the sender logs it). Orders come from API calls, one per call and
+/// connection, and a session takes them between two frames.
+pub const ORDERS_MAX: usize = 64;
+
+/// The backend's side of a mailbox, allocated on its first use.
+#[derive(Default)]
+struct Backend {
+    orders: VecDeque<Order>,
+    closing: Option<Closing>,
 }
 
 /// Bits of [`Mailbox::stop`].
 const STOP_SLOW: u8 = 1;
 const STOP_SHUTDOWN: u8 = 2;
 const STOP_DRAIN: u8 = 4;
+const STOP_BACKEND: u8 = 8;
 
 /// One connection's mailbox, shared by its session and the server (one
 /// allocation per connection). It has four roles:
@@ -60,8 +95,10 @@ pub struct Mailbox {
     /// once the session ended (nothing is queued any more).
     outbox: Mutex<Option<VecDeque<Arc<Outgoing>>>>,
     capacity: usize,
-    /// The session's task, waiting for the outbox or a stop.
+    /// The session's task, waiting for the outbox, an order or a stop.
     waiting: AtomicWaker,
+    /// The backend's orders and close; `None` until the first.
+    backend: Mutex<Option<Box<Backend>>>,
 }
 
 /// Why [`Mailbox::push`] did not queue a message.
@@ -92,6 +129,7 @@ impl Mailbox {
             outbox: Mutex::new(Some(VecDeque::new())),
             capacity,
             waiting: AtomicWaker::new(),
+            backend: Mutex::new(None),
         }
     }
 
@@ -159,6 +197,8 @@ impl Mailbox {
         let bits = self.stop.load(Ordering::Acquire);
         if bits & STOP_SHUTDOWN != 0 {
             Some(Stop::Shutdown)
+        } else if bits & STOP_BACKEND != 0 {
+            Some(Stop::Backend)
         } else if bits & STOP_DRAIN != 0 {
             Some(Stop::Drain)
         } else if bits & STOP_SLOW != 0 {
@@ -186,6 +226,48 @@ impl Mailbox {
     /// Stop the session for shutdown ([`Sessions`](super::Sessions)).
     pub(super) fn shut_down(&self) {
         self.stop_with(STOP_SHUTDOWN);
+    }
+
+    /// Close the connection as the backend says; the first close wins.
+    pub fn disconnect(&self, closing: Closing) {
+        {
+            let mut b = self.backend.lock().expect("backend lock poisoned");
+            let b = b.get_or_insert_with(Box::default);
+            if b.closing.is_none() {
+                b.closing = Some(closing);
+            }
+        }
+        self.stop_with(STOP_BACKEND);
+    }
+
+    /// The backend's close, once [`Stop::Backend`] was seen.
+    pub fn closing(&self) -> Option<Closing> {
+        self.backend.lock().expect("backend lock poisoned").as_ref().and_then(|b| b.closing.clone())
+    }
+
+    /// Queue an order for the session and wake it; false when
+    /// [`ORDERS_MAX`] are waiting.
+    pub fn order(&self, order: Order) -> bool {
+        {
+            let mut b = self.backend.lock().expect("backend lock poisoned");
+            let b = b.get_or_insert_with(Box::default);
+            if b.orders.len() >= ORDERS_MAX {
+                return false;
+            }
+            b.orders.push_back(order);
+        }
+        self.waiting.wake();
+        true
+    }
+
+    /// The next order, once there is one (for one waiter: the session).
+    pub fn poll_order(&self, cx: &mut Context<'_>) -> Poll<Order> {
+        let pop = || self.backend.lock().expect("backend lock poisoned").as_mut()?.orders.pop_front();
+        if let Some(o) = pop() {
+            return Poll::Ready(o);
+        }
+        self.waiting.register(cx.waker());
+        pop().map_or(Poll::Pending, Poll::Ready)
     }
 
     fn stop_with(&self, bit: u8) {
@@ -266,5 +348,26 @@ mod tests {
         assert_eq!(queued.total(), 0, "the queued message's charge is released with the outbox");
         assert_eq!(conn.push(outgoing(7, &queued)), Err(PushError::Closed));
         assert!(conn.pop().is_none());
+    }
+
+    /// Orders wait in order up to `ORDERS_MAX`; the backend's first close
+    /// wins and stops the session as `Stop::Backend`, shutdown still first.
+    #[tokio::test]
+    async fn orders_are_bounded_and_the_first_close_wins() {
+        let conn = Mailbox::new(4);
+        let channel = |n: usize| herald_proto::ChannelName::new(&format!("chat:{n}")).unwrap();
+        for n in 0..ORDERS_MAX {
+            assert!(conn.order(Order::Unsubscribe { channel: channel(n) }));
+        }
+        assert!(!conn.order(Order::Unsubscribe { channel: channel(999) }), "bounded");
+        let first = poll_fn(|cx| conn.poll_order(cx)).await;
+        assert_eq!(first, Order::Unsubscribe { channel: channel(0) });
+        let closing = |code| Closing { code, reason: Arc::from("r"), reconnect: false };
+        conn.disconnect(closing(4012));
+        conn.disconnect(closing(4011));
+        assert_eq!(poll_fn(|cx| conn.poll_stop(cx)).await, Stop::Backend);
+        assert_eq!(conn.closing(), Some(closing(4012)), "the first close wins");
+        conn.shut_down();
+        assert_eq!(poll_fn(|cx| conn.poll_stop(cx)).await, Stop::Shutdown);
     }
 }

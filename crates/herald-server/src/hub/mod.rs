@@ -41,8 +41,8 @@ mod mailbox;
 mod sessions;
 
 pub use ceiling::{Charge, QueuedBytes};
-pub use mailbox::{Mailbox, PushError, Stop};
-pub use sessions::Sessions;
+pub use mailbox::{Closing, Mailbox, Order, PushError, Stop, ORDERS_MAX};
+pub use sessions::{SessionInfo, Sessions};
 
 const SHARDS: usize = 32;
 
@@ -170,6 +170,58 @@ impl Hub {
             .map(|s| {
                 s.read().expect("hub lock poisoned").keys().filter(|c| c.namespace() == namespace).count()
             })
+            .sum()
+    }
+
+    /// The channels each of `conns` subscribes on this node: one scan of
+    /// every local subscription (the connection listing's cost).
+    pub fn channels_of(&self, conns: &[u64]) -> HashMap<u64, Vec<ChannelName>> {
+        let mut out: HashMap<u64, Vec<ChannelName>> = conns.iter().map(|&c| (c, Vec::new())).collect();
+        for shard in &self.shards {
+            let map = shard.read().expect("hub lock poisoned");
+            for (channel, subs) in map.iter() {
+                for conn in subs {
+                    if let Some(list) = out.get_mut(&conn.id) {
+                        list.push(channel.clone());
+                    }
+                }
+            }
+        }
+        for list in out.values_mut() {
+            list.sort();
+        }
+        out
+    }
+
+    /// Up to `limit` channels with a local subscriber, named after `after`
+    /// and accepted by `filter`, in name order, with their local
+    /// subscriber counts: one scan of every local channel.
+    pub fn channels(
+        &self,
+        filter: impl Fn(&str) -> bool,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Vec<(ChannelName, usize)> {
+        let mut out = Vec::new();
+        for shard in &self.shards {
+            let map = shard.read().expect("hub lock poisoned");
+            for (channel, subs) in map.iter() {
+                let name = channel.as_str();
+                if after.is_none_or(|a| name > a) && filter(name) {
+                    out.push((channel.clone(), subs.len()));
+                }
+            }
+        }
+        out.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        out.truncate(limit);
+        out
+    }
+
+    /// Local subscriptions, every channel's subscribers counted.
+    pub fn subscriptions(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.read().expect("hub lock poisoned").values().map(Vec::len).sum::<usize>())
             .sum()
     }
 

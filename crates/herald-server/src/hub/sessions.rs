@@ -17,12 +17,39 @@ use super::{Hub, Mailbox, SHARDS};
 /// go of what they hold.
 const SHED_INTERVAL: Duration = Duration::from_millis(100);
 
+/// Who a session serves, once it is known (at the upgrade on `/ws`, at
+/// `connect` on the Centrifugo endpoint): what the backend's actions pick
+/// connections by and the connection listing shows.
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    pub user: Arc<str>,
+    pub device: Option<Arc<str>>,
+    /// The protocol's label (`herald`, `centrifugo`, `centrifugo_protobuf`).
+    pub protocol: &'static str,
+    pub connected_at_ms: u64,
+    /// The client's address as the proxy in front reports it
+    /// (`X-Forwarded-For`'s first entry, else `X-Real-IP`).
+    pub remote: Option<Arc<str>>,
+    /// The token's `iat` (seconds); `None` without a token.
+    pub iat: Option<u64>,
+}
+
+/// One registered session.
+struct Entry {
+    mailbox: Arc<Mailbox>,
+    info: Option<Arc<SessionInfo>>,
+}
+
 /// Every socket session of this server, so that shutdown reaches each one
 /// through its [`Mailbox`] (an atomic and a wake) instead of every
-/// session polling one shared token. Sharded by connection id; a session
-/// is in it from `Session::new` until it is dropped.
+/// session polling one shared token, and the backend's actions reach a
+/// user's sessions. Sharded by connection id; a session is in it from
+/// `Session::new` until it is dropped. The user index holds the ids of
+/// every identified session, sharded by user; an id is in it exactly while
+/// its entry is registered with that user's [`SessionInfo`].
 pub struct Sessions {
-    shards: Vec<Mutex<HashMap<u64, Arc<Mailbox>>>>,
+    shards: Vec<Mutex<HashMap<u64, Entry>>>,
+    users: Vec<Mutex<HashMap<Arc<str>, Vec<u64>>>>,
     stopping: AtomicBool,
     /// A drain began ([`Sessions::drain`]); for good.
     draining: AtomicBool,
@@ -36,6 +63,7 @@ impl Default for Sessions {
     fn default() -> Self {
         Self {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            users: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             stopping: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             hurry: CancellationToken::new(),
@@ -45,13 +73,23 @@ impl Default for Sessions {
 }
 
 impl Sessions {
-    fn shard(&self, id: u64) -> &Mutex<HashMap<u64, Arc<Mailbox>>> {
+    fn shard(&self, id: u64) -> &Mutex<HashMap<u64, Entry>> {
         &self.shards[(id % SHARDS as u64) as usize]
+    }
+
+    fn user_shard(&self, user: &str) -> &Mutex<HashMap<Arc<str>, Vec<u64>>> {
+        use std::hash::BuildHasher;
+        static HASHER: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+        let h = HASHER.get_or_init(Default::default).hash_one(user);
+        &self.users[(h as usize) % SHARDS]
     }
 
     /// A new session; told to stop at once when shutdown has begun.
     pub fn add(&self, id: u64, conn: &Arc<Mailbox>) {
-        self.shard(id).lock().expect("sessions lock poisoned").insert(id, conn.clone());
+        self.shard(id)
+            .lock()
+            .expect("sessions lock poisoned")
+            .insert(id, Entry { mailbox: conn.clone(), info: None });
         // `stop_all` sets the flag before it visits the shards: a session
         // added to a shard it already visited sees the flag here.
         if self.stopping.load(Ordering::SeqCst) {
@@ -60,7 +98,67 @@ impl Sessions {
     }
 
     pub fn remove(&self, id: u64) {
-        self.shard(id).lock().expect("sessions lock poisoned").remove(&id);
+        let removed = self.shard(id).lock().expect("sessions lock poisoned").remove(&id);
+        if let Some(info) = removed.and_then(|e| e.info) {
+            self.unindex(&info.user, id);
+        }
+    }
+
+    /// Say who session `id` serves (a second call, after a token refresh,
+    /// replaces the first and keeps its `connected_at_ms`). Nothing if the
+    /// session is gone.
+    pub fn identify(&self, id: u64, mut info: SessionInfo) {
+        // Indexed under the entry's shard lock (then the user's), so a
+        // concurrent `remove`, which takes the entry first, finds the
+        // index entry to remove.
+        let mut shard = self.shard(id).lock().expect("sessions lock poisoned");
+        let Some(entry) = shard.get_mut(&id) else { return };
+        // A new identity on the same connection (a token refresh): the
+        // connection is as old as it was.
+        if let Some(previous) = &entry.info {
+            info.connected_at_ms = previous.connected_at_ms;
+        }
+        let info = Arc::new(info);
+        if let Some(previous) = entry.info.replace(info.clone()) {
+            self.unindex(&previous.user, id);
+        }
+        self.user_shard(&info.user)
+            .lock()
+            .expect("sessions lock poisoned")
+            .entry(info.user.clone())
+            .or_default()
+            .push(id);
+    }
+
+    fn unindex(&self, user: &Arc<str>, id: u64) {
+        let mut users = self.user_shard(user).lock().expect("sessions lock poisoned");
+        if let Some(ids) = users.get_mut(user) {
+            if let Some(at) = ids.iter().position(|&i| i == id) {
+                ids.swap_remove(at);
+            }
+            if ids.is_empty() {
+                users.remove(user);
+            }
+        }
+    }
+
+    /// The identified sessions of `user` on this node, by connection id.
+    pub fn of_user(&self, user: &str) -> Vec<(u64, Arc<SessionInfo>, Arc<Mailbox>)> {
+        let ids = self.user_shard(user).lock().expect("sessions lock poisoned").get(user).cloned();
+        let mut out = Vec::new();
+        for id in ids.unwrap_or_default() {
+            let shard = self.shard(id).lock().expect("sessions lock poisoned");
+            if let Some(Entry { mailbox, info: Some(info) }) = shard.get(&id) {
+                out.push((id, info.clone(), mailbox.clone()));
+            }
+        }
+        out.sort_unstable_by_key(|s| s.0);
+        out
+    }
+
+    /// Sessions open now.
+    pub fn count(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().expect("sessions lock poisoned").len()).sum()
     }
 
     /// Whether a drain began: the node takes no new sessions and says it is
@@ -128,8 +226,8 @@ impl Sessions {
     pub fn stop_all(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         for shard in &self.shards {
-            for conn in shard.lock().expect("sessions lock poisoned").values() {
-                conn.shut_down();
+            for entry in shard.lock().expect("sessions lock poisoned").values() {
+                entry.mailbox.shut_down();
             }
         }
     }
@@ -138,15 +236,9 @@ impl Sessions {
     pub fn snapshot(&self) -> Vec<Arc<Mailbox>> {
         let mut out = Vec::new();
         for shard in &self.shards {
-            out.extend(shard.lock().expect("sessions lock poisoned").values().cloned());
+            out.extend(shard.lock().expect("sessions lock poisoned").values().map(|e| e.mailbox.clone()));
         }
         out
-    }
-
-    /// Sessions now.
-    #[cfg(test)]
-    fn count(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().expect("sessions lock poisoned").len()).sum()
     }
 }
 
@@ -253,6 +345,42 @@ mod tests {
         let late = Arc::new(Mailbox::new(4));
         sessions.add(3, &late);
         assert_eq!(wait(late).await.unwrap(), Some(Stop::Shutdown));
+    }
+
+    fn info(user: &str, device: &str, at: u64) -> SessionInfo {
+        SessionInfo {
+            user: Arc::from(user),
+            device: Some(Arc::from(device)),
+            protocol: "herald",
+            connected_at_ms: at,
+            remote: None,
+            iat: None,
+        }
+    }
+
+    /// The user index follows identification, re-identification and
+    /// removal; a refresh keeps the connection's age.
+    #[test]
+    fn sessions_are_found_by_user_while_registered() {
+        let sessions = Sessions::default();
+        let conns = open(&sessions, 3);
+        sessions.identify(0, info("ann", "a", 10));
+        sessions.identify(1, info("ann", "b", 11));
+        sessions.identify(2, info("bob", "a", 12));
+        let ids = |u: &str| sessions.of_user(u).iter().map(|s| s.0).collect::<Vec<_>>();
+        assert_eq!((ids("ann"), ids("bob"), ids("cy")), (vec![0, 1], vec![2], vec![]));
+        sessions.identify(1, info("ann", "b", 99));
+        assert_eq!(sessions.of_user("ann")[1].1.connected_at_ms, 11, "a refresh keeps the age");
+        assert_eq!(ids("ann"), [0, 1], "indexed once");
+        sessions.remove(0);
+        assert_eq!(ids("ann"), [1]);
+        sessions.identify(7, info("ann", "z", 1));
+        assert_eq!(ids("ann"), [1], "a session never added is not indexed");
+        sessions.remove(1);
+        sessions.remove(2);
+        assert!(sessions.of_user("ann").is_empty() && sessions.of_user("bob").is_empty());
+        assert!(sessions.users.iter().all(|s| s.lock().unwrap().is_empty()), "no empty entries left");
+        drop(conns);
     }
 
     fn drained(conns: &[Arc<Mailbox>]) -> usize {

@@ -4,7 +4,11 @@
 //! `redis_under_faults.rs`, `scheduled_across_nodes.rs`,
 //! `webhook_failover.rs`.
 
+#[path = "../common/centrifugo.rs"]
+mod centrifugo;
+
 mod batch_publish_on_redis;
+mod control_across_nodes;
 mod cross_node_delivery;
 mod pipelined_publish_on_redis;
 mod presence_across_nodes;

@@ -176,6 +176,12 @@ impl Session {
             ErrorCode::TokenExpired => {
                 SessionEnd::Close { code: close::TOKEN_EXPIRED, reason: "token expired", reconnect: true }
             }
+            ErrorCode::Banned => {
+                SessionEnd::Close { code: close::DISCONNECTED_FOR_GOOD, reason: "banned", reconnect: false }
+            }
+            ErrorCode::Unavailable | ErrorCode::Internal => {
+                SessionEnd::Close { code: close::INTERNAL, reason: "engine unavailable", reconnect: true }
+            }
             _ => SessionEnd::Close { code: close::UNAUTHORIZED, reason: "invalid token", reconnect: false },
         }
     }
@@ -195,6 +201,11 @@ impl Session {
             }
             _ => self.identity_of(token).await,
         };
+        // The engine's say (a ban, a revocation) after the token's.
+        let identity = match identity {
+            Ok(identity) => Box::pin(super::admit(&state, &identity)).await.map(|()| identity),
+            Err(e) => Err(e),
+        };
         self.identity = match identity {
             Ok(identity) => identity,
             // Error 109: the SDK fetches a new token and connects again.
@@ -203,6 +214,7 @@ impl Session {
             }
             Err(e) => return Err(Self::token_refused(&e)),
         };
+        self.register();
         self.conn().connected = true;
         let subs = self.server_side_subscribe(c.subs).await?;
         let frames: Vec<Vec<StoredFrame>> = subs.iter().map(|(_, r)| r.frames()).collect();
@@ -249,7 +261,10 @@ impl Session {
                 reconnect: false,
             });
         }
+        let state = self.state.clone();
+        Box::pin(super::admit(&state, &identity)).await.map_err(|e| Self::token_refused(&e))?;
         self.identity = identity;
+        self.register();
         let result = self.new_identity();
         self.send_bytes(self.wire.reply(&Reply::new(id, Answer::Refresh(result)))).await
     }

@@ -66,6 +66,9 @@ impl Session {
         let room_closed = if ns.room {
             match state.engine.room(channel).await? {
                 None => return Err(rooms::no_such_room()),
+                Some(room) if room.is_removed(&self.identity.sub) => {
+                    return Err(ApiError::new(ErrorCode::Forbidden, "removed from this room"))
+                }
                 Some(room) => room.state == RoomStatus::Closed,
             }
         } else {

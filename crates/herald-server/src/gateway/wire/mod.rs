@@ -196,6 +196,18 @@ impl Wire {
         }
     }
 
+    /// The server subscribed the connection (`ok` is the subscribe's
+    /// answer; `start` the seq delivery continues after).
+    pub fn subscribed(&self, channel: &ChannelName, ok: &herald_proto::OkFrame, start: u64) -> Vec<u8> {
+        match self {
+            Wire::Herald => ok.encode_subscribed(),
+            Wire::CentrifugoJson(_) => centrifugo::subscribed(channel, ok, start).encode(),
+            Wire::CentrifugoProtobuf(_) => centrifugo::protobuf::subscribed(channel, ok, start),
+            // Outside the stream's id: a reconnect does not resume it.
+            Wire::Sse(_) => sse::event(Some("subscribed"), None, &ok.encode_subscribed()),
+        }
+    }
+
     /// An error reply to request `req`.
     pub fn error(&self, err: &ApiError, req: Option<u64>, channel: Option<&str>) -> Vec<u8> {
         match self {

@@ -134,6 +134,25 @@ pub(super) fn unsubscribed<'a>(channel: &'a ChannelName, reason: &str) -> cf::Pu
     }
 }
 
+/// The push that says the server subscribed the connection, starting
+/// after `ok`'s position (its `since`, or the head).
+pub(super) fn subscribed<'a>(
+    channel: &'a ChannelName,
+    ok: &herald_proto::OkFrame,
+    start: u64,
+) -> cf::Push<'a> {
+    let durable = ok.epoch.is_some();
+    cf::Push {
+        subscribe: Some(cf::SubscribePush {
+            recoverable: durable,
+            epoch: ok.epoch.clone().unwrap_or_default(),
+            offset: start,
+            positioned: durable,
+        }),
+        ..cf::Push::new(channel.as_str())
+    }
+}
+
 /// An error reply to request `req`.
 pub(super) fn error(err: &ApiError, req: Option<u64>) -> Reply<'static> {
     Reply::error(command_id(req), err.code, err.detail.clone())

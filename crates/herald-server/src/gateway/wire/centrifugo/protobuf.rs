@@ -67,6 +67,16 @@ pub(in crate::gateway::wire) fn unsubscribed(channel: &ChannelName, reason: &str
     out
 }
 
+pub(in crate::gateway::wire) fn subscribed(
+    channel: &ChannelName,
+    ok: &herald_proto::OkFrame,
+    start: u64,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    pb::append_push(&mut out, &super::subscribed(channel, ok, start));
+    out
+}
+
 /// The server's ping: one empty message.
 pub(in crate::gateway::wire) fn ping() -> WsMessage {
     WsMessage::binary(Bytes::from_static(pb::PING))
