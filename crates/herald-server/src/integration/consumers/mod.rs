@@ -326,19 +326,4 @@ pub(crate) async fn pause(state: &AppState, backoff: &mut Duration, cap: Duratio
     }
 }
 
-/// A token for single-node engines: grows across restarts (wall clock) and
-/// within the process.
-pub(crate) fn local_token() -> u64 {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = now_ms();
-    let mut prev = LAST.load(Ordering::Relaxed);
-    loop {
-        let next = now.max(prev + 1);
-        match LAST.compare_exchange_weak(prev, next, Ordering::AcqRel, Ordering::Relaxed) {
-            Ok(_) => return next,
-            Err(p) => prev = p,
-        }
-    }
-}
-
 pub(crate) use crate::rooms::now_ms;

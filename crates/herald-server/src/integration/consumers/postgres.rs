@@ -42,8 +42,7 @@ use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 use super::{
-    account, local_token, pause, publish_rows, AfterPublish, Consumer, ConsumerConfig, Outcome, Row,
-    BACKOFF_START,
+    account, pause, publish_rows, AfterPublish, Consumer, ConsumerConfig, Outcome, Row, BACKOFF_START,
 };
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -564,7 +563,7 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
                 }
                 Ok(Owned::Local) => {
                     if lease.is_none() {
-                        lease = Some((local_token(), claimed_at, false, false));
+                        lease = Some((crate::integration::local_token(), claimed_at, false, false));
                     }
                 }
                 Ok(Owned::Busy) => {

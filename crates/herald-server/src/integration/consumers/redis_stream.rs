@@ -30,9 +30,7 @@ use herald_core::Owned;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-use super::{
-    account, local_token, pause, publish_rows, Consumer, ConsumerConfig, Outcome, Row, BACKOFF_START,
-};
+use super::{account, pause, publish_rows, Consumer, ConsumerConfig, Outcome, Row, BACKOFF_START};
 use crate::state::AppState;
 
 /// Raise the fence to ARGV[1] unless a greater token is stored; the stored
@@ -327,7 +325,7 @@ pub async fn run(state: Arc<AppState>, consumer: Arc<Consumer>) {
                 }
                 Ok(Owned::Local) => {
                     if lease.is_none() {
-                        lease = Some((local_token(), claimed_at, false, false));
+                        lease = Some((crate::integration::local_token(), claimed_at, false, false));
                     }
                 }
                 Ok(Owned::Busy) => {

@@ -37,7 +37,7 @@ pub mod config;
 pub(crate) mod sign;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -390,7 +390,7 @@ async fn channel_worker(state: Arc<AppState>, hook: Arc<Hook>, channel: ChannelN
                 }
                 Ok(Owned::Local) => {
                     if lease.is_none() {
-                        lease = Some((local_token(), claimed_at, false));
+                        lease = Some((crate::integration::local_token(), claimed_at, false));
                     }
                 }
                 Ok(Owned::Busy) => {
@@ -553,21 +553,6 @@ fn overtaken(state: &AppState, hook: &Hook, channel: &ChannelName, from: Seq, fi
         webhook = %hook.cfg.name, channel = %channel, from, to = first - 1,
         "retention removed messages before the webhook delivered them"
     );
-}
-
-/// A token for single-node engines: grows across restarts (wall clock) and
-/// within the process.
-fn local_token() -> u64 {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let now = now_ms();
-    let mut prev = LAST.load(Ordering::Relaxed);
-    loop {
-        let next = now.max(prev + 1);
-        match LAST.compare_exchange_weak(prev, next, Ordering::AcqRel, Ordering::Relaxed) {
-            Ok(_) => return next,
-            Err(p) => prev = p,
-        }
-    }
 }
 
 pub(crate) use crate::rooms::now_ms;
