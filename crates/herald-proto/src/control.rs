@@ -79,7 +79,7 @@ pub struct ConnectionInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device: Option<String>,
     pub node: String,
-    /// `herald`, `centrifugo` or `centrifugo_protobuf`.
+    /// `herald`, `centrifugo`, `centrifugo_protobuf` or `sse`.
     pub protocol: String,
     pub connected_at_ms: u64,
     /// The client's address as the proxy in front reports it.

@@ -26,7 +26,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use herald_core::{ControlSink, Health, NodeInfo};
-use herald_proto::{close, ChannelName, ErrorCode, Since};
+use herald_proto::{close, ChannelName, ConnectionInfo, ErrorCode, Since};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
@@ -92,21 +92,6 @@ pub enum Message {
 pub enum Query {
     Connections { user: String },
     Channels { pattern: Option<String>, after: Option<String>, limit: usize },
-}
-
-/// One connection as the listing shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ConnectionView {
-    /// `{node}/{n}`: unique in the deployment.
-    pub id: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub device: Option<String>,
-    pub node: String,
-    pub protocol: String,
-    pub connected_at_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remote: Option<String>,
-    pub subscriptions: Vec<String>,
 }
 
 /// The answers a list gathered, and the nodes that gave none in time.
@@ -286,9 +271,9 @@ impl Orders {
                 let sessions = state.sessions.of_user(&user);
                 let ids: Vec<u64> = sessions.iter().map(|s| s.0).collect();
                 let mut channels = state.hub.channels_of(&ids);
-                let list: Vec<ConnectionView> = sessions
+                let list: Vec<ConnectionInfo> = sessions
                     .into_iter()
-                    .map(|(id, info, _)| ConnectionView {
+                    .map(|(id, info, _)| ConnectionInfo {
                         id: self.connection_id(id),
                         device: info.device.as_deref().map(str::to_owned),
                         node: self.node_id.to_string(),
