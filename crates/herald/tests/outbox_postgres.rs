@@ -28,19 +28,30 @@ poll_interval = "300ms"
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn committed_rows_arrive_once_in_row_id_order_through_kill_9_and_a_postgres_restart() {
-    const CHANNELS: usize = 20;
-    let mut pg = PostgresServer::start();
+/// A PostgreSQL holding the outbox table, a client on it, a temp dir, and
+/// the configuration of an embedded node there consuming the table with
+/// `partitions` (`extra` appended to the consumer's entry).
+async fn embedded(
+    partitions: u32,
+    extra: &str,
+) -> (PostgresServer, tokio_postgres::Client, tempfile::TempDir, String) {
+    let pg = PostgresServer::start();
     let admin = pg.connect().await;
     admin.batch_execute(DDL).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
     let config = format!(
-        "engine = \"embedded\"\ndata_dir = {:?}\n{}",
+        "engine = \"embedded\"\ndata_dir = {:?}\n{}{extra}",
         dir.path().join("data"),
-        consumer(&pg.dsn(), 4)
+        consumer(&pg.dsn(), partitions)
     );
+    (pg, admin, dir, config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_rows_arrive_once_in_row_id_order_through_kill_9_and_a_postgres_restart() {
+    const CHANNELS: usize = 20;
+    let (mut pg, _admin, dir, config) = embedded(4, "").await;
+    let port = free_port();
     let mut herald = spawn_herald(port, &config, dir.path());
     let url = herald.url.clone();
     let (_a, got_a) = subscriber(&url, "a", CHANNELS).await;
@@ -123,15 +134,7 @@ async fn committed_rows_arrive_once_in_row_id_order_through_kill_9_and_a_postgre
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parked_row_fixed_in_the_dead_letter_table_is_published_on_retry() {
-    let pg = PostgresServer::start();
-    let admin = pg.connect().await;
-    admin.batch_execute(DDL).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "engine = \"embedded\"\ndata_dir = {:?}\n{}",
-        dir.path().join("data"),
-        consumer(&pg.dsn(), 1)
-    );
+    let (_pg, admin, dir, config) = embedded(1, "").await;
     let herald = spawn_herald(0, &config, dir.path());
     let (_c, got) = subscriber(&herald.url, "c", 1).await;
     admin
@@ -184,20 +187,12 @@ async fn a_parked_row_fixed_in_the_dead_letter_table_is_published_on_retry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn marked_rows_stay_with_their_publish_time_and_are_published_once() {
-    let pg = PostgresServer::start();
-    let admin = pg.connect().await;
-    admin.batch_execute(DDL).await.unwrap();
+    let (_pg, admin, dir, config) = embedded(2, "after_publish = \"mark\"\n").await;
     admin
         .batch_execute("ALTER TABLE herald_outbox ADD COLUMN herald_published_at timestamptz")
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let config = format!(
-        "engine = \"embedded\"\ndata_dir = {:?}\n{}after_publish = \"mark\"\n",
-        dir.path().join("data"),
-        consumer(&pg.dsn(), 2)
-    );
     let mut herald = spawn_herald(port, &config, dir.path());
     let (_c, got) = subscriber(&herald.url, "m", 3).await;
     for i in 0..30 {
@@ -244,15 +239,7 @@ async fn marked_rows_stay_with_their_publish_time_and_are_published_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_committed_after_a_later_id_is_still_published_first() {
-    let pg = PostgresServer::start();
-    let admin = pg.connect().await;
-    admin.batch_execute(DDL).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let config = format!(
-        "engine = \"embedded\"\ndata_dir = {:?}\n{}",
-        dir.path().join("data"),
-        consumer(&pg.dsn(), 1)
-    );
+    let (pg, admin, dir, config) = embedded(1, "").await;
     let herald = spawn_herald(0, &config, dir.path());
     let (_c, got) = subscriber(&herald.url, "o", 1).await;
     let tags = || got.lock().unwrap().get("orders:0").cloned().unwrap_or_default();
