@@ -82,23 +82,7 @@ pub async fn subscribe(
         let f: Frame<'_> =
             serde_json::from_slice(bytes).with_context(|| format!("not a Herald frame: {}", clip(bytes)))?;
         match (f.kind, f.req) {
-            ("ok", Some(SUBSCRIBE_REQ)) => {
-                let gap_reported = if f.truncated == Some(true) {
-                    Some("resume reply says truncated: messages were lost to retention".to_owned())
-                } else if f.epoch_changed == Some(true) {
-                    Some("resume reply says epoch_changed: the log was reset".to_owned())
-                } else {
-                    None
-                };
-                return Ok(Subscribed {
-                    head: f.head,
-                    epoch: f.epoch,
-                    gap_reported,
-                    acked: f.cursor.is_some(),
-                    unread: f.unread,
-                    sent_us,
-                });
-            }
+            ("ok", Some(SUBSCRIBE_REQ)) => return Ok(subscribed(f, sent_us)),
             ("error", _) => bail!(
                 "subscribe refused: {} {}",
                 f.code.map(|c| c.to_string()).unwrap_or_default(),
@@ -107,6 +91,34 @@ pub async fn subscribe(
             _ => decode_frame(f, bytes, pending)?,
         }
     }
+}
+
+/// What a subscribe's `ok` (or a `subscribed` frame or event, the same
+/// fields) says of the subscription.
+fn subscribed(f: Frame<'_>, sent_us: u64) -> Subscribed {
+    let gap_reported = if f.truncated == Some(true) {
+        Some("resume reply says truncated: messages were lost to retention".to_owned())
+    } else if f.epoch_changed == Some(true) {
+        Some("resume reply says epoch_changed: the log was reset".to_owned())
+    } else {
+        None
+    };
+    Subscribed {
+        head: f.head,
+        epoch: f.epoch,
+        gap_reported,
+        acked: f.cursor.is_some(),
+        unread: f.unread,
+        sent_us,
+    }
+}
+
+/// The subscription a `subscribed` frame (an SSE stream's first event)
+/// describes.
+pub fn read_subscribed(bytes: &[u8], sent_us: u64) -> anyhow::Result<Subscribed> {
+    let f: Frame<'_> =
+        serde_json::from_slice(bytes).with_context(|| format!("not a subscribed frame: {}", clip(bytes)))?;
+    Ok(subscribed(f, sent_us))
 }
 
 /// Decode one data frame. Herald never needs a protocol-level reply.

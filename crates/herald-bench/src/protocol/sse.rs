@@ -9,7 +9,6 @@ use std::net::Ipv4Addr;
 
 use anyhow::{anyhow, bail, Context};
 use bytes::{Buf, BytesMut};
-use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -24,19 +23,6 @@ const READ_CHUNK: usize = 16 * 1024;
 pub struct SseConn {
     stream: TcpStream,
     buf: BytesMut,
-}
-
-/// The fields of a `subscribed` event the bench looks at.
-#[derive(Deserialize)]
-struct Opened {
-    #[serde(default)]
-    epoch: Option<String>,
-    #[serde(default)]
-    head: Option<u64>,
-    #[serde(default)]
-    truncated: Option<bool>,
-    #[serde(default)]
-    epoch_changed: Option<bool>,
 }
 
 fn path(auth: &WsAuth, user: &str, channel: &str) -> String {
@@ -101,26 +87,10 @@ pub async fn open(
         };
         let (name, data) = fields(&block);
         if name == Some(&b"subscribed"[..]) {
-            let o: Opened = serde_json::from_slice(&data)
-                .with_context(|| format!("not a subscribed event: {}", clip(&data)))?;
-            let gap_reported = if o.truncated == Some(true) {
-                Some("resume says truncated: messages were lost to retention".to_owned())
-            } else if o.epoch_changed == Some(true) {
-                Some("resume says epoch_changed: the log was reset".to_owned())
-            } else {
-                None
-            };
-            return Ok((
-                conn,
-                Subscribed {
-                    head: o.head,
-                    epoch: o.epoch,
-                    gap_reported,
-                    acked: false,
-                    unread: None,
-                    sent_us,
-                },
-            ));
+            // A stream sends no acks, even on an acked channel (its inbox
+            // still comes first: `unread`).
+            let subscribed = Subscribed { acked: false, ..herald::read_subscribed(&data, sent_us)? };
+            return Ok((conn, subscribed));
         }
         handle(name, &data, pending)?;
     }
