@@ -80,7 +80,7 @@ mod presence;
 mod rooms;
 mod schedules;
 
-pub use control::{Admission, Ban, Control, ControlSink, NodeInfo};
+pub use control::{Admission, Ban, Control, ControlSink, NodeView};
 pub use cursors::{AckError, CursorAck, CursorState, Cursors, UserCursor};
 pub use error::EngineError;
 pub use lifecycle::{Health, Lifecycle};

@@ -26,7 +26,7 @@ pub use engine::{
     Log, Message, Owned, Ownership, Page, Position, Presence, Receipt, Retention, RoomWrite, RoomWritten,
     Rooms, Seq, SubscriberId, UserCursor,
 };
-pub use engine::{Admission, Ban, Control, ControlSink, NodeInfo};
+pub use engine::{Admission, Ban, Control, ControlSink, NodeView};
 pub use engine::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};
 pub use presence::{member_key, FenceToken, Joined, Lease, Member, Rejoined, Renewed, GONE_CAP, GONE_MEMORY};

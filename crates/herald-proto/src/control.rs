@@ -131,16 +131,22 @@ pub struct ChannelsReply {
     pub nodes_missing: Vec<String>,
 }
 
-/// One node of the deployment.
+/// One node of the deployment, as it last reported itself.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct NodeView {
+    /// Unique per process run.
     pub id: String,
+    /// The Herald version the node runs.
     pub version: String,
     pub started_at_ms: u64,
+    /// Open client connections.
     pub connections: u64,
+    /// Subscriptions of those connections.
     pub subscriptions: u64,
-    /// `ok`, or why the node's engine refuses work.
+    /// `ok`, or why the node's engine refuses work (`degraded: ...`,
+    /// `failed: ...`).
     pub engine: String,
+    /// When it reported this (ms since the Unix epoch).
     pub reported_at_ms: u64,
 }
 

@@ -7,7 +7,7 @@
 //! | `p:ctl:{<user key>}:ban` | string, TTL | the user's ban: until (ms); expires with it |
 //! | `p:ctl:{<user key>}:ban:<device>` | string, TTL | one device's ban |
 //! | `p:ctl:{<user key>}:revoke` | string | tokens issued before this (ms) are refused |
-//! | `p:{nodes}:info` | hash | node id → its last report (JSON `NodeInfo`) |
+//! | `p:{nodes}:info` | hash | node id → its last report (JSON `NodeView`) |
 //! | `p:{nodes}:exp` | sorted set | node id, scored by when its lease ends (ms) |
 //!
 //! and the pub/sub channel `p:control`. The user key is
@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use herald_core::{Admission, Ban, ControlSink, EngineError, NodeInfo};
+use herald_core::{Admission, Ban, ControlSink, EngineError, NodeView};
 use redis::{ProtocolVersion, PushKind, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -180,7 +180,7 @@ impl EngineState {
         (format!("{p}:{{nodes}}:info"), format!("{p}:{{nodes}}:exp"))
     }
 
-    pub(crate) async fn node_report(&self, node: &NodeInfo, lease: Duration) -> Result<(), EngineError> {
+    pub(crate) async fn node_report(&self, node: &NodeView, lease: Duration) -> Result<(), EngineError> {
         let (info, exp) = self.node_keys();
         let until = now_ms().saturating_add(lease.as_millis() as u64);
         let json = serde_json::to_string(node).expect("a node report serialises");
@@ -217,7 +217,7 @@ impl EngineState {
     }
 
     /// The live entries; ended ones are removed on the way (any reader may).
-    pub(crate) async fn nodes(&self) -> Result<Vec<NodeInfo>, EngineError> {
+    pub(crate) async fn nodes(&self) -> Result<Vec<NodeView>, EngineError> {
         let (info, exp) = self.node_keys();
         let now = now_ms();
         let (ended, live): (Vec<String>, Vec<String>) = {
@@ -256,7 +256,7 @@ impl EngineState {
                 redis::cmd("HMGET").arg(&info).arg(&live).query_async(&mut c).await
             })
             .await?;
-        let mut nodes: Vec<NodeInfo> =
+        let mut nodes: Vec<NodeView> =
             reports.into_iter().flatten().filter_map(|r| serde_json::from_str(&r).ok()).collect();
         nodes.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(nodes)

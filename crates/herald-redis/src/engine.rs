@@ -10,7 +10,7 @@ use herald_core::{
     Joined, Lease, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, Lifecycle, Log, Page, Position, Presence,
     Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
-use herald_core::{Admission, Ban, Control, ControlSink, NodeInfo};
+use herald_core::{Admission, Ban, Control, ControlSink, NodeView};
 use herald_core::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 use herald_proto::ChannelName;
 use redis::ProtocolVersion;
@@ -315,7 +315,7 @@ impl Control for RedisEngine {
         self.inner.publish_order(&self.bus.channel, order).await
     }
 
-    async fn node_report(&self, node: &NodeInfo, lease: Duration) -> Result<(), EngineError> {
+    async fn node_report(&self, node: &NodeView, lease: Duration) -> Result<(), EngineError> {
         self.inner.node_report(node, lease).await
     }
 
@@ -323,7 +323,7 @@ impl Control for RedisEngine {
         self.inner.node_leave(id).await
     }
 
-    async fn nodes(&self) -> Result<Vec<NodeInfo>, EngineError> {
+    async fn nodes(&self) -> Result<Vec<NodeView>, EngineError> {
         self.inner.nodes().await
     }
 }

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use herald_core::{ControlSink, Health, NodeInfo};
+use herald_core::{ControlSink, Health, NodeView};
 use herald_proto::{close, ChannelName, ConnectionInfo, ErrorCode, Since};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -303,8 +303,8 @@ impl Orders {
     }
 
     /// This node's registry entry now.
-    pub fn report(&self, state: &AppState) -> NodeInfo {
-        NodeInfo {
+    pub fn report(&self, state: &AppState) -> NodeView {
+        NodeView {
             id: self.node_id.to_string(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             started_at_ms: self.started_at_ms,

@@ -11,7 +11,7 @@ use herald_core::{
     Health, Joined, Lease, LeaseJoin, LeaseLeave, LeaseRejoin, LeaseRenew, Lifecycle, Log, Page, Position,
     Presence, Receipt, Rejoined, Renewed, Room, RoomWrite, RoomWritten, Rooms, Seq, SubscriberId, UserCursor,
 };
-use herald_core::{Admission, Ban, Control, ControlSink, NodeInfo};
+use herald_core::{Admission, Ban, Control, ControlSink, NodeView};
 use herald_core::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 use herald_proto::ChannelName;
 use tokio::sync::{mpsc, oneshot};
@@ -42,7 +42,7 @@ pub struct EmbeddedEngine {
     control_sink: std::sync::OnceLock<Arc<dyn ControlSink>>,
     /// This node's entry ([`Control::node_report`]) and when its lease ends
     /// (ms). Not stored: a restarted node reports itself again.
-    node: Mutex<Option<(NodeInfo, u64)>>,
+    node: Mutex<Option<(NodeView, u64)>>,
 }
 
 impl EmbeddedEngine {
@@ -415,7 +415,7 @@ impl Control for EmbeddedEngine {
         Ok(())
     }
 
-    async fn node_report(&self, node: &NodeInfo, lease: Duration) -> Result<(), EngineError> {
+    async fn node_report(&self, node: &NodeView, lease: Duration) -> Result<(), EngineError> {
         let until = self.shared.clock.now_ms().saturating_add(lease.as_millis() as u64);
         *self.node.lock().expect("node lock poisoned") = Some((node.clone(), until));
         Ok(())
@@ -429,7 +429,7 @@ impl Control for EmbeddedEngine {
         Ok(())
     }
 
-    async fn nodes(&self) -> Result<Vec<NodeInfo>, EngineError> {
+    async fn nodes(&self) -> Result<Vec<NodeView>, EngineError> {
         let now = self.shared.clock.now_ms();
         let node = self.node.lock().expect("node lock poisoned");
         Ok(node.iter().filter(|(_, until)| *until > now).map(|(n, _)| n.clone()).collect())

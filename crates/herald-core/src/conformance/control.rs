@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{now_ms, Fixture, EXPIRY_DEADLINE};
-use crate::engine::{Ban, ControlSink, NodeInfo};
+use crate::engine::{Ban, ControlSink, NodeView};
 
 /// Keeps every order it is given.
 #[derive(Default)]
@@ -69,7 +69,7 @@ pub async fn broadcasts_reach_the_sink_and_node_entries_are_leased(fx: &Fixture)
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 
-    let node = |id: &str| NodeInfo {
+    let node = |id: &str| NodeView {
         id: format!("{}-{id}", fx.prefix),
         version: "test".into(),
         started_at_ms: now_ms(),
@@ -78,7 +78,7 @@ pub async fn broadcasts_reach_the_sink_and_node_entries_are_leased(fx: &Fixture)
         engine: "ok".into(),
         reported_at_ms: now_ms(),
     };
-    let ids = |list: Vec<NodeInfo>| -> Vec<String> {
+    let ids = |list: Vec<NodeView>| -> Vec<String> {
         list.into_iter().map(|n| n.id).filter(|id| id.starts_with(&fx.prefix)).collect()
     };
     let a = node("a");

@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
 use super::EngineError;
 
@@ -38,23 +37,9 @@ pub struct Admission {
     pub revoked_before_ms: Option<u64>,
 }
 
-/// One node of the deployment, as it last reported itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeInfo {
-    /// Unique per process run.
-    pub id: String,
-    /// The Herald version the node runs.
-    pub version: String,
-    pub started_at_ms: u64,
-    /// Open WebSocket connections.
-    pub connections: u64,
-    /// Subscriptions of those connections.
-    pub subscriptions: u64,
-    /// The node's engine health (`ok`, `degraded: ...`, `failed: ...`).
-    pub engine: String,
-    /// When it reported this (ms since the Unix epoch).
-    pub reported_at_ms: u64,
-}
+/// One node of the deployment, as it last reported itself: the wire
+/// type of `GET /api/v1/nodes`, stored by the engine as it is.
+pub use herald_proto::NodeView;
 
 /// Where the engine hands the orders it receives on the control channel.
 pub trait ControlSink: Send + Sync + 'static {
@@ -95,11 +80,11 @@ pub trait Control: Send + Sync + 'static {
 
     /// Register or refresh this node's entry, leased for `lease`: a node
     /// that stops reporting leaves [`Control::nodes`] once it ends.
-    async fn node_report(&self, node: &NodeInfo, lease: Duration) -> Result<(), EngineError>;
+    async fn node_report(&self, node: &NodeView, lease: Duration) -> Result<(), EngineError>;
 
     /// Remove this node's entry (a clean shutdown).
     async fn node_leave(&self, id: &str) -> Result<(), EngineError>;
 
     /// Every node whose lease has not ended, in id order.
-    async fn nodes(&self) -> Result<Vec<NodeInfo>, EngineError>;
+    async fn nodes(&self) -> Result<Vec<NodeView>, EngineError>;
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use herald_proto::{ChannelInfo, ChannelsQuery, ChannelsReply, ErrorCode, NodeView, NodesReply};
+use herald_proto::{ChannelInfo, ChannelsQuery, ChannelsReply, ErrorCode, NodesReply};
 
 use super::{json_response, St};
 use crate::api::extract::{page_limit, ApiKey, Q};
@@ -61,15 +61,6 @@ pub async fn nodes(State(state): St, _: ApiKey) -> Result<Response, ApiError> {
         .await?
         .into_iter()
         .map(|n| if n.id == own.id { own.clone() } else { n })
-        .map(|n| NodeView {
-            id: n.id,
-            version: n.version,
-            started_at_ms: n.started_at_ms,
-            connections: n.connections,
-            subscriptions: n.subscriptions,
-            engine: n.engine,
-            reported_at_ms: n.reported_at_ms,
-        })
         .collect();
     Ok(json_response(StatusCode::OK, &NodesReply { nodes }, false))
 }
