@@ -1,6 +1,7 @@
 //! The append path (`Log::append`, `Log::append_batch`): the dedup keys
-//! claimed for their channels, then one `APPEND` script run per channel
-//! (`scripts/append.lua`), the runs in one pipeline. The hot path: each
+//! claimed for their channels, then `APPEND` script runs of whole channels
+//! (`scripts/append.lua`; several channels a run on a single instance, one
+//! on a cluster), the runs in one pipeline. The hot path: each
 //! message's arguments are pushed into the invocation as they are built,
 //! borrowing its frame template and id.
 
@@ -15,8 +16,11 @@ use uuid::Uuid;
 
 use crate::frame::FrameTemplate;
 use crate::reply::{Fields, Reply};
-use crate::scripts::{Append, AppendMessage};
+use crate::scripts::{Append, AppendChannel, AppendMessage};
 use crate::state::{hex, ms, new_epoch, EngineState};
+
+/// Most messages in one `APPEND` run of several channels (single instance).
+const RUN_MESSAGES: usize = 256;
 
 impl EngineState {
     pub async fn append(&self, req: AppendRequest) -> Result<Receipt, EngineError> {
@@ -26,11 +30,11 @@ impl EngineState {
 
     /// Several appends as one submission, each answered as if appended
     /// alone, in the order given (see `Log::append_batch`): the dedup keys'
-    /// claims in one round trip, then one `APPEND` script run per channel
-    /// holding that channel's messages in batch order, all of them in one
-    /// pipeline on one connection (a cluster: each channel's run on its own
-    /// slot, concurrently). A channel's messages are in one script run, so
-    /// a retry after `NOSCRIPT` cannot reorder them.
+    /// claims in one round trip, then `APPEND` runs of whole channels, each
+    /// channel's messages in batch order, all of them in one pipeline on
+    /// one connection (a cluster: each channel's run on its own slot,
+    /// concurrently). A channel's messages are in one script run, so a
+    /// retry after `NOSCRIPT` cannot reorder them.
     pub async fn append_batch(&self, reqs: Vec<AppendRequest>) -> Vec<Result<Receipt, EngineError>> {
         if self.closing.load(Ordering::Acquire) {
             return reqs.iter().map(|_| Err(EngineError::ShuttingDown)).collect();
@@ -56,28 +60,49 @@ impl EngineState {
         }
         drop(group_of);
         let ids: Vec<String> = reqs.iter().map(|_| Uuid::now_v7().hyphenated().to_string()).collect();
+        // The runs: each holds whole channels, so a retry after `NOSCRIPT`
+        // cannot reorder a channel's messages.
+        let runs = self.plan_runs(&groups);
         let invocations: Vec<ScriptInvocation<'static>> =
-            groups.iter().map(|(ch, members)| self.append_invocation(ch, members, &reqs, &ids)).collect();
+            runs.iter().map(|run| self.append_invocation(&groups[run.clone()], &reqs, &ids)).collect();
         let replies = self.run_appends(&invocations).await;
-        for ((_, members), reply) in groups.iter().zip(replies) {
+        for (run, reply) in runs.into_iter().zip(replies) {
+            let run = &groups[run];
             let parsed = reply.and_then(|v| {
-                let entries = Reply::new("append", v)?.fields("reply")?;
-                if entries.len() != members.len() {
+                let channels = Reply::new("append", v)?.fields("reply")?;
+                if channels.len() != run.len() {
                     return Err(EngineError::Unavailable("redis append: malformed reply".into()));
                 }
-                Ok(entries)
+                Ok(channels)
             });
-            match parsed {
-                Ok(entries) => {
-                    for (&i, entry) in members.iter().zip(entries) {
-                        let receipt =
-                            entry.fields("entry").and_then(|e| self.receipt_of(&reqs[i], &ids[i], e));
-                        out[i] = Some(receipt);
-                    }
-                }
+            let mut channels = match parsed {
+                Ok(channels) => channels,
                 Err(e) => {
-                    for &i in members {
+                    for &i in run.iter().flat_map(|(_, members)| members) {
                         out[i] = Some(Err(e.clone()));
+                    }
+                    continue;
+                }
+            };
+            for (_, members) in run {
+                let entries = channels.fields("channel").and_then(|entries| {
+                    if entries.len() != members.len() {
+                        return Err(EngineError::Unavailable("redis append: malformed reply".into()));
+                    }
+                    Ok(entries)
+                });
+                match entries {
+                    Ok(entries) => {
+                        for (&i, entry) in members.iter().zip(entries) {
+                            let receipt =
+                                entry.fields("entry").and_then(|e| self.receipt_of(&reqs[i], &ids[i], e));
+                            out[i] = Some(receipt);
+                        }
+                    }
+                    Err(e) => {
+                        for &i in members {
+                            out[i] = Some(Err(e.clone()));
+                        }
                     }
                 }
             }
@@ -164,41 +189,66 @@ impl EngineState {
         Ok(())
     }
 
-    /// The `APPEND` run of one channel's messages (`members`, indexes into
-    /// `reqs`, in batch order).
+    /// The batch's channels (in order) cut into `APPEND` runs, as ranges
+    /// of `groups`: on a cluster one channel per run (a script's keys share
+    /// a slot); on a single instance consecutive channels together, up to
+    /// [`RUN_MESSAGES`] messages a run (a channel with more is a run of its
+    /// own), so one run does not hold Redis for long.
+    fn plan_runs(&self, groups: &[(ChannelName, Vec<usize>)]) -> Vec<std::ops::Range<usize>> {
+        if self.redis.cluster {
+            return (0..groups.len()).map(|g| g..g + 1).collect();
+        }
+        let mut runs = Vec::new();
+        let (mut start, mut messages) = (0, 0);
+        for (g, (_, members)) in groups.iter().enumerate() {
+            if g > start && messages + members.len() > RUN_MESSAGES {
+                runs.push(start..g);
+                (start, messages) = (g, 0);
+            }
+            messages += members.len();
+        }
+        if start < groups.len() {
+            runs.push(start..groups.len());
+        }
+        runs
+    }
+
+    /// The `APPEND` run of some channels' messages (each with `members`,
+    /// indexes into `reqs`, in batch order).
     fn append_invocation(
         &self,
-        ch: &ChannelName,
-        members: &[usize],
+        groups: &[(ChannelName, Vec<usize>)],
         reqs: &[AppendRequest],
         ids: &[String],
     ) -> ScriptInvocation<'static> {
-        let channel = Append {
-            meta: self.keys.meta(ch),
-            log: self.keys.log(ch),
-            epoch: new_epoch(),
-            channel: ch.as_str(),
-            fan: self.keys.fan(ch),
-            publish: self.publish_cmd(),
-        };
-        let mut run = channel.begin();
-        for &i in members {
-            let (req, id) = (&reqs[i], &ids[i]);
-            let tpl = FrameTemplate::new(req.kind, ch, req.durable, id, &req.data, req.meta.as_ref());
-            let (fingerprint, receipt_ttl_ms, receipt) = match &req.dedup {
-                Some(d) => (hex(&d.fingerprint), ms(d.ttl), Some(self.keys.receipt(ch, &d.key))),
-                None => (String::new(), 1, None),
-            };
-            run.message(AppendMessage {
-                durable: req.durable,
-                retention: &req.retention,
-                fingerprint,
-                receipt_ttl_ms,
-                frame: &tpl,
-                id,
-                closes: req.durable && req.closes,
-                receipt,
+        let mut run = Append { publish: self.publish_cmd() }.begin();
+        for (ch, members) in groups {
+            run.channel(AppendChannel {
+                meta: self.keys.meta(ch),
+                log: self.keys.log(ch),
+                epoch: new_epoch(),
+                channel: ch.as_str(),
+                fan: self.keys.fan(ch),
+                count: members.len(),
             });
+            for &i in members {
+                let (req, id) = (&reqs[i], &ids[i]);
+                let tpl = FrameTemplate::new(req.kind, ch, req.durable, id, &req.data, req.meta.as_ref());
+                let (fingerprint, receipt_ttl_ms, receipt) = match &req.dedup {
+                    Some(d) => (hex(&d.fingerprint), ms(d.ttl), Some(self.keys.receipt(ch, &d.key))),
+                    None => (String::new(), 1, None),
+                };
+                run.message(AppendMessage {
+                    durable: req.durable,
+                    retention: &req.retention,
+                    fingerprint,
+                    receipt_ttl_ms,
+                    frame: &tpl,
+                    id,
+                    closes: req.durable && req.closes,
+                    receipt,
+                });
+            }
         }
         run.invocation()
     }

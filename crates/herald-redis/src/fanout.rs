@@ -318,55 +318,95 @@ pub(crate) fn push_sender(
     }
 }
 
-/// The fan-out task: takes pushes in order and routes them.
+/// Pushes taken from the queue at once.
+const DISPATCH_BATCH: usize = 256;
+
+/// The fan-out task: takes pushes in order and routes them. The pushes
+/// queued at one wake are taken together, and consecutive messages of one
+/// channel are offered under one hold of its feed's lock and handed to the
+/// sink as one batch (each subscriber's queue gets them in one go).
 pub(crate) async fn run_dispatcher(inner: Arc<EngineState>, mut rx: mpsc::Receiver<PushInfo>) {
     let fan = &inner.fanout;
+    let mut pushes = Vec::with_capacity(DISPATCH_BATCH);
+    // The current run: one channel's messages, in push order.
+    let mut run: Option<(ChannelName, Vec<Payload>)> = None;
     loop {
-        let push = tokio::select! {
+        let taken = tokio::select! {
             biased;
             () = fan.cancel.cancelled() => return,
-            p = rx.recv() => match p { Some(p) => p, None => return },
+            n = rx.recv_many(&mut pushes, DISPATCH_BATCH) => n,
         };
+        if taken == 0 {
+            return;
+        }
         if fan.overflow.swap(false, Ordering::AcqRel) {
             inner.counters.fanout_queue_full.bump();
             tracing::warn!("fan-out queue full: pub/sub messages dropped; checking every channel");
             mark_all_suspect(&inner);
         }
-        match push.kind {
-            PushKind::Message | PushKind::SMessage => {
-                let mut data = push.data.into_iter();
-                let (Some(Value::BulkString(name)), Some(Value::BulkString(payload))) =
-                    (data.next(), data.next())
-                else {
-                    continue;
-                };
-                let Some(ch) = fan.keys.channel_of_fan(&name) else { continue };
-                match parse_payload(payload) {
-                    Some(p) => on_message(&inner, &ch, p),
-                    None => tracing::warn!(channel = %ch, "malformed fan-out payload ignored"),
-                }
-            }
-            PushKind::Disconnection => {
-                inner.counters.pubsub_disconnects.bump();
-                tracing::info!("pub/sub connection lost; resubscribing, then checking every watched channel");
-                mark_all_suspect(&inner);
-            }
-            PushKind::Subscribe | PushKind::SSubscribe => {
-                // Also the confirmation of an automatic resubscribe after a
-                // reconnect: whatever was published meanwhile is in the log.
-                if let Some(ch) = push.data.into_iter().next().and_then(|v| match v {
-                    Value::BulkString(n) => fan.keys.channel_of_fan(&n),
-                    _ => None,
-                }) {
-                    if let Some(feed) = fan.feed(&ch) {
-                        if feed.lock().feed.recheck() {
-                            spawn_repair(&inner, &feed);
+        for push in pushes.drain(..) {
+            match push.kind {
+                PushKind::Message | PushKind::SMessage => {
+                    let mut data = push.data.into_iter();
+                    let (Some(Value::BulkString(name)), Some(Value::BulkString(payload))) =
+                        (data.next(), data.next())
+                    else {
+                        continue;
+                    };
+                    let Some(ch) = fan.keys.channel_of_fan(&name) else { continue };
+                    let Some(p) = parse_payload(payload) else {
+                        tracing::warn!(channel = %ch, "malformed fan-out payload ignored");
+                        continue;
+                    };
+                    match &mut run {
+                        Some((current, payloads)) if *current == ch => payloads.push(p),
+                        _ => {
+                            if let Some((ch, payloads)) = run.take() {
+                                on_messages(&inner, &ch, payloads);
+                            }
+                            run = Some((ch, vec![p]));
                         }
                     }
                 }
+                kind => {
+                    // Everything else acts after the messages before it.
+                    if let Some((ch, payloads)) = run.take() {
+                        on_messages(&inner, &ch, payloads);
+                    }
+                    on_event(&inner, kind, push.data);
+                }
             }
-            _ => {}
         }
+        if let Some((ch, payloads)) = run.take() {
+            on_messages(&inner, &ch, payloads);
+        }
+    }
+}
+
+/// A push that is not a message.
+fn on_event(inner: &Arc<EngineState>, kind: PushKind, data: Vec<Value>) {
+    let fan = &inner.fanout;
+    match kind {
+        PushKind::Disconnection => {
+            inner.counters.pubsub_disconnects.bump();
+            tracing::info!("pub/sub connection lost; resubscribing, then checking every watched channel");
+            mark_all_suspect(inner);
+        }
+        PushKind::Subscribe | PushKind::SSubscribe => {
+            // Also the confirmation of an automatic resubscribe after a
+            // reconnect: whatever was published meanwhile is in the log.
+            if let Some(ch) = data.into_iter().next().and_then(|v| match v {
+                Value::BulkString(n) => fan.keys.channel_of_fan(&n),
+                _ => None,
+            }) {
+                if let Some(feed) = fan.feed(&ch) {
+                    if feed.lock().feed.recheck() {
+                        spawn_repair(inner, &feed);
+                    }
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -389,47 +429,64 @@ fn announce_epoch(inner: &EngineState, ch: &ChannelName, epoch: &Epoch) {
     deliver(inner, Arc::new(Message::epoch_marker(ch.clone(), epoch.clone())));
 }
 
-fn on_message(inner: &Arc<EngineState>, ch: &ChannelName, p: Payload) {
+/// Consecutive pushed messages of one channel, in push order.
+fn on_messages(inner: &Arc<EngineState>, ch: &ChannelName, payloads: Vec<Payload>) {
     let Some(feed) = inner.fanout.feed(ch) else { return };
-    let Some(seq) = p.seq else {
-        // Volatile: live only, no order to keep.
-        let msg = Message {
-            channel: ch.clone(),
-            seq: None,
-            id: p.id,
-            ts: p.ts,
-            epoch: Epoch::new(p.epoch),
-            frame: p.frame,
-            closes: false,
-        };
-        inner.counters.fanout_delivered.bump();
-        deliver(inner, Arc::new(msg));
-        return;
-    };
+    let mut released = Vec::with_capacity(payloads.len());
+    let mut repair = false;
+    // Every delivery happens under the feed's lock, so a repair cannot hand
+    // out a later message first.
     let mut st = feed.lock();
-    st.active_at = Instant::now();
-    match st.feed.offer(seq, &p.epoch, &p.id) {
-        Offered::Release => {
-            let Some(epoch) = st.feed.epoch().cloned() else { return };
-            let msg = Message {
+    for p in payloads {
+        let Some(seq) = p.seq else {
+            // Volatile: live only, no order to keep.
+            released.push(Arc::new(Message {
                 channel: ch.clone(),
-                seq: Some(seq),
+                seq: None,
                 id: p.id,
                 ts: p.ts,
-                epoch,
+                epoch: Epoch::new(p.epoch),
                 frame: p.frame,
-                closes: p.closes,
-            };
-            inner.counters.fanout_delivered.bump();
-            deliver(inner, Arc::new(msg));
-        }
-        Offered::Skip => {}
-        Offered::Repair { gap } => {
-            if gap {
-                inner.counters.fanout_gaps.bump();
+                closes: false,
+            }));
+            continue;
+        };
+        st.active_at = Instant::now();
+        match st.feed.offer(seq, &p.epoch, &p.id) {
+            Offered::Release => {
+                let Some(epoch) = st.feed.epoch().cloned() else { continue };
+                released.push(Arc::new(Message {
+                    channel: ch.clone(),
+                    seq: Some(seq),
+                    id: p.id,
+                    ts: p.ts,
+                    epoch,
+                    frame: p.frame,
+                    closes: p.closes,
+                }));
             }
-            spawn_repair(inner, &feed);
+            Offered::Skip => {}
+            Offered::Repair { gap } => {
+                if gap {
+                    inner.counters.fanout_gaps.bump();
+                }
+                repair = true;
+            }
         }
+    }
+    inner.counters.fanout_delivered.add(released.len() as u64);
+    match released.len() {
+        0 => {}
+        1 => deliver(inner, released.pop().expect("one message")),
+        _ => {
+            if let Some(sink) = inner.sink.get() {
+                sink.deliver_batch(released);
+            }
+        }
+    }
+    drop(st);
+    if repair {
+        spawn_repair(inner, &feed);
     }
 }
 

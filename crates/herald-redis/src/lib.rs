@@ -24,8 +24,10 @@
 //! cluster). Arguments are validated before the first write. Volatile
 //! appends (`durable: false`) get no seq and no log entry: only the
 //! receipt, with a key, and the fan-out. A batch (`Log::append_batch`)
-//! claims its keys in one pipeline and runs `APPEND` once per channel with
-//! that channel's messages in order, the runs in one pipeline (`append.rs`).
+//! claims its keys in one pipeline and runs `APPEND` with whole channels,
+//! each channel's messages in order: on a single instance several channels
+//! in a run, on a cluster one (a script's keys share a slot); the runs in
+//! one pipeline (`append.rs`).
 //!
 //! # Scripts: arguments and replies
 //!

@@ -188,17 +188,24 @@ impl Event<'_> {
     }
 }
 
-/// `APPEND`'s arguments of the channel; [`Append::begin`] starts the
-/// invocation and [`AppendRun::message`] adds each message, in order, so a
-/// batch's messages are pushed as they are built.
-pub(crate) struct Append<'a> {
+/// `APPEND`'s arguments: [`Append::begin`] starts the invocation,
+/// [`AppendRun::channel`] adds a channel and [`AppendRun::message`] each of
+/// its messages, in order, so a batch's messages are pushed as they are
+/// built. One invocation holds one or more channels (on a cluster, one:
+/// a script's keys must share a slot).
+pub(crate) struct Append {
+    pub publish: &'static str,
+}
+
+/// One channel of an `APPEND` run, followed by its `count` messages.
+pub(crate) struct AppendChannel<'a> {
     pub meta: String,
     pub log: String,
     /// A fresh epoch, used if the channel has none.
     pub epoch: String,
     pub channel: &'a str,
     pub fan: String,
-    pub publish: &'static str,
+    pub count: usize,
 }
 
 /// One message of an `APPEND` run.
@@ -223,14 +230,15 @@ pub(crate) struct AppendRun {
     inv: ScriptInvocation<'static>,
     /// Keys pushed so far.
     keys: usize,
+    /// Messages the current channel still expects.
+    expected: usize,
 }
 
-impl Append<'_> {
+impl Append {
     pub fn begin(&self) -> AppendRun {
         let mut inv = super::APPEND.prepare_invoke();
-        inv.key(&self.meta).key(&self.log);
-        inv.arg(&self.epoch).arg(self.channel).arg(&self.fan).arg(self.publish);
-        AppendRun { inv, keys: 2 }
+        inv.arg(self.publish);
+        AppendRun { inv, keys: 0, expected: 0 }
     }
 
     #[cfg(test)]
@@ -238,7 +246,7 @@ impl Append<'_> {
 
     #[cfg(test)]
     pub(crate) fn keys() -> Vec<String> {
-        ["meta", "log", "receipt..."].map(String::from).to_vec()
+        vec!["(meta,log,receipt...)...".to_owned()]
     }
 
     #[cfg(test)]
@@ -256,14 +264,25 @@ impl Append<'_> {
             "closes",
             "receipt_at",
         ];
-        let mut v: Vec<String> = ["epoch", "channel", "fan", "publish"].map(String::from).to_vec();
-        v.push(format!("({})...", message.join(",")));
-        v
+        let channel = ["epoch", "channel", "fan", "meta_at", "count"];
+        vec!["publish".to_owned(), format!("({},({})...)...", channel.join(","), message.join(","))]
     }
 }
 
 impl AppendRun {
+    /// Start the next channel: its `count` messages follow.
+    pub fn channel(&mut self, c: AppendChannel<'_>) {
+        debug_assert_eq!(self.expected, 0, "the previous channel's messages were all pushed");
+        self.inv.key(&c.meta).key(&c.log);
+        let meta_at = self.keys + 1;
+        self.keys += 2;
+        self.expected = c.count;
+        self.inv.arg(&c.epoch).arg(c.channel).arg(&c.fan).arg(meta_at).arg(c.count);
+    }
+
     pub fn message(&mut self, m: AppendMessage<'_>) {
+        debug_assert!(self.expected > 0, "a message belongs to the channel before it");
+        self.expected -= 1;
         let receipt_at = match m.receipt {
             Some(k) => {
                 self.inv.key(k);
@@ -287,6 +306,7 @@ impl AppendRun {
     }
 
     pub fn invocation(self) -> ScriptInvocation<'static> {
+        debug_assert_eq!(self.expected, 0, "every channel's messages were pushed");
         self.inv
     }
 }

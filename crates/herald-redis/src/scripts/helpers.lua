@@ -48,20 +48,34 @@ local function event_args(b)
     tail = ARGV[b + 5], id = ARGV[b + 6], channel = ARGV[b + 7], fan = ARGV[b + 8], publish = ARGV[b + 9],
   }
 end
+-- The meta fields append_msg reads, in its order (one HMGET).
+local META_FIELDS = {'epoch', 'seq', 'ts', 'closed', 'oldest'}
+local function meta_of(meta) return redis.call('HMGET', meta, unpack(META_FIELDS)) end
 -- Append one message to the channel and publish it on its fan-out channel:
--- the common part of APPEND and ROOM_WRITE. `a` holds durable, closes,
--- epoch (a fresh one, used if the channel has none), max_len, max_age,
--- the frame's head, middle and tail, id, channel, fan, publish. Returns
--- {sseq, ts, sepoch, lost}, or {err = <error reply>} before any write of
--- its own but ensure_meta's.
-local function append_msg(meta, log, a)
-  local ts = ms_now()
+-- the common part of APPEND, ROOM_WRITE and SCHED_DELIVER. `a` holds
+-- durable, closes, epoch (a fresh one, used if the channel has none),
+-- max_len, max_age, the frame's head, middle and tail, id, channel, fan,
+-- publish. `m` is the channel's meta as meta_of read it (before any write
+-- since), `now` the time in ms (one TIME per script run). Returns {sseq,
+-- ts, sepoch, lost}, or {err = <error reply>} before any write of its own
+-- but ensure_meta's.
+--
+-- The meta's `oldest` is a lower bound of the ts of the log's first entry
+-- (entries leave only from the front, and a meta's ts never goes down), so
+-- while it is within max_age no entry can be old enough to trim, and the
+-- log is not read.
+local function append_msg(meta, log, a, m, now)
+  local ts = now
   local epoch, seq, lost, frame = '', nil, 0, nil
   if a.durable then
-    local head
-    epoch, head, lost = ensure_meta(meta, log, a.epoch)
-    local last_ts = tonumber(redis.call('HGET', meta, 'ts') or '0')
-    if last_ts > ts then ts = last_ts end
+    local head, oldest
+    if m[1] then
+      epoch, head, oldest = m[1], tonumber(m[2] or '0'), tonumber(m[5] or '')
+      local last_ts = tonumber(m[3] or '0')
+      if last_ts > ts then ts = last_ts end
+    else
+      epoch, head, lost = ensure_meta(meta, log, a.epoch)
+    end
     seq = head + 1
     local function xadd()
       frame = a.head .. fmt(seq) .. a.middle .. fmt(ts) .. a.tail
@@ -77,38 +91,49 @@ local function append_msg(meta, log, a)
       -- after the stream's last seq, in a new epoch.
       local last = stream_last(log)
       if not last or last < seq then return {err = added} end
-      seq, epoch, lost = last + 1, a.epoch, 1
+      seq, epoch, lost, oldest = last + 1, a.epoch, 1, nil
       added = xadd()
       if type(added) == 'table' and added.err then return {err = added} end
     end
-    redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', fmt(ts))
-    if a.closes then redis.call('HSET', meta, 'closed', '1') end
     if a.max_age > 0 then
-      -- Messages older than max_age go. The log is ordered by ts and
-      -- gap-free, so a binary search finds the first one to keep; the
-      -- message just added is always kept.
       local cutoff = ts - a.max_age
-      local function ts_of(s)
-        local e = redis.call('XRANGE', log, fmt(s) .. '-0', fmt(s) .. '-0')
-        if e[1] then return tonumber(e[1][2][2]) end
-        return -1
-      end
-      local f = redis.call('XRANGE', log, '-', '+', 'COUNT', 1)
-      if f[1] and tonumber(f[1][2][2]) < cutoff then
-        local lo, hi = seq_of(f[1][1]), seq
-        while hi - lo > 1 do
-          local mid = math.floor((lo + hi) / 2)
-          if ts_of(mid) < cutoff then lo = mid else hi = mid end
+      if not oldest or oldest < cutoff then
+        -- Messages older than max_age go. The log is ordered by ts and
+        -- gap-free, so a binary search finds the first one to keep; the
+        -- message just added is always kept.
+        local function ts_of(s)
+          local e = redis.call('XRANGE', log, fmt(s) .. '-0', fmt(s) .. '-0')
+          if e[1] then return tonumber(e[1][2][2]) end
+          return -1
         end
-        redis.call('XTRIM', log, 'MINID', fmt(hi) .. '-0')
+        local f = redis.call('XRANGE', log, '-', '+', 'COUNT', 1)
+        oldest = ts
+        if f[1] then
+          oldest = tonumber(f[1][2][2])
+          if oldest < cutoff then
+            local lo, hi = seq_of(f[1][1]), seq
+            while hi - lo > 1 do
+              local mid = math.floor((lo + hi) / 2)
+              if ts_of(mid) < cutoff then lo = mid else hi = mid end
+            end
+            redis.call('XTRIM', log, 'MINID', fmt(hi) .. '-0')
+            oldest = ts_of(hi)
+          end
+        end
       end
       -- A channel idle for max_age has nothing left to keep.
       redis.call('PEXPIRE', log, fmt(a.max_age))
     else
       redis.call('PERSIST', log)
     end
+    if oldest then
+      redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', fmt(ts), 'oldest', fmt(oldest))
+    else
+      redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', fmt(ts))
+    end
+    if a.closes then redis.call('HSET', meta, 'closed', '1') end
   else
-    epoch = redis.call('HGET', meta, 'epoch') or ''
+    epoch = m[1] or ''
     frame = a.head .. a.middle .. fmt(ts) .. a.tail
   end
   local sseq = '-'

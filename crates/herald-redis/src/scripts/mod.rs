@@ -67,21 +67,24 @@ fn bare(shebang: &str, body: &str) -> Script {
     Script::new(&format!("{shebang}{body}"))
 }
 
-/// Append (durable or volatile) one or more messages of one channel, each
-/// with dedup, atomically and in the order given: the one submission of a
-/// batch for this channel (`Log::append_batch`), one script run whatever
-/// the batch's size.
+/// Append (durable or volatile) the messages of one or more channels, each
+/// with dedup, atomically and in the order given: a batch's part for these
+/// channels (`Log::append_batch`), one script run whatever the batch's
+/// size. Several channels share a run only on a single instance (on a
+/// cluster a script's keys must share a slot).
 ///
-/// Arguments: [`Append`], then an [`AppendMessage`] per message.
+/// Arguments: [`Append`], then per channel an [`AppendChannel`] followed by
+/// an [`AppendMessage`] per message.
 ///
-/// Returns one reply per message, in order: `{'ok', seq|'-', ts, epoch|'-',
-/// lost}`, `{'dup', seq|'-', id, ts, epoch|'-'}`, `{'mismatch'}`,
-/// `{'closed'}` (the channel is closed; checked after the receipt, so a
-/// retry of an append made before the close still gets its receipt) or
-/// `{'err', message}` (this message was not appended; the next ones are
-/// still tried, as separate appends would be). Every message's arguments
-/// are checked before the first write: one bad message refuses the whole
-/// call with an error reply and writes nothing.
+/// Returns a list per channel, in order, of one reply per message:
+/// `{'ok', seq|'-', ts, epoch|'-', lost}`, `{'dup', seq|'-', id, ts,
+/// epoch|'-'}`, `{'mismatch'}`, `{'closed'}` (the channel is closed;
+/// checked after the receipt, so a retry of an append made before the
+/// close still gets its receipt) or `{'err', message}` (this message was
+/// not appended; the next ones are still tried, as separate appends would
+/// be). Every argument is checked before the first write: one bad message
+/// refuses the whole call with an error reply and writes nothing. Redis's
+/// clock is read once per run.
 ///
 /// Each message is handled exactly as it would be alone: its receipt is
 /// read after the messages before it were appended, so a key used twice in

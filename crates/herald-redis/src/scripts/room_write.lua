@@ -10,10 +10,11 @@ local cur = redis.call('HMGET', KEYS[3], 'version', 'record')
 if (ARGV[1] == '' and cur[1]) or (ARGV[1] ~= '' and cur[1] ~= ARGV[1]) then
   return {'conflict', cur[2] or ''}
 end
-if is_closed(KEYS[1]) then return {'closed'} end
+local m = meta_of(KEYS[1])
+if m[4] == '1' then return {'closed'} end
 local closing = ARGV[4] == '1'
 ev.durable, ev.closes = true, closing
-local r = append_msg(KEYS[1], KEYS[2], ev)
+local r = append_msg(KEYS[1], KEYS[2], ev, m, ms_now())
 if r.err then return r.err end
 redis.call('HSET', KEYS[3], 'version', ARGV[2], 'record', ARGV[3])
 if closing then

@@ -6,9 +6,10 @@ if not ev then return redis.error_reply('ERR herald deliver: bad arguments') end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return {'stale'} end
 local cur = redis.call('HGET', KEYS[5], ARGV[1])
 if not cur or string.match(cur, '^(%d+) ') ~= ARGV[2] then return {'stale'} end
-if is_closed(KEYS[1]) then return {'closed'} end
+local m = meta_of(KEYS[1])
+if m[4] == '1' then return {'closed'} end
 ev.durable, ev.closes = ARGV[3] == '1', false
-local r = append_msg(KEYS[1], KEYS[2], ev)
+local r = append_msg(KEYS[1], KEYS[2], ev, m, ms_now())
 if r.err then return r.err end
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
