@@ -17,6 +17,17 @@
 #   p2p and fanout with pipelined WebSocket publishers (--publish-via ws),
 #   idle (Herald on `chat:`), HTTP publish (Herald only). Medians of
 #   --reps (default 2), Herald/NATS ratios, and the targets.
+#   Two-node servers, for the hot p2p and fanout only: herald-redis-chat and
+#   herald-redis-live (two Herald nodes on one private Redis, AOF with
+#   appendfsync always), nats-cluster (two routed nats-servers, core NATS)
+#   and socketio-redis (two Socket.IO processes on @socket.io/redis-adapter
+#   over a private Redis). The pipelined publisher connects to node A
+#   (`--publish-target`), the subscribers to node B: every delivery
+#   crosses nodes. Ratios: Herald on Redis over nats-cluster and over
+#   socketio-redis.
+#   nginx-201, for publish only: the HTTP ceiling, Debian nginx answering
+#   Herald's publish requests with a fixed 201 (one process, keep-alive,
+#   no access log), driven by the same 64 publishers as Herald's row.
 # --suite compare: every scenario against every peer with HTTP publishers
 #   (servers "herald ws socketio socketioxide nats", scenarios "idle fanout
 #   p2p publish reconnect acked", --reps default 3).
@@ -61,7 +72,7 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2; shift 2 ;;
     --no-build) BUILD=0; shift ;;
     --quick) QUICK=1; shift ;;
-    -h|--help) sed -n '2,36p' "$ROOT/bench/run.sh"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$ROOT/bench/run.sh"; exit 0 ;;
     *) echo "unknown option: $1" >&2; exit 2 ;;
   esac
 done
@@ -121,8 +132,11 @@ JSON=$OUT/results.jsonl
 LOG=$OUT/run.log
 
 if [ "$BUILD" = 1 ]; then
-  # herald-chat and herald-live are the herald build.
-  setup=$(echo "$SERVERS" | tr ' ' '\n' | sed 's/^herald-.*/herald/' | sort -u | tr '\n' ' ')
+  # herald-chat and herald-live are the herald build; the two-node servers
+  # need their Redis too.
+  setup=$(echo "$SERVERS" | tr ' ' '\n' | sed -e 's/^herald-redis-.*/herald redis/' -e 's/^herald-.*/herald/' \
+    -e 's/^nats-cluster$/nats/' -e 's/^socketio-redis$/socketio redis/' -e 's/^nginx-201$/nginx/' |
+    tr ' ' '\n' | sort -u | tr '\n' ' ')
   # shellcheck disable=SC2086
   bash "$ROOT/bench/setup.sh" $setup >>"$LOG" 2>&1 || { echo "setup failed, see $LOG" >&2; exit 1; }
 fi
@@ -145,6 +159,15 @@ runs() {
     case $scenario in p2p|fanout) return 0 ;; idle) [ "$server" = herald-chat-sse ] ;; *) return 1 ;; esac
     return
   fi
+  # Two-node servers: where a publish on one node reaches subscribers on
+  # the other.
+  case $server in
+    herald-redis-*|nats-cluster|socketio-redis)
+      [ "$SUITE" = hot ] || return 1
+      case $scenario in p2p|fanout) return 0 ;; *) return 1 ;; esac ;;
+    # The HTTP ceiling answers publishes and nothing else.
+    nginx-201) [ "$scenario" = publish ]; return ;;
+  esac
   case $SUITE/$scenario in
     */reconnect|*/acked) [ "$server" = herald ] ;;
     # One connection's idle cost does not depend on the namespace.
@@ -158,8 +181,8 @@ runs() {
 scenario_args() {
   local scenario=$1 server=$2
   case $server in
-    herald-chat) echo -n "--namespace chat " ;;
-    herald-live) echo -n "--namespace live " ;;
+    herald-chat|herald-redis-chat) echo -n "--namespace chat " ;;
+    herald-live|herald-redis-live) echo -n "--namespace live " ;;
     herald-chat-pb) echo -n "--namespace chat --wire centrifugo-protobuf " ;;
     herald-live-pb) echo -n "--namespace live --wire centrifugo-protobuf " ;;
     herald-chat-json) echo -n "--namespace chat --wire centrifugo-json " ;;

@@ -12,7 +12,12 @@ verification, then Herald/peer ratios.
 docs/benchmarks.md, Herald on durable `chat:` and volatile `live:` channels
 in two columns, then NATS, `ws` and whatever else ran, then Herald/NATS
 ratios and the target each figure is judged against. Every row names its
-load shape.
+load shape. Cross-node runs (`cross_node`: publisher on node A, subscribers
+on node B) get rows of their own and columns of their own: Herald on Redis
+(`herald redis chat:`, `herald redis live:`), `nats cluster`, `socketio
+redis`, with Herald-on-Redis/peer ratios. The `http201` peer (nginx
+answering 201: the HTTP ceiling) is the `nginx 201` column of the HTTP
+publish row, with Herald's share of it.
 
 Runs that failed verification are counted, not used. Standard library only.
 """
@@ -57,6 +62,8 @@ def params(run):
         p += f", {run['namespace']}:"
     if s == "fanout":
         p += f", rate {run.get('rate')}"
+    if run.get("cross_node"):
+        p += ", publisher on another node"
     if s == "acked":
         conns, messages = run.get("connections") or 0, run.get("messages") or 0
         p += f", {messages // max(conns, 1)} msgs each, {run.get('phase')}"
@@ -129,13 +136,37 @@ def main(path):
           "lower is better for memory, CPU, latency and resume time.")
 
 
+# Cross-node runs: a peer's column names its two-node form (bench/lib.sh's
+# nats-cluster and socketio-redis); Herald across nodes is on Redis (the
+# embedded engine is one node).
+CROSS_NODE_PEERS = {"nats": "nats cluster", "socketio": "socketio redis"}
+
+
 def column(run):
     """The hot table's column of a run: Herald per namespace, peers by name."""
+    cross = run.get("cross_node", False)
+    if run["peer"] == "http201":
+        return "nginx 201"
     if run["peer"] != "herald":
-        return run["peer"]
+        return CROSS_NODE_PEERS.get(run["peer"], run["peer"] + " 2-node") if cross else run["peer"]
     wire = {"centrifugo-protobuf": " protobuf", "centrifugo-json": " centrifugo json", "sse": " sse"}.get(
         run.get("wire"), "")
-    return f"herald {run.get('namespace') or 'chat'}:{wire}"
+    return f"herald {'redis ' if cross else ''}{run.get('namespace') or 'chat'}:{wire}"
+
+
+def ratio_pairs(columns):
+    """(Herald column, peer column) pairs whose ratio the hot table prints."""
+    pairs = []
+    for h in columns:
+        if not h.startswith("herald"):
+            continue
+        if h.startswith("herald redis "):
+            pairs += [(h, p) for p in CROSS_NODE_PEERS.values() if p in columns]
+        elif "nats" in columns:
+            pairs.append((h, "nats"))
+    if "herald chat:" in columns and "nginx 201" in columns:
+        pairs.append(("herald chat:", "nginx 201"))
+    return pairs
 
 
 def n(v):
@@ -155,17 +186,21 @@ def hot_rows(run):
         else "HTTP, one request in flight per publisher"
     )
     size = run.get("size")
+    cross = run.get("cross_node", False)
+    if cross:
+        pipelined = f"two nodes: publisher on A, subscribers on B, {pipelined}"
     if s == "p2p":
         label = (
             f"p2p: {n(run.get('messages'))} × {size} B round-robin to {n(run.get('connections'))} users' "
             f"channels, {pipelined}: deliveries/s"
         )
-        yield ("p2p", via, run.get("messages"), run.get("connections")), label, "deliveries_per_s", "", "p2p"
+        yield ("p2p", via, cross, run.get("messages"), run.get("connections")), label, "deliveries_per_s", "", "p2p"
     elif s == "fanout":
         subs, msgs = n(run.get("connections")), n(run.get("messages"))
         if run.get("rate") == "max":
             label = f"fan-out: {subs} subscribers on one channel, {msgs} messages back to back, {pipelined}: deliveries/s"
-            yield ("fanout-max", via, run.get("messages"), run.get("connections")), label, "deliveries_per_s", "", "fanout"
+            key = ("fanout-max", via, cross, run.get("messages"), run.get("connections"))
+            yield key, label, "deliveries_per_s", "", "fanout"
         else:
             rate = run.get("rate")
             per_s = float(rate) * (run.get("connections") or 0)
@@ -173,7 +208,7 @@ def hot_rows(run):
                 f"fan-out: same subscribers, {msgs} messages at {rate} msg/s (= {per_s:,.0f} deliveries/s), "
                 f"{pipelined}: p99 publish → deliver"
             )
-            yield ("fanout-rate", via, rate, run.get("connections")), label, "p99_ms", "ms", "fanout-p99"
+            yield ("fanout-rate", via, cross, rate, run.get("connections")), label, "p99_ms", "ms", "fanout-p99"
     elif s == "idle":
         conns = n(run.get("connections"))
         key = ("idle", run.get("connections"))
@@ -182,8 +217,8 @@ def hot_rows(run):
         yield key + ("cpu",), f"idle: {conns} connections: server CPU over the hold", "server_cpu_pct", "%", "idle-cpu"
     elif s == "publish":
         label = (
-            f"HTTP publish: {n(run.get('publishers'))} publishers, one request in flight each, "
-            f"Idempotency-Key on every publish, {size} B: publishes/s"
+            f"HTTP publish: {n(run.get('publishers'))} keep-alive connections, one request in flight each, "
+            f"one keyed message per request (Idempotency-Key), {size} B: publishes/s"
         )
         yield ("publish", run.get("publishers")), label, "publishes_per_s", "", "http"
 
@@ -213,7 +248,10 @@ def ratio(a, b):
 
 def hot(path):
     runs = [json.loads(line) for line in open(path) if line.strip()]
-    preferred = ["herald chat:", "herald live:", "nats", "ws", "socketio", "socketioxide"]
+    preferred = [
+        "herald chat:", "herald live:", "nats", "ws", "socketio", "socketioxide",
+        "herald redis chat:", "herald redis live:", "nats cluster", "socketio redis", "nginx 201",
+    ]
     seen = list(OrderedDict.fromkeys(column(r) for r in runs))
     columns = [c for c in preferred if c in seen] + [c for c in seen if c not in preferred]
     heralds = [c for c in columns if c.startswith("herald")]
@@ -232,8 +270,8 @@ def hot(path):
     order = ["p2p", "fanout", "fanout-p99", "idle-kb", "idle-cpu", "http"]
     keys = sorted(rows, key=lambda k: (order.index(rows[k][2]), str(k)))
     most = max((len(v) for v in values.values()), default=0)
-    ratio_cols = [h for h in heralds if "nats" in columns]
-    head = ["figure"] + columns + [f"{h}/nats" for h in ratio_cols] + ["target (Herald)"]
+    pairs = ratio_pairs(columns)
+    head = ["figure"] + columns + [f"{h}/{p}" for h, p in pairs] + ["target (Herald)"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for key in keys:
@@ -247,9 +285,8 @@ def hot(path):
                 cells.append(fmt(med[c]) + (f" (n={len(vs)})" if len(vs) < most else ""))
             else:
                 cells.append("–")
-        for h in ratio_cols:
-            a, b = med.get(h), med.get("nats")
-            cells.append(ratio(a, b))
+        for h, p in pairs:
+            cells.append(ratio(med.get(h), med.get(p)))
         verdicts = []
         for h in heralds:
             target = TARGETS.get((kind, h))
@@ -263,8 +300,11 @@ def hot(path):
         cells.append("; ".join(verdicts) or "–")
         print("| " + " | ".join(cells) + " |")
     print()
-    print("Medians over the repetitions that passed verification. Ratios: Herald's median divided by NATS's "
+    print("Medians over the repetitions that passed verification. Ratios: Herald's median divided by the peer's "
           "(higher is better for deliveries/s and publishes/s, lower for latency, memory and CPU).")
+    if "nginx 201" in columns:
+        print("`nginx 201` is the HTTP ceiling: nginx answering the same requests with a fixed 201, "
+              "doing nothing else; `herald chat:/nginx 201` is the share of it Herald reaches.")
     if failed:
         print()
         for (label, c), count in failed.items():

@@ -67,6 +67,11 @@ pub enum Peer {
     /// nats-server with its WebSocket listener; HTTP-mode publishers use the
     /// TCP port, `--publish-via ws` publishers the WebSocket listener
     Nats,
+    /// An HTTP server answering every POST with 201 and no deliveries
+    /// (bench/lib.sh's `nginx-201`: the HTTP ceiling). `publish` only; the
+    /// requests are Herald's publishes (path, body, Idempotency-Key), a
+    /// publish counts when answered 201
+    Http201,
 }
 
 impl Peer {
@@ -77,6 +82,7 @@ impl Peer {
             Peer::Socketio => "socketio",
             Peer::Socketioxide => "socketioxide",
             Peer::Nats => "nats",
+            Peer::Http201 => "http201",
         }
     }
 }
@@ -198,8 +204,11 @@ pub struct BenchArgs {
     /// Server address. For `--peer nats`: the WebSocket listener
     #[arg(long, env = "HERALD_URL", default_value = "http://127.0.0.1:8700")]
     pub target: String,
-    /// Publish through this server instead of `--target` (HTTP peers): a
-    /// second Herald node on the same Redis measures cross-node delivery
+    /// Publish through this server instead of `--target`: a second Herald
+    /// node on the same Redis, the other node of a NATS cluster (its
+    /// WebSocket listener, with `--publish-via ws`), another Socket.IO
+    /// process on the same Redis adapter. Subscribers stay on `--target`,
+    /// so every delivery crosses nodes
     #[arg(long)]
     pub publish_target: Option<String>,
     /// Server under test
@@ -356,9 +365,6 @@ impl BenchArgs {
             if !matches!(self.scenario, Scenario::Fanout | Scenario::P2p) {
                 bail!("--publish-via ws applies to fanout and p2p only");
             }
-            if self.publish_target.is_some() {
-                bail!("--publish-target applies to HTTP publishers only");
-            }
             if self.window == 0 || self.ws_publishers == 0 {
                 bail!("--window and --ws-publishers must be positive");
             }
@@ -374,6 +380,17 @@ impl BenchArgs {
         {
             bail!("--wire applies to `--peer herald` fanout and p2p subscribers (and `--wire sse` to idle)");
         }
+        if let Some(url) = &self.publish_target {
+            if url_authority(url).is_none() {
+                bail!("--publish-target needs a host and port, e.g. http://127.0.0.1:8701");
+            }
+            if self.peer == Peer::Nats && self.publish_via == PublishVia::Http {
+                bail!("`--peer nats` HTTP publishers use --nats-publish, not --publish-target");
+            }
+        }
+        if self.peer == Peer::Http201 && self.scenario != Scenario::Publish {
+            bail!("`--peer http201` answers publishes only: it runs the `publish` scenario");
+        }
         if self.scenario == Scenario::Scheduled && self.peer != Peer::Herald {
             bail!("`scheduled` runs against Herald only: the peers have no scheduled delivery");
         }
@@ -386,6 +403,15 @@ impl BenchArgs {
         self.rates()?;
         Ok(())
     }
+}
+
+/// `http://host:port[/...]` (or `host:port`) → `host:port`; `None` when
+/// there is no host.
+pub fn url_authority(url: &str) -> Option<&str> {
+    let t = url.trim();
+    let rest = t.split_once("://").map_or(t, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    (!authority.is_empty() && !authority.starts_with(':')).then_some(authority)
 }
 
 #[cfg(test)]
@@ -434,6 +460,46 @@ mod tests {
         assert!(parse(&["p2p", "--dev", "--publish-via", "ws", "--window", "0"]).validate().is_err());
         let http = parse(&["p2p", "--dev"]);
         assert_eq!((http.publish_via, http.namespace()), (PublishVia::Http, "user"));
+    }
+
+    #[test]
+    fn ws_publishers_may_publish_through_another_node() {
+        let a = parse(&[
+            "p2p",
+            "--dev",
+            "--publish-via",
+            "ws",
+            "--target",
+            "http://127.0.0.1:18701",
+            "--publish-target",
+            "http://127.0.0.1:18700",
+        ]);
+        assert!(a.validate().is_ok());
+        assert_eq!(a.publish_target.as_deref(), Some("http://127.0.0.1:18700"));
+        let nats = ["fanout", "--peer", "nats", "--publish-target", "http://127.0.0.1:4281"];
+        assert!(parse(&[&nats[..], &["--publish-via", "ws"]].concat()).validate().is_ok());
+        // NATS HTTP-mode publishers use the client port (--nats-publish).
+        assert!(parse(&nats).validate().is_err());
+        assert!(parse(&["p2p", "--dev", "--publish-via", "ws", "--publish-target", "http://"])
+            .validate()
+            .is_err());
+    }
+
+    #[test]
+    fn http201_runs_the_publish_scenario_only() {
+        assert!(parse(&["publish", "--peer", "http201"]).validate().is_ok());
+        assert!(parse(&["p2p", "--peer", "http201"]).validate().is_err());
+        assert!(parse(&["fanout", "--peer", "http201", "--publish-via", "ws"]).validate().is_err());
+        assert_eq!(Peer::Http201.name(), "http201");
+    }
+
+    #[test]
+    fn url_authority_is_host_and_port() {
+        assert_eq!(url_authority("http://127.0.0.1:8700/ws"), Some("127.0.0.1:8700"));
+        assert_eq!(url_authority(" 127.0.0.1:4281 "), Some("127.0.0.1:4281"));
+        assert_eq!(url_authority("ws://localhost"), Some("localhost"));
+        assert_eq!(url_authority("http://"), None);
+        assert_eq!(url_authority("http://:80"), None);
     }
 
     #[test]

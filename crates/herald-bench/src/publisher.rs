@@ -6,7 +6,9 @@
 //! - the Node and socketioxide peers: `POST /publish/{channel}` with the
 //!   payload as the body, answered after the fan-out (nothing stored);
 //! - NATS: `PUB` on the client port followed by `PING`, acknowledged by the
-//!   `PONG` (what `flush()` does in the NATS clients; nothing stored).
+//!   `PONG` (what `flush()` does in the NATS clients; nothing stored);
+//! - `http201` (the HTTP ceiling): Herald's request, as is, to a server that
+//!   answers every POST with 201 and does nothing else.
 
 use anyhow::{anyhow, bail, Context};
 use herald_client::HttpApi;
@@ -45,12 +47,18 @@ pub enum PublisherFactory {
     Nats {
         addr: String,
     },
+    /// `--peer http201`: Herald's requests, answered 201 and nothing else.
+    Http201 {
+        base: String,
+        bearer: Option<String>,
+    },
 }
 
 pub enum Publisher {
     Herald { conn: Http1, bearer: Option<String> },
     Http(Http1),
     Nats(NatsPublisher),
+    Http201 { conn: Http1, bearer: Option<String> },
 }
 
 impl PublisherFactory {
@@ -66,6 +74,10 @@ impl PublisherFactory {
             },
             Peer::Ws | Peer::Socketio | Peer::Socketioxide => PublisherFactory::Http { base },
             Peer::Nats => PublisherFactory::Nats { addr: args.nats_publish.clone() },
+            Peer::Http201 => PublisherFactory::Http201 {
+                base,
+                bearer: args.api_key.as_ref().map(|k| format!("Bearer {k}")),
+            },
         })
     }
 
@@ -85,6 +97,9 @@ impl PublisherFactory {
             }
             PublisherFactory::Http { base } => Publisher::Http(Http1::connect(base).await?),
             PublisherFactory::Nats { addr } => Publisher::Nats(NatsPublisher::connect(addr).await?),
+            PublisherFactory::Http201 { base, bearer } => {
+                Publisher::Http201 { conn: Http1::connect(base).await?, bearer: bearer.clone() }
+            }
         })
     }
 }
@@ -100,20 +115,8 @@ impl Publisher {
     ) -> anyhow::Result<Ack> {
         match self {
             Publisher::Herald { conn, bearer } => {
-                let mut body = Vec::with_capacity(payload.len() + 9);
-                body.extend_from_slice(b"{\"data\":");
-                body.extend_from_slice(&payload);
-                body.push(b'}');
-                // Channel names are letters, digits and `_-.:@=`: a path
-                // segment as they are.
-                let path = format!("/api/v1/channels/{channel}/messages");
-                let mut headers = vec![(CONTENT_TYPE, "application/json")];
-                if let Some(key) = idempotency_key {
-                    headers.push((HeaderName::from_static("idempotency-key"), key));
-                }
-                if let Some(bearer) = bearer {
-                    headers.push((AUTHORIZATION, bearer.as_str()));
-                }
+                let (path, body) = herald_request(channel, &payload);
+                let headers = herald_headers(idempotency_key, bearer.as_deref());
                 let resp = conn.post(&path, &headers, body.into()).await.context("publish request failed")?;
                 if !resp.status.is_success() {
                     bail!("publish answered {}: {}", resp.status, String::from_utf8_lossy(&resp.body));
@@ -141,8 +144,47 @@ impl Publisher {
                 nats.publish(channel, &payload).await?;
                 Ok(Ack::default())
             }
+            Publisher::Http201 { conn, bearer } => {
+                let (path, body) = herald_request(channel, &payload);
+                let headers = herald_headers(idempotency_key, bearer.as_deref());
+                let resp = conn.post(&path, &headers, body.into()).await.context("publish request failed")?;
+                if resp.status != hyper::StatusCode::CREATED {
+                    bail!(
+                        "publish answered {} (want 201): {}",
+                        resp.status,
+                        String::from_utf8_lossy(&resp.body)
+                    );
+                }
+                Ok(Ack::default())
+            }
         }
     }
+}
+
+/// The path and body of Herald's publish of `payload` (a JSON object) to
+/// `channel`. Channel names are letters, digits and `_-.:@=`: a path
+/// segment as they are.
+fn herald_request(channel: &str, payload: &[u8]) -> (String, Vec<u8>) {
+    let mut body = Vec::with_capacity(payload.len() + 9);
+    body.extend_from_slice(b"{\"data\":");
+    body.extend_from_slice(payload);
+    body.push(b'}');
+    (format!("/api/v1/channels/{channel}/messages"), body)
+}
+
+/// The headers of Herald's publish: JSON, the `Idempotency-Key`, the API key.
+fn herald_headers<'a>(
+    idempotency_key: Option<&'a str>,
+    bearer: Option<&'a str>,
+) -> Vec<(HeaderName, &'a str)> {
+    let mut headers = vec![(CONTENT_TYPE, "application/json")];
+    if let Some(key) = idempotency_key {
+        headers.push((HeaderName::from_static("idempotency-key"), key));
+    }
+    if let Some(bearer) = bearer {
+        headers.push((AUTHORIZATION, bearer));
+    }
+    headers
 }
 
 /// One NATS client connection on the TCP port.
@@ -209,4 +251,20 @@ pub async fn nats_version(addr: &str) -> anyhow::Result<String> {
         .and_then(|v| v.as_str())
         .map(|v| format!("nats-server {v}"))
         .context("no version in INFO")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http201_sends_heralds_publish_request() {
+        let (path, body) = herald_request("chat:r-p0", br#"{"n":1}"#);
+        assert_eq!(path, "/api/v1/channels/chat:r-p0/messages");
+        assert_eq!(body, br#"{"data":{"n":1}}"#);
+        let headers = herald_headers(Some("r-0-0"), None);
+        let names: Vec<&str> = headers.iter().map(|(h, _)| h.as_str()).collect();
+        assert_eq!(names, ["content-type", "idempotency-key"]);
+        assert_eq!(herald_headers(None, Some("Bearer k")).last().unwrap().1, "Bearer k");
+    }
 }

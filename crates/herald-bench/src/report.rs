@@ -63,6 +63,10 @@ pub struct Report {
     pub window: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ws_publishers: Option<u64>,
+    /// Publishes entered on another node than the subscribers'
+    /// (`--publish-target`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cross_node: bool,
     // verification
     pub expected: u64,
     pub delivered: u64,
@@ -184,6 +188,7 @@ impl Report {
             wire: (args.wire != crate::args::SubWire::Herald).then(|| args.wire.name()),
             window: None,
             ws_publishers: None,
+            cross_node: args.publish_target.is_some(),
             expected: 0,
             delivered: 0,
             lost: 0,
@@ -319,6 +324,9 @@ impl Report {
         }
         if let (Some(via), Some(w)) = (self.publish_via, self.window) {
             s.push_str(&format!("   publish via {via} (window {w})"));
+            if self.cross_node {
+                s.push_str(" on another node");
+            }
         }
         s.push_str(&format!("   duration {:.1} s\n", self.duration_s));
         if self.expected > 0 {

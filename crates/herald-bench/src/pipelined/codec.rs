@@ -59,24 +59,27 @@ pub enum PubCodec {
 }
 
 impl PubCodec {
-    pub fn new(peer: Peer) -> Self {
-        match peer {
+    /// The codec of `peer`; `None` for a peer that takes no WebSocket
+    /// publishes.
+    pub fn new(peer: Peer) -> Option<Self> {
+        Some(match peer {
             Peer::Herald => PubCodec::Herald,
             Peer::Ws => PubCodec::PlainWs,
             Peer::Socketio | Peer::Socketioxide => PubCodec::SocketIo,
             Peer::Nats => {
                 PubCodec::Nats { parser: nats::Parser::default(), pings: VecDeque::new(), covered: None }
             }
-        }
+            Peer::Http201 => return None,
+        })
     }
 
     /// The WebSocket path to connect to.
-    pub fn path(peer: Peer, auth: &WsAuth, user: &str) -> String {
-        match peer {
-            Peer::Herald => crate::protocol::herald::path(auth, user),
-            Peer::Ws => crate::protocol::plain_ws::PATH.to_owned(),
-            Peer::Socketio | Peer::Socketioxide => socketio::PATH.to_owned(),
-            Peer::Nats => nats::PATH.to_owned(),
+    pub fn path(&self, auth: &WsAuth, user: &str) -> String {
+        match self {
+            PubCodec::Herald => crate::protocol::herald::path(auth, user),
+            PubCodec::PlainWs => crate::protocol::plain_ws::PATH.to_owned(),
+            PubCodec::SocketIo => socketio::PATH.to_owned(),
+            PubCodec::Nats { .. } => nats::PATH.to_owned(),
         }
     }
 
@@ -300,7 +303,7 @@ mod tests {
     #[test]
     fn herald_publish_frames_parse_as_the_server_reads_them() {
         let payload = br#"{"n":1,"t":2,"p":"x"}"#;
-        let herald = PubCodec::new(Peer::Herald);
+        let herald = PubCodec::new(Peer::Herald).unwrap();
         let f = herald.publish(9, &herald.target("chat:a"), payload);
         match herald_proto::ClientFrame::parse(&text(&f)).unwrap() {
             herald_proto::ClientFrame::Publish { req, channel, data, meta, idempotency_key } => {
@@ -317,7 +320,7 @@ mod tests {
     #[test]
     fn publish_frames_per_protocol() {
         let payload = br#"{"n":1,"t":2,"p":"x"}"#;
-        let herald = PubCodec::new(Peer::Herald);
+        let herald = PubCodec::new(Peer::Herald).unwrap();
         let t = herald.target("chat:a");
         let f = herald.publish(7, &t, payload);
         assert!(f.is_text());
@@ -326,16 +329,16 @@ mod tests {
             v,
             serde_json::json!({"type":"publish","req":7,"channel":"chat:a","data":{"n":1,"t":2,"p":"x"}})
         );
-        let ws = PubCodec::new(Peer::Ws);
+        let ws = PubCodec::new(Peer::Ws).unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&text(&ws.publish(3, &ws.target("c"), payload))).unwrap();
         assert_eq!(v, serde_json::json!({"pub":"c","req":3,"data":{"n":1,"t":2,"p":"x"}}));
-        let sio = PubCodec::new(Peer::Socketio);
+        let sio = PubCodec::new(Peer::Socketio).unwrap();
         assert_eq!(
             text(&sio.publish(12, &sio.target("c"), payload)),
             r#"4212["publish","c",{"n":1,"t":2,"p":"x"}]"#
         );
-        let nats = PubCodec::new(Peer::Nats);
+        let nats = PubCodec::new(Peer::Nats).unwrap();
         let f = nats.publish(1, &nats.target("chat:a"), payload);
         assert!(f.is_binary());
         assert_eq!(text(&f), "PUB chat.a 21\r\n{\"n\":1,\"t\":2,\"p\":\"x\"}\r\n");
@@ -343,7 +346,7 @@ mod tests {
 
     #[test]
     fn herald_answers() {
-        let mut c = PubCodec::new(Peer::Herald);
+        let mut c = PubCodec::new(Peer::Herald).unwrap();
         let mut out = Vec::new();
         let frame = |s: &'static str| Message::text(s);
         c.decode(
@@ -365,12 +368,12 @@ mod tests {
     #[test]
     fn ws_peer_and_socketio_answers() {
         let mut out = Vec::new();
-        let mut ws = PubCodec::new(Peer::Ws);
+        let mut ws = PubCodec::new(Peer::Ws).unwrap();
         ws.decode(&Message::text(r#"{"ack":3}"#), &mut out).unwrap();
         ws.decode(&Message::text(r#"{"err":4,"why":"bad json"}"#), &mut out).unwrap();
         assert!(matches!(out.remove(0), Answer::Ok(3)));
         assert!(matches!(out.remove(0), Answer::Refused { req: 4, why } if why == "bad json"));
-        let mut sio = PubCodec::new(Peer::Socketioxide);
+        let mut sio = PubCodec::new(Peer::Socketioxide).unwrap();
         sio.decode(&Message::text(r#"4312["ok"]"#), &mut out).unwrap();
         sio.decode(&Message::text(r#"4313["error: buffer full"]"#), &mut out).unwrap();
         sio.decode(&Message::text("2"), &mut out).unwrap();
@@ -383,7 +386,7 @@ mod tests {
 
     #[test]
     fn nats_pings_cover_publishes_and_pongs_answer_them_in_order() {
-        let mut c = PubCodec::new(Peer::Nats);
+        let mut c = PubCodec::new(Peer::Nats).unwrap();
         // Nothing written yet: nothing to cover.
         assert!(c.before_wait(None).is_none());
         for req in 1..NATS_PING_EVERY {

@@ -115,11 +115,12 @@ impl WsPublisher {
     /// run the protocol's opening.
     pub async fn connect(ep: &Endpoint, user: &str) -> anyhow::Result<WsPublisher> {
         let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
-        let path = PubCodec::path(ep.peer, &ep.auth, user);
+        let mut codec = PubCodec::new(ep.peer)
+            .with_context(|| format!("`--peer {}` takes no WebSocket publishes", ep.peer.name()))?;
+        let path = codec.path(&ep.auth, user);
         let mut ws = crate::protocol::connect(ep, None, &path, deadline)
             .await
             .context("cannot open the publishing connection")?;
-        let mut codec = PubCodec::new(ep.peer);
         codec.handshake(&mut ws, deadline).await.context("publishing connection handshake")?;
         let (sink, stream) = ws.split();
         Ok(WsPublisher { sink, stream, codec, next_req: 1, broken: None })

@@ -170,6 +170,7 @@ impl SubConn {
             Peer::Ws => plain_ws::PATH.to_owned(),
             Peer::Socketio | Peer::Socketioxide => socketio::PATH.to_owned(),
             Peer::Nats => nats::PATH.to_owned(),
+            Peer::Http201 => bail!("`--peer http201` has no subscribers"),
         };
         let mut ws = connect(ep, source, &path, deadline).await?;
         let mut pending = VecDeque::new();
@@ -195,6 +196,7 @@ impl SubConn {
                 let s = nats::subscribe(&mut ws, channel, &mut parser, &mut pending, deadline).await?;
                 (Codec::Nats(parser), s)
             }
+            Peer::Http201 => bail!("`--peer http201` has no subscribers"),
         };
         let acker = subscribed.acked.then(|| herald::Acker::new(channel));
         Ok((SubConn { transport: Transport::Ws(ws), codec, pending, acker }, subscribed))

@@ -50,6 +50,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     );
     let mut fleet = Fleet::start(args, plan).await?;
     println!("   {} subscribers on {channel}", fleet.connected);
+    ctx.settle_cross_node().await;
     let mut sender = match args.publish_via {
         PublishVia::Http => Sender::Http(ctx.publishers.connect().await?),
         PublishVia::Ws => Sender::Ws(ws_publisher(ctx, 0).await?),

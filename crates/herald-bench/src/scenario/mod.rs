@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use tokio::time::Instant;
 
-use crate::args::{BenchArgs, Peer, Rate, Scenario};
+use crate::args::{url_authority, BenchArgs, Peer, Rate, Scenario};
 use crate::fleet::{Fleet, FleetPlan};
 use crate::hist::Histogram;
 use crate::payload;
@@ -27,11 +27,19 @@ use crate::report::{round2, Report};
 use crate::tally::Tally;
 use crate::worker::wire::Layout;
 
+/// How long a cross-node run waits between the last subscription and the
+/// first publish (see [`Ctx::settle_cross_node`]).
+const CROSS_NODE_SETTLE: Duration = Duration::from_secs(1);
+
 /// What every scenario starts from.
 pub struct Ctx<'a> {
     pub args: &'a BenchArgs,
     pub run_id: String,
+    /// Where the subscribers connect (`--target`).
     pub endpoint: Endpoint,
+    /// Where pipelined publishers connect: `--publish-target` if given,
+    /// else `--target`.
+    pub publish_endpoint: Endpoint,
     pub publishers: PublisherFactory,
 }
 
@@ -66,6 +74,22 @@ impl Ctx<'_> {
 
     /// A bound on how long worker processes may live: every phase timeout
     /// plus the planned publishing and holding time, plus a margin.
+    /// Whether publishes enter on another node than the subscribers'.
+    pub fn cross_node(&self) -> bool {
+        self.args.publish_target.is_some()
+    }
+
+    /// Before the first publish of a cross-node run: a subscription
+    /// confirmed by the subscribers' node may not yet be known to the
+    /// publishers' node (a NATS route propagates interest after the
+    /// `PONG`), and what is published meanwhile is not routed to it.
+    /// Outside the measured part.
+    pub async fn settle_cross_node(&self) {
+        if self.cross_node() {
+            tokio::time::sleep(CROSS_NODE_SETTLE).await;
+        }
+    }
+
     pub fn lifetime(&self, phases: u32, planned: Duration) -> Duration {
         self.args.timeout * (2 * phases + 2)
             + self.args.hold
@@ -80,10 +104,16 @@ impl Ctx<'_> {
 pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     args.validate()?;
     crate::proc_stats::raise_nofile();
+    let endpoint = endpoint(args, &args.target).await?;
+    let publish_endpoint = match &args.publish_target {
+        Some(url) => self::endpoint(args, url).await?,
+        None => endpoint.clone(),
+    };
     let ctx = Ctx {
         args,
         run_id: format!("b{:08x}", fastrand::u32(..)),
-        endpoint: endpoint(args).await?,
+        endpoint,
+        publish_endpoint,
         publishers: PublisherFactory::new(args)?,
     };
     let server_version = server_version(args).await;
@@ -109,14 +139,11 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `http://host:port[/...]` → where the sockets connect.
-async fn endpoint(args: &BenchArgs) -> anyhow::Result<Endpoint> {
-    let t = args.target.trim();
-    let rest = t.split_once("://").map_or(t, |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap_or(rest).to_owned();
-    if authority.is_empty() {
-        bail!("--target needs a host and port, e.g. http://127.0.0.1:8700");
-    }
+/// `url` (`http://host:port[/...]`) → where the sockets connect.
+async fn endpoint(args: &BenchArgs, url: &str) -> anyhow::Result<Endpoint> {
+    let Some(authority) = url_authority(url).map(str::to_owned) else {
+        bail!("{url}: needs a host and port, e.g. http://127.0.0.1:8700");
+    };
     let with_port = if authority.contains(':') { authority.clone() } else { format!("{authority}:80") };
     let addr = tokio::net::lookup_host(&with_port)
         .await
@@ -135,7 +162,7 @@ async fn endpoint(args: &BenchArgs) -> anyhow::Result<Endpoint> {
 async fn server_version(args: &BenchArgs) -> Option<String> {
     match args.peer {
         Peer::Herald => None,
-        Peer::Ws | Peer::Socketio | Peer::Socketioxide => {
+        Peer::Ws | Peer::Socketio | Peer::Socketioxide | Peer::Http201 => {
             let client =
                 reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().ok()?;
             let url = format!("{}/version", args.target.trim_end_matches('/'));
@@ -278,10 +305,11 @@ pub async fn publish_per_user(
     Ok(out)
 }
 
-/// Open one pipelined publishing connection (`--publish-via ws`); its
-/// user name `{run_id}-pub{k}` keeps it apart from the subscribers.
+/// Open one pipelined publishing connection (`--publish-via ws`) to the
+/// publish endpoint; its user name `{run_id}-pub{k}` keeps it apart from
+/// the subscribers.
 pub async fn ws_publisher(ctx: &Ctx<'_>, k: usize) -> anyhow::Result<WsPublisher> {
-    WsPublisher::connect(&ctx.endpoint, &format!("{}-pub{k}", ctx.run_id)).await
+    WsPublisher::connect(&ctx.publish_endpoint, &format!("{}-pub{k}", ctx.run_id)).await
 }
 
 /// Rounds `n0..n0 + rounds` to each of `channels` from `connections`

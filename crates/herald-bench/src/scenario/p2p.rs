@@ -29,6 +29,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
     let plan = ctx.fleet_plan(layout.clone(), true, ctx.lifetime(2, planned));
     let mut fleet = Fleet::start(args, plan).await?;
     println!("   {} users subscribed; {publishers} publishers, {rounds} messages per user", fleet.connected);
+    ctx.settle_cross_node().await;
 
     let mut report = ctx.fleet_report(&fleet, rounds * n as u64, rate);
     report.namespace = Some(args.namespace().to_owned());
