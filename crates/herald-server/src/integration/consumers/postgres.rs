@@ -29,6 +29,19 @@
 //!   and `lock_timeout` to a third: a node paused inside its removal
 //!   transaction loses it (and its locks) to PostgreSQL, and wakes to a
 //!   closed connection and a greater fence.
+//! - **Scheduled rows are read when due.** With a `deliver_at` column a
+//!   read takes only rows whose `deliver_at` is null or past by
+//!   PostgreSQL's clock (`now()`), still in id order and still behind the
+//!   barrier: a row not yet due is final like any other, only skipped, so
+//!   it holds no later row back and stays in the outbox (a crash loses
+//!   nothing) until a read finds it due. After a short batch the partition
+//!   sleeps until the earliest `deliver_at` of its scheduled rows (or a
+//!   notification, or `poll_interval`), so a row is read just after it is
+//!   due.
+//! - **A row's partition is its first channel's.** With a `channels`
+//!   column the partition hashes `coalesce(channel, channels[1], '')`: a
+//!   row that names no channel still belongs to a partition, which reads
+//!   and parks it.
 //! - Rows are removed (or marked) only after [`publish_rows`] returned
 //!   their durable outcomes; a parked row is copied to the dead-letter table
 //!   and removed in the same transaction.
@@ -51,6 +64,8 @@ use crate::state::AppState;
 const LAG_COUNT_CAP: i64 = 100_000;
 /// The longest poll of `pg_locks` while waiting for writers.
 const BARRIER_POLL_MAX: Duration = Duration::from_millis(20);
+/// How long after a scheduled row's `deliver_at` its partition reads again.
+const SCHEDULE_MARGIN: Duration = Duration::from_millis(2);
 
 /// Why a step or the setup failed.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +105,62 @@ struct Sql {
     lag: String,
     parked_count: String,
     state: String,
+    /// With a `deliver_at` column: the milliseconds until the partition's
+    /// earliest scheduled row is due (`NULL`: none).
+    next_due: Option<String>,
+    /// With a `deliver_at` column: the partition's scheduled rows, counted
+    /// up to [`LAG_COUNT_CAP`].
+    scheduled: Option<String>,
+}
+
+/// The optional columns of the outbox (and of its dead-letter table) that
+/// the consumer reads when they exist.
+#[derive(Debug, Clone, Copy, Default)]
+struct Columns {
+    meta: bool,
+    idempotency_key: bool,
+    created_at: bool,
+    /// `channels text[]`: more channels of a row.
+    channels: bool,
+    /// `deliver_at timestamptz`: a row is read once this is past.
+    deliver_at: bool,
+}
+
+impl Columns {
+    fn of(names: &[String]) -> Self {
+        let has = |c: &str| names.iter().any(|x| x == c);
+        Columns {
+            meta: has("meta"),
+            idempotency_key: has("idempotency_key"),
+            created_at: has("created_at"),
+            channels: has("channels"),
+            deliver_at: has("deliver_at"),
+        }
+    }
+
+    /// The text a row's partition is the hash of: its `channel`, or with a
+    /// `channels` column the first channel it names (`''` for none, so a
+    /// row without channels is read, and parked, like any other).
+    fn route(&self, alias: &str) -> String {
+        if self.channels {
+            format!("coalesce({alias}channel, {alias}channels[1], '')")
+        } else {
+            format!("{alias}channel")
+        }
+    }
+}
+
+/// The columns of a table (`to_regclass` of `table`).
+async fn columns_of(client: &Client, table: &str) -> Result<Vec<String>, tokio_postgres::Error> {
+    Ok(client
+        .query(
+            "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+            &[&table],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
 }
 
 /// One partition's connection and what setup learned about the table.
@@ -116,21 +187,24 @@ fn bind(sql: &str, parts: usize, part: usize) -> String {
 }
 
 impl Sql {
-    fn new(cfg: &ConsumerConfig, has_meta: bool, has_key: bool, has_created: bool) -> Self {
+    fn new(cfg: &ConsumerConfig, cols: Columns) -> Self {
         let t = &cfg.table;
         let dead = cfg.dead_letter();
         let state = state_table(cfg);
-        let meta = if has_meta { "t.meta::text" } else { "NULL::text" };
-        let key = if has_key { "t.idempotency_key" } else { "NULL::text" };
+        let meta = if cols.meta { "t.meta::text" } else { "NULL::text" };
+        let key = if cols.idempotency_key { "t.idempotency_key" } else { "NULL::text" };
+        let channels = if cols.channels { "t.channels::text[]" } else { "NULL::text[]" };
         let unpublished = match cfg.after_publish {
             AfterPublish::Delete => "",
             AfterPublish::Mark => " AND t.herald_published_at IS NULL",
         };
+        // Rows scheduled for later are not read (by PostgreSQL's clock).
+        let due = if cols.deliver_at { " AND (t.deliver_at IS NULL OR t.deliver_at <= now())" } else { "" };
+        let part = partition_expr(&cols.route("t."));
         let read = bind(
             &format!(
-                "SELECT t.id, t.channel, t.data::text, {meta}, {key} FROM {t} t \
-                 WHERE t.id <= $1 AND {}{unpublished} ORDER BY t.id LIMIT $4",
-                partition_expr("t.channel")
+                "SELECT t.id, t.channel, {channels}, t.data::text, {meta}, {key} FROM {t} t \
+                 WHERE t.id <= $1 AND {part}{unpublished}{due} ORDER BY t.id LIMIT $4"
             ),
             2,
             3,
@@ -141,27 +215,51 @@ impl Sql {
                 format!("UPDATE {t} SET herald_published_at = now() WHERE id = ANY($1::bigint[])")
             }
         };
-        let meta_j = if has_meta { "t.meta::jsonb" } else { "NULL::jsonb" };
-        let created = if has_created { "t.created_at::timestamptz" } else { "NULL::timestamptz" };
+        let meta_j = if cols.meta { "t.meta::jsonb" } else { "NULL::jsonb" };
+        let created = if cols.created_at { "t.created_at::timestamptz" } else { "NULL::timestamptz" };
+        let (dead_channels, dead_channels_v) =
+            if cols.channels { (", channels", ", t.channels::text[]") } else { ("", "") };
         let park = format!(
-            "INSERT INTO {dead} (consumer, id, channel, data, meta, idempotency_key, created_at, code, error) \
-             SELECT $1, t.id, t.channel, t.data::jsonb, {meta_j}, {key}, {created}, p.code, p.error \
+            "INSERT INTO {dead} (consumer, id, channel{dead_channels}, data, meta, idempotency_key, created_at, code, error) \
+             SELECT $1, t.id, t.channel{dead_channels_v}, t.data::jsonb, {meta_j}, {key}, {created}, p.code, p.error \
              FROM {t} t JOIN unnest($2::bigint[], $3::text[], $4::text[]) AS p(id, code, error) ON p.id = t.id \
              ON CONFLICT (consumer, id) DO NOTHING"
         );
         let lag = bind(
             &format!(
-                "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {}{unpublished} LIMIT {LAG_COUNT_CAP}) s",
-                partition_expr("t.channel")
+                "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {part}{unpublished}{due} LIMIT {LAG_COUNT_CAP}) s"
             ),
             1,
             2,
         );
         let parked_count = bind(
-            &format!("SELECT count(*) FROM {dead} WHERE consumer = $1 AND {}", partition_expr("channel")),
+            &format!(
+                "SELECT count(*) FROM {dead} WHERE consumer = $1 AND {}",
+                partition_expr(&cols.route(""))
+            ),
             2,
             3,
         );
+        let later = " AND t.deliver_at > now()";
+        let next_due = cols.deliver_at.then(|| {
+            bind(
+                &format!(
+                    "SELECT ceil(extract(epoch FROM min(t.deliver_at) - now()) * 1000)::bigint FROM {t} t \
+                     WHERE {part}{unpublished}{later}"
+                ),
+                1,
+                2,
+            )
+        });
+        let scheduled = cols.deliver_at.then(|| {
+            bind(
+                &format!(
+                    "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {part}{unpublished}{later} LIMIT {LAG_COUNT_CAP}) s"
+                ),
+                1,
+                2,
+            )
+        });
         Sql {
             read,
             finish_published,
@@ -170,6 +268,8 @@ impl Sql {
             lag,
             parked_count,
             state,
+            next_due,
+            scheduled,
         }
     }
 }
@@ -188,7 +288,7 @@ fn ddl(cfg: &ConsumerConfig) -> [String; 2] {
     [
         format!(
             "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, id bigint NOT NULL, channel text, \
-             data jsonb, meta jsonb, idempotency_key text, created_at timestamptz, code text NOT NULL, \
+             channels text[], data jsonb, meta jsonb, idempotency_key text, created_at timestamptz, code text NOT NULL, \
              error text NOT NULL, parked_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer, id))",
             cfg.dead_letter()
         ),
@@ -262,15 +362,7 @@ async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, 
         .ok_or_else(|| {
             setup(format!("table {} does not exist (docs/consumers.md has its DDL)", cfg.table))
         })?;
-    let columns: Vec<String> = client
-        .query(
-            "SELECT attname::text FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped",
-            &[&table_oid],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let columns = columns_of(&client, &cfg.table).await?;
     let has = |c: &str| columns.iter().any(|x| x == c);
     for required in ["id", "channel", "data"] {
         if !has(required) {
@@ -312,6 +404,18 @@ async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, 
             }
         }
     }
+    let cols = Columns::of(&columns);
+    // A dead-letter table made before the outbox had `channels` gets the
+    // column, so a parked row keeps every channel it named.
+    let dead = cfg.dead_letter();
+    if cols.channels && !columns_of(&client, &dead).await?.iter().any(|c| c == "channels") {
+        client
+            .batch_execute(&format!("ALTER TABLE {dead} ADD COLUMN IF NOT EXISTS channels text[]"))
+            .await
+            .map_err(|e| {
+            setup(format!("{dead} needs a column channels text[] like {} ({})", cfg.table, pg_text(&e)))
+        })?;
+    }
     // A node frozen inside its removal transaction would hold its locks
     // (and so every other node's barrier and fence) until it wakes:
     // PostgreSQL ends such a transaction after half a lease, and a
@@ -325,7 +429,7 @@ async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, 
         ))
         .await?;
     client.batch_execute(&format!("LISTEN {}", cfg.notify())).await?;
-    let sql = Sql::new(cfg, has("meta"), has("idempotency_key"), has("created_at"));
+    let sql = Sql::new(cfg, cols);
     let mut relations = vec![table_oid];
     relations.extend(sequence);
     Ok(Source { client, relations, sequence, sql, reader: reader_name(cfg) })
@@ -434,13 +538,7 @@ async fn step(
         .iter()
         .map(|r| {
             let id: i64 = r.get(0);
-            let row = Row {
-                id: id.to_string(),
-                channel: r.get(1),
-                data: r.get(2),
-                meta: r.get(3),
-                idempotency_key: r.get(4),
-            };
+            let row = Row::new(id.to_string(), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
             (id, row)
         })
         .collect();
@@ -518,14 +616,20 @@ async fn finish(
     Ok(())
 }
 
-/// Refresh the partition's `lag` and `parked_rows` and the lag gauge.
+/// Refresh the partition's `lag`, `scheduled_rows` and `parked_rows` and
+/// the lag gauge.
 async fn observe(state: &AppState, consumer: &Consumer, src: &Source, p: usize) -> Result<(), SourceError> {
     let parts = i64::from(consumer.cfg.partitions);
     let lag: i64 = src.client.query_one(&src.sql.lag, &[&parts, &(p as i64)]).await?.get(0);
+    let scheduled: Option<i64> = match &src.sql.scheduled {
+        Some(sql) => Some(src.client.query_one(sql, &[&parts, &(p as i64)]).await?.get(0)),
+        None => None,
+    };
     let parked: i64 =
         src.client.query_one(&src.sql.parked_count, &[&consumer.cfg.name, &parts, &(p as i64)]).await?.get(0);
     consumer.update(p, |s| {
         s.lag = Some(lag as u64);
+        s.scheduled_rows = scheduled.map(|n| n as u64);
         s.parked_rows = Some(parked as u64);
     });
     state
@@ -659,11 +763,18 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
                         fail(&state, &consumer, p, &e, &mut failing);
                     }
                 }
-                let wait = if remote {
+                let mut wait = if remote {
                     cfg.poll_interval.min((ttl / 3).saturating_sub(claimed_at.elapsed()))
                 } else {
                     cfg.poll_interval
                 };
+                // Wake when the earliest scheduled row is due (a little
+                // after: it is read once PostgreSQL's clock has passed it).
+                match next_due(&cfg, src, p).await {
+                    Ok(Some(due)) => wait = wait.min(due + SCHEDULE_MARGIN),
+                    Ok(None) => {}
+                    Err(e) => fail(&state, &consumer, p, &e, &mut failing),
+                }
                 if !idle(&state, &consumer, &notified, wait, true).await {
                     break;
                 }
@@ -687,6 +798,16 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
         }
     }
     consumer.update(p, |s| s.owned = false);
+}
+
+/// How long until the partition's earliest scheduled row is due (`None`:
+/// no scheduled row, or the table has no `deliver_at`), by PostgreSQL's
+/// clock.
+async fn next_due(cfg: &ConsumerConfig, src: &Source, p: usize) -> Result<Option<Duration>, SourceError> {
+    let Some(sql) = &src.sql.next_due else { return Ok(None) };
+    let parts = i64::from(cfg.partitions);
+    let ms: Option<i64> = src.client.query_one(sql, &[&parts, &(p as i64)]).await?.get(0);
+    Ok(ms.map(|ms| Duration::from_millis(ms.max(0) as u64)))
 }
 
 /// Record a failure: the status API, the error counter, a warning when the
@@ -721,6 +842,8 @@ async fn idle(
 pub struct Parked {
     pub id: i64,
     pub channel: Option<String>,
+    /// The row's `channels`, when the outbox has that column.
+    pub channels: Option<Vec<Option<String>>>,
     pub code: String,
     pub error: String,
     pub parked_at_ms: u64,
@@ -730,10 +853,12 @@ pub struct Parked {
 /// operator's request).
 pub async fn list_parked(cfg: &ConsumerConfig, limit: i64) -> Result<Vec<Parked>, SourceError> {
     let client = open(cfg, Arc::new(Notify::new()), Role::Admin).await?;
+    let dead = cfg.dead_letter();
+    let has_channels = columns_of(&client, &dead).await?.iter().any(|c| c == "channels");
+    let channels = if has_channels { "channels::text[]" } else { "NULL::text[]" };
     let sql = format!(
-        "SELECT id, channel, code, error, (extract(epoch FROM parked_at) * 1000)::bigint FROM {} \
-         WHERE consumer = $1 ORDER BY id LIMIT $2",
-        cfg.dead_letter()
+        "SELECT id, channel, code, error, (extract(epoch FROM parked_at) * 1000)::bigint, {channels} FROM {dead} \
+         WHERE consumer = $1 ORDER BY id LIMIT $2"
     );
     let rows = client.query(&sql, &[&cfg.name, &limit]).await?;
     Ok(rows
@@ -744,6 +869,7 @@ pub async fn list_parked(cfg: &ConsumerConfig, limit: i64) -> Result<Vec<Parked>
             code: r.get(2),
             error: r.get(3),
             parked_at_ms: r.get::<_, i64>(4) as u64,
+            channels: r.get(5),
         })
         .collect())
 }
@@ -752,18 +878,11 @@ pub async fn list_parked(cfg: &ConsumerConfig, limit: i64) -> Result<Vec<Parked>
 /// published after the rows already there). `None`: no such parked row.
 pub async fn retry_parked(cfg: &ConsumerConfig, id: i64) -> Result<Option<i64>, SourceError> {
     let client = open(cfg, Arc::new(Notify::new()), Role::Admin).await?;
-    let columns: Vec<String> = client
-        .query(
-            "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
-            &[&cfg.table],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let columns = columns_of(&client, &cfg.table).await?;
+    let dead_columns = columns_of(&client, &cfg.dead_letter()).await?;
     let mut cols = vec!["channel", "data"];
-    for optional in ["meta", "idempotency_key"] {
-        if columns.iter().any(|c| c == optional) {
+    for optional in ["meta", "idempotency_key", "channels"] {
+        if columns.iter().any(|c| c == optional) && dead_columns.iter().any(|c| c == optional) {
             cols.push(optional);
         }
     }
@@ -784,15 +903,30 @@ mod tests {
     #[test]
     fn the_sql_names_the_configured_tables_and_binds_the_partition() {
         let cfg = ConsumerConfig { name: "orders".into(), table: "shop.outbox".into(), ..Default::default() };
-        let sql = Sql::new(&cfg, true, true, true);
+        let all = Columns { meta: true, idempotency_key: true, created_at: true, ..Columns::default() };
+        let sql = Sql::new(&cfg, all);
         assert!(sql.read.contains("FROM shop.outbox t"), "{}", sql.read);
         assert!(sql.read.contains("mod(abs(hashtext(t.channel)::bigint), $2::bigint) = $3::bigint"));
         assert!(sql.park.starts_with("INSERT INTO shop.outbox_dead"));
         assert_eq!(sql.state, "shop.herald_consumer_state");
-        let plain =
-            Sql::new(&ConsumerConfig { after_publish: AfterPublish::Mark, ..cfg }, false, false, false);
+        assert!(sql.next_due.is_none() && sql.scheduled.is_none() && !sql.read.contains("deliver_at"));
+        let plain = Sql::new(
+            &ConsumerConfig { after_publish: AfterPublish::Mark, ..cfg.clone() },
+            Columns::default(),
+        );
         assert!(plain.read.contains("NULL::text, NULL::text"));
         assert!(plain.read.contains("herald_published_at IS NULL"));
         assert!(plain.finish_published.starts_with("UPDATE shop.outbox SET herald_published_at"));
+        let both = Columns { channels: true, deliver_at: true, ..all };
+        let sql = Sql::new(&cfg, both);
+        let route =
+            "mod(abs(hashtext(coalesce(t.channel, t.channels[1], ''))::bigint), $2::bigint) = $3::bigint";
+        assert!(sql.read.contains(route), "{}", sql.read);
+        assert!(sql.read.contains("t.deliver_at IS NULL OR t.deliver_at <= now()"), "{}", sql.read);
+        assert!(sql.lag.contains("t.deliver_at <= now()"), "lag counts due rows only: {}", sql.lag);
+        assert!(sql.park.contains("channel, channels, data"), "{}", sql.park);
+        assert!(sql.parked_count.contains("coalesce(channel, channels[1], '')"), "{}", sql.parked_count);
+        assert!(sql.next_due.unwrap().contains("t.deliver_at > now()"));
+        assert!(sql.scheduled.unwrap().contains("t.deliver_at > now()"));
     }
 }
