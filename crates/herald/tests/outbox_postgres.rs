@@ -481,3 +481,23 @@ async fn a_scheduled_row_arrives_at_its_time_after_later_rows_and_survives_kill_
     assert_eq!(tags().len(), 2, "published once");
     assert_eventually("the outbox ends empty", || async { outbox_rows(&admin).await == 0 }).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_optional_column_of_another_type_is_named_in_the_status() {
+    let (_pg, admin, dir, config) = embedded(1, "").await;
+    admin.batch_execute("ALTER TABLE herald_outbox ADD COLUMN deliver_at bigint").await.unwrap();
+    admin
+        .execute("INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{\"tag\":\"x\"}')", &[])
+        .await
+        .unwrap();
+    let herald = spawn_herald(0, &config, dir.path());
+    let url = herald.url.clone();
+    assert_eventually("the status names the column and the type it needs", || async {
+        let s = api_get(&url, "/api/v1/consumers").await;
+        s["consumers"][0]["partitions"][0]["last_error"]["message"].as_str().is_some_and(|m| {
+            m.contains("column deliver_at of herald_outbox is bigint; it must be timestamptz")
+        })
+    })
+    .await;
+    assert_eq!(outbox_rows(&admin).await, 1, "nothing read from a table it cannot read right");
+}

@@ -375,6 +375,24 @@ async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, 
             cfg.table
         )));
     }
+    // The optional columns that change what a row means must be of the
+    // type the statements compare them as.
+    for (column, wanted, accepted) in [
+        ("channels", "text[]", &["text[]", "character varying[]"][..]),
+        ("deliver_at", "timestamptz", &["timestamp with time zone"][..]),
+    ] {
+        let ty: Option<String> = client
+            .query_opt(
+                "SELECT format_type(atttypid, NULL) FROM pg_attribute \
+                 WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped",
+                &[&table_oid, &column],
+            )
+            .await?
+            .map(|r| r.get(0));
+        if let Some(ty) = ty.filter(|ty| !accepted.contains(&ty.as_str())) {
+            return Err(setup(format!("column {column} of {} is {ty}; it must be {wanted}", cfg.table)));
+        }
+    }
     let sequence: Option<u32> = client
         .query_one("SELECT to_regclass(pg_get_serial_sequence($1, 'id'))::oid", &[&cfg.table])
         .await?
