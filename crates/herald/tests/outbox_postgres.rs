@@ -418,6 +418,7 @@ async fn rows_of_several_channels_arrive_once_on_each_in_row_id_order_through_ki
     all_received(&ledger, &got_a, "a").await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     check(&ledger.lock().unwrap(), &got_a.lock().unwrap(), "a");
+    assert_eventually("the outbox ends empty", || async { outbox_rows(&admin).await == 0 }).await;
 }
 
 /// Milliseconds since the Unix epoch by this machine's clock (PostgreSQL's
