@@ -568,8 +568,12 @@ pub struct ConsumerPartitionStatus {
     pub owned: bool,
     /// Its fencing token while owned.
     pub token: Option<u64>,
-    /// Rows (entries) waiting in the source at the owner's last look.
+    /// Rows (entries) due and waiting in the source at the owner's last look.
     pub lag: Option<u64>,
+    /// Rows scheduled for later (a future `deliver_at`) at the owner's last
+    /// look; `null` for a table without `deliver_at` and for a stream.
+    #[serde(default)]
+    pub scheduled_rows: Option<u64>,
     /// The greatest source id this node published and removed.
     pub last_id: Option<String>,
     /// Parked rows of this partition at the owner's last look.
@@ -599,6 +603,9 @@ pub struct ParkedRows {
 pub struct ParkedRow {
     pub id: i64,
     pub channel: Option<String>,
+    /// The row's `channels`, when the outbox has that column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub channels: Option<Vec<Option<String>>>,
     pub code: String,
     pub error: String,
     pub parked_at: u64,

@@ -1,5 +1,6 @@
-//! Publishing, shared by the HTTP API and WebSocket clients: validation,
-//! idempotency scoping, the in-flight guard, and the engine call.
+//! Publishing, shared by the HTTP API, WebSocket clients and the outbox
+//! consumers: validation, idempotency scoping, the in-flight guard, the key
+//! protocol of a message to several channels, and the engine call.
 //!
 //! Exactly-once rests on the engine: dedup and append are one atomic step
 //! there. The in-flight set only turns a concurrent retry on this node into a
@@ -17,6 +18,10 @@ use tracing::Instrument;
 
 use crate::error::ApiError;
 use crate::state::AppState;
+
+/// The channels of a message to several channels, each resolved to its
+/// namespace.
+pub type Targets<'a> = Vec<(ChannelName, &'a NamespaceOptions)>;
 
 /// Longest accepted `Idempotency-Key`.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -144,6 +149,98 @@ pub struct Publish {
 }
 
 impl AppState {
+    /// A channel name checked and resolved to its namespace.
+    pub fn resolve_channel(&self, name: &str) -> Result<(ChannelName, &NamespaceOptions), ApiError> {
+        let channel =
+            ChannelName::new(name).map_err(|e| ApiError::new(ErrorCode::BadChannel, e.to_string()))?;
+        let ns = self.config().namespaces.resolve(&channel)?;
+        Ok((channel, ns))
+    }
+
+    /// The channels of a message to several channels: 1..=
+    /// `publish.max_batch_channels`, each valid, in a namespace, and named
+    /// once.
+    pub fn batch_targets(&self, channels: &[String]) -> Result<Targets<'_>, ApiError> {
+        let max = self.config().publish.max_batch_channels;
+        if channels.is_empty() || channels.len() > max {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("`channels` must name 1..={max} channels"),
+            ));
+        }
+        let mut targets = Vec::with_capacity(channels.len());
+        for name in channels {
+            let (channel, ns) = self.resolve_channel(name)?;
+            if targets.iter().any(|(c, _)| c == &channel) {
+                return Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    format!("channel `{channel}` is named twice"),
+                ));
+            }
+            targets.push((channel, ns));
+        }
+        Ok(targets)
+    }
+
+    /// Append one message to several channels under the key protocol of a
+    /// batch (see [`ScopedKey`]), one outcome per target in order. The
+    /// caller checked the targets ([`AppState::batch_targets`]) and `data`;
+    /// this first refuses the whole message if a room among the targets does
+    /// not exist. Without a key, every channel goes to the engine as one
+    /// submission (one group commit). With a key, the message holds its
+    /// anchor's in-flight claim throughout, and its first channel's append
+    /// decides whether it is new, a replay or a mismatch before any other
+    /// channel is appended: a mismatch there (another request under this
+    /// key) appends nothing anywhere, and any other failure there leaves the
+    /// rest to the retry. Each other channel's append is deduplicated on its
+    /// own, so a retry of a partly failed message completes it without
+    /// doubling any channel.
+    pub async fn publish_to_channels(
+        &self,
+        scope: &str,
+        key: Option<&str>,
+        targets: &Targets<'_>,
+        data: &RawValue,
+        meta: &Option<Meta>,
+    ) -> Result<Vec<Result<Receipt, ApiError>>, ApiError> {
+        crate::rooms::require_rooms(self, targets).await?;
+        let names: Vec<ChannelName> = targets.iter().map(|(c, _)| c.clone()).collect();
+        let fp = fingerprint(&names, data, meta.as_ref());
+        let scoped = key.map(|k| ScopedKey::new(scope, k));
+        let _claim = match &scoped {
+            Some(s) => Some(self.in_flight.claim(&s.anchor())?),
+            None => None,
+        };
+        let message = |i: usize| {
+            let channel = &targets[i].0;
+            let dedup = scoped.as_ref().map(|s| {
+                let key = if i == 0 { s.anchor() } else { s.for_channel(channel) };
+                (key, fp)
+            });
+            Publish { channel: channel.clone(), data: data.to_owned(), meta: meta.clone(), dedup }
+        };
+        let publish_all =
+            |from: usize| self.publish_many((from..targets.len()).map(|i| Ok(message(i))).collect(), false);
+        let mut outcomes = Vec::with_capacity(targets.len());
+        if scoped.is_some() {
+            let first = self.publish_claimed(targets[0].1, message(0)).await;
+            let skipped = first.as_ref().err().map(|e| {
+                ApiError::new(
+                    e.code,
+                    format!("not attempted: the batch's first channel failed ({})", e.detail),
+                )
+            });
+            outcomes.push(first);
+            match skipped {
+                None => outcomes.extend(publish_all(1).await),
+                Some(e) => outcomes.extend((1..targets.len()).map(|_| Err(e.clone()))),
+            }
+        } else {
+            outcomes.extend(publish_all(0).await);
+        }
+        Ok(outcomes)
+    }
+
     /// The checks of `data` every publish path applies before anything is
     /// appended: size, then the rules of [`check_data`] (what is stored must
     /// be servable to every client as it is).

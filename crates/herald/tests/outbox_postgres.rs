@@ -8,9 +8,10 @@
 
 mod outbox_backend;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use herald_test_support::{assert_eventually, PostgresServer};
+use herald_test_support::{assert_eventually, eventually, PostgresServer};
 use outbox_backend::*;
 
 fn consumer(dsn: &str, partitions: u32) -> String {
@@ -274,4 +275,230 @@ async fn a_row_committed_after_a_later_id_is_still_published_first() {
         api_get(&url, "/api/v1/consumers").await["consumers"][0]["partitions"][0]["last_error"].is_null()
     })
     .await;
+}
+
+/// The optional columns: several channels per row, scheduled rows, and the
+/// index the due-time lookup uses.
+const SEVERAL_AND_SCHEDULED: &str = "
+ALTER TABLE herald_outbox ALTER COLUMN channel DROP NOT NULL,
+    ADD COLUMN channels text[], ADD COLUMN deliver_at timestamptz;
+CREATE INDEX herald_outbox_deliver_at ON herald_outbox (deliver_at) WHERE deliver_at IS NOT NULL;
+";
+
+/// Insert one row with `channel` and `channels` tagged `tag`; the ledger
+/// gets one entry per channel it names (`channel` first, each once), or a
+/// poisoned tag when it names none.
+async fn insert_several(
+    pg: &tokio_postgres::Client,
+    ledger: &std::sync::Mutex<Ledger>,
+    channel: Option<&str>,
+    channels: Option<&[&str]>,
+    tag: &str,
+) -> i64 {
+    let data = format!("{{\"tag\":\"{tag}\"}}");
+    let list: Option<Vec<String>> = channels.map(|c| c.iter().map(|c| c.to_string()).collect());
+    let id: i64 = pg
+        .query_one(
+            "INSERT INTO herald_outbox (channel, channels, data) VALUES ($1, $2, $3::text::jsonb) RETURNING id",
+            &[&channel, &list, &data],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let mut named: Vec<String> = Vec::new();
+    for c in channel.into_iter().chain(channels.unwrap_or_default().iter().copied()) {
+        if !named.iter().any(|n| n == c) {
+            named.push(c.to_owned());
+        }
+    }
+    let mut l = ledger.lock().unwrap();
+    if named.is_empty() {
+        l.poisoned.insert(tag.to_owned());
+    }
+    for channel in named {
+        l.committed.push(Committed { id, channel, tag: tag.to_owned() });
+    }
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_of_several_channels_arrive_once_on_each_in_row_id_order_through_kill_9() {
+    const CHANNELS: usize = 4;
+    let (pg, admin, dir, config) = embedded(1, "").await;
+    admin.batch_execute(SEVERAL_AND_SCHEDULED).await.unwrap();
+    let port = free_port();
+    let mut herald = spawn_herald(port, &config, dir.path());
+    let (_a, got_a) = subscriber(&herald.url, "a", CHANNELS).await;
+    let (_b, got_b) = subscriber(&herald.url, "b", CHANNELS).await;
+
+    // Single-channel rows interleaved with rows of two or three channels
+    // (some with no `channel`, only `channels`) and one naming none.
+    let ledger: Arc<Mutex<Ledger>> = Arc::default();
+    let writer = {
+        let (dsn, ledger) = (pg.dsn(), ledger.clone());
+        tokio::spawn(async move {
+            let pg = herald_test_support::postgres_connect(&dsn).await;
+            let ch = |i: usize| format!("orders:{}", i % CHANNELS);
+            for i in 0..400usize {
+                let tag = format!("r{i}");
+                let (x, y, z) = (ch(fastrand::usize(..)), ch(fastrand::usize(..)), ch(fastrand::usize(..)));
+                match (i, fastrand::u8(..10)) {
+                    (50, _) => insert_several(&pg, &ledger, None, Some(&[]), &tag).await,
+                    (_, 0..=5) => insert_several(&pg, &ledger, Some(&x), None, &tag).await,
+                    (_, 6..=8) => insert_several(&pg, &ledger, Some(&x), Some(&[&y, &z]), &tag).await,
+                    _ => insert_several(&pg, &ledger, None, Some(&[&y, &x]), &tag).await,
+                };
+                if fastrand::u8(..4) == 0 {
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                }
+            }
+        })
+    };
+    while ledger.lock().unwrap().committed.len() < 250 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    herald.kill9();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    herald = spawn_herald(port, &config, dir.path());
+    writer.await.unwrap();
+    let several = ledger.lock().unwrap().committed.len();
+    assert!(several > 400, "rows of several channels written: {several} deliveries expected");
+
+    for (who, got) in [("a", &got_a), ("b", &got_b)] {
+        if let Err(e) = all_received(&ledger, got, who).await {
+            explain(e, &admin, &herald.url).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check(&ledger.lock().unwrap(), &got_a.lock().unwrap(), "a");
+    check(&ledger.lock().unwrap(), &got_b.lock().unwrap(), "b");
+    assert_eq!(outbox_rows(&admin).await, 0, "no row left behind");
+
+    // The row naming no channel is parked as a bad channel.
+    let url = herald.url.clone();
+    assert_eventually("the row without channels is parked", || async {
+        api_get(&url, "/api/v1/consumers/orders/parked").await["rows"].as_array().unwrap().len() == 1
+    })
+    .await;
+    let parked = api_get(&herald.url, "/api/v1/consumers/orders/parked").await;
+    let row = &parked["rows"][0];
+    assert_eq!(row["code"], "bad_channel", "{parked}");
+    assert!(row["error"].as_str().unwrap().contains("no channel"), "{parked}");
+
+    // A row of two channels, one in an unknown namespace, is parked whole
+    // with its `channels`; fixed there and retried, it reaches both.
+    insert_several(&admin, &Mutex::default(), Some("orders:1"), Some(&["nope:1"]), "fixed").await;
+    let parked = eventually("the row is parked", || async {
+        let rows = api_get(&url, "/api/v1/consumers/orders/parked").await["rows"].clone();
+        rows.as_array().unwrap().iter().find(|r| r["code"] == "unknown_namespace").cloned()
+    })
+    .await;
+    assert_eq!(parked["channels"], serde_json::json!(["nope:1"]), "{parked}");
+    admin
+        .execute(
+            "UPDATE herald_outbox_dead SET channels = '{orders:2}' WHERE id = $1",
+            &[&parked["id"].as_i64()],
+        )
+        .await
+        .unwrap();
+    let r = reqwest::Client::new()
+        .post(format!("{}/api/v1/consumers/orders/parked/{}/retry", herald.url, parked["id"]))
+        .bearer_auth(API_KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let new_id = r.json::<serde_json::Value>().await.unwrap()["new_id"].as_i64().unwrap();
+    {
+        let mut l = ledger.lock().unwrap();
+        for channel in ["orders:1", "orders:2"] {
+            l.committed.push(Committed { id: new_id, channel: channel.to_owned(), tag: "fixed".to_owned() });
+        }
+    }
+    all_received(&ledger, &got_a, "a").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    check(&ledger.lock().unwrap(), &got_a.lock().unwrap(), "a");
+    assert_eventually("the outbox ends empty", || async { outbox_rows(&admin).await == 0 }).await;
+}
+
+/// Milliseconds since the Unix epoch by this machine's clock (PostgreSQL's
+/// too: it runs here).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_row_arrives_at_its_time_after_later_rows_and_survives_kill_9() {
+    // A poll interval far longer than the test: only the partition's wake
+    // at the row's due time can publish it on time.
+    let (_pg, admin, dir, config) = embedded(2, "").await;
+    let config = config.replace("poll_interval = \"300ms\"", "poll_interval = \"60s\"");
+    admin.batch_execute(SEVERAL_AND_SCHEDULED).await.unwrap();
+    let port = free_port();
+    let mut herald = spawn_herald(port, &config, dir.path());
+    let (_c, got) = subscriber(&herald.url, "s", 1).await;
+    let tags = || got.lock().unwrap().get("orders:0").cloned().unwrap_or_default();
+
+    let due_ms: i64 = admin
+        .query_one(
+            "INSERT INTO herald_outbox (channel, data, deliver_at) \
+             VALUES ('orders:0', '{\"tag\":\"scheduled\"}', now() + interval '3 seconds') \
+             RETURNING (extract(epoch FROM deliver_at) * 1000)::bigint",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    admin
+        .execute("INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{\"tag\":\"now\"}')", &[])
+        .await
+        .unwrap();
+    assert_eventually("the later, unscheduled row is published first", || async { tags().len() == 1 }).await;
+    assert_eq!(tags(), [(1, "now".to_owned())]);
+    assert!(now_ms() < due_ms - 1000, "the test is too slow to see the row wait");
+
+    // Herald dies while the row waits; the row waits in the outbox.
+    herald.kill9();
+    herald = spawn_herald(port, &config, dir.path());
+    let url = herald.url.clone();
+    assert_eventually("the status counts the scheduled row, not as lag", || async {
+        let s = api_get(&url, "/api/v1/consumers").await;
+        let parts = s["consumers"][0]["partitions"].as_array().unwrap().clone();
+        parts.iter().all(|p| p["owned"] == true && p["lag"] == 0)
+            && parts.iter().map(|p| p["scheduled_rows"].as_u64().unwrap_or(0)).sum::<u64>() == 1
+    })
+    .await;
+    let arrived = loop {
+        if tags().len() == 2 {
+            break now_ms();
+        }
+        assert!(now_ms() < due_ms + 10_000, "the scheduled row never arrived");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(arrived >= due_ms, "published {} ms before its deliver_at", due_ms - arrived);
+    assert!(arrived <= due_ms + 1000, "published {} ms after its deliver_at", arrived - due_ms);
+    assert_eq!(tags(), [(1, "now".to_owned()), (2, "scheduled".to_owned())]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(tags().len(), 2, "published once");
+    assert_eventually("the outbox ends empty", || async { outbox_rows(&admin).await == 0 }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_optional_column_of_another_type_is_named_in_the_status() {
+    let (_pg, admin, dir, config) = embedded(1, "").await;
+    admin.batch_execute("ALTER TABLE herald_outbox ADD COLUMN deliver_at bigint").await.unwrap();
+    admin
+        .execute("INSERT INTO herald_outbox (channel, data) VALUES ('orders:0', '{\"tag\":\"x\"}')", &[])
+        .await
+        .unwrap();
+    let herald = spawn_herald(0, &config, dir.path());
+    let url = herald.url.clone();
+    assert_eventually("the status names the column and the type it needs", || async {
+        let s = api_get(&url, "/api/v1/consumers").await;
+        s["consumers"][0]["partitions"][0]["last_error"]["message"].as_str().is_some_and(|m| {
+            m.contains("column deliver_at of herald_outbox is bigint; it must be timestamptz")
+        })
+    })
+    .await;
+    assert_eq!(outbox_rows(&admin).await, 1, "nothing read from a table it cannot read right");
 }

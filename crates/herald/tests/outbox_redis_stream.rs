@@ -173,3 +173,54 @@ async fn a_paused_owner_hands_the_stream_and_its_pending_entries_over() {
     let url = nodes[0].url.clone();
     assert!(!owns(&url).await, "the woken node does not own the stream");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_with_channels_reaches_each_of_them_once_and_deliver_at_is_parked() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "engine = \"embedded\"\ndata_dir = {:?}\n{}",
+        dir.path().join("data"),
+        consumer(&redis.url())
+    );
+    let herald = spawn_herald(0, &config, dir.path());
+    let (_s, got) = subscriber(&herald.url, "s", 3).await;
+    let ledger: Arc<Mutex<Ledger>> = Arc::default();
+    // Each entry's fields (besides `data`) and the channels it reaches.
+    type Fields<'a> = &'a [(&'a str, &'a str)];
+    let entries: [(Fields, &[&str]); 6] = [
+        (&[("channel", "orders:0")], &["orders:0"]),
+        (&[("channel", "orders:0"), ("channels", r#"["orders:1","orders:0"]"#)], &["orders:0", "orders:1"]),
+        (&[("channels", r#"["orders:1","orders:2"]"#)], &["orders:1", "orders:2"]),
+        (&[("channel", "orders:1")], &["orders:1"]),
+        (&[("channel", "orders:2"), ("deliver_at", "1764000000000")], &[]),
+        (&[("channels", "[]")], &[]),
+    ];
+    for (i, (fields, channels)) in entries.iter().enumerate() {
+        let tag = format!("e{i}");
+        let data = format!("{{\"tag\":\"{tag}\"}}");
+        let mut args = vec!["XADD", "app:outbox", "*", "data", &data];
+        for (k, v) in *fields {
+            args.extend([*k, *v]);
+        }
+        let id = redis.cli(&args);
+        let mut l = ledger.lock().unwrap();
+        if channels.is_empty() {
+            l.poisoned.insert(tag.clone());
+        }
+        for channel in *channels {
+            l.committed.push(Committed {
+                id: order(id.trim()),
+                channel: channel.to_string(),
+                tag: tag.clone(),
+            });
+        }
+    }
+    all_received(&ledger, &got, "s").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check(&ledger.lock().unwrap(), &got.lock().unwrap(), "s");
+    assert_eq!(pending(&redis), "0", "nothing left pending");
+    let dead = redis.cli(&["XRANGE", "app:outbox:dead", "-", "+"]);
+    assert!(dead.contains("not_supported") && dead.contains("deliver_at"), "{dead}");
+    assert!(dead.contains("bad_channel"), "{dead}");
+}

@@ -30,11 +30,10 @@ use herald_proto::{
 use serde_json::value::RawValue;
 use tracing::Instrument;
 
-use super::{json_response, messages, scheduled, St};
+use super::{json_response, scheduled, St};
 use crate::api::extract::{parse_channel, ApiKey, Body, IdempotencyKey};
-use crate::api::messages::Targets;
 use crate::error::ApiError;
-use crate::publish::{fingerprint, validate_idempotency_key, Publish, ScopedKey};
+use crate::publish::{fingerprint, validate_idempotency_key, Publish, ScopedKey, Targets};
 use crate::state::AppState;
 use crate::trace::TraceParent;
 
@@ -174,8 +173,7 @@ fn failed_all(named: &[String], several: bool, e: &ApiError) -> MessageResult {
 async fn store_later(state: &AppState, scope: &str, l: Later<'_>) -> Result<MessageResult, ApiError> {
     let Later { key, targets, data, meta, deliver_at, delay_ms, several } = l;
     if !scheduled::asked(deliver_at, delay_ms) {
-        crate::rooms::require_rooms(state, &targets).await?;
-        let outcomes = messages::append_batch(state, scope, key.as_deref(), &targets, &data, &meta).await?;
+        let outcomes = state.publish_to_channels(scope, key.as_deref(), &targets, &data, &meta).await?;
         let parts = targets
             .iter()
             .zip(outcomes)
@@ -222,7 +220,7 @@ async fn check<'a>(
     let several = !channels.is_empty();
     let targets = match (channel.is_empty(), several) {
         (false, false) => vec![parse_channel(state, &channel)?],
-        (true, true) => messages::batch_targets(state, &channels)?,
+        (true, true) => state.batch_targets(&channels)?,
         (false, true) => {
             return Err(ApiError::new(ErrorCode::BadRequest, "give `channel` or `channels`, not both"));
         }

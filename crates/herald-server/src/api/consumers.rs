@@ -67,6 +67,7 @@ pub async fn status(State(state): State<Arc<AppState>>, _key: ApiKey) -> Result<
                         owned,
                         token: owned.then_some(s.token),
                         lag: s.lag,
+                        scheduled_rows: s.scheduled_rows,
                         last_id: s.last_id,
                         parked_rows: s.parked_rows,
                         last_error: s.last_error.map(|e| ConsumerError { at: e.at_ms, message: e.message }),
@@ -93,6 +94,7 @@ pub async fn parked(
         .map(|r| ParkedRow {
             id: r.id,
             channel: r.channel,
+            channels: r.channels,
             code: r.code,
             error: r.error,
             parked_at: r.parked_at_ms,

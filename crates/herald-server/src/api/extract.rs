@@ -141,9 +141,7 @@ pub(crate) fn parse_channel<'a>(
     state: &'a AppState,
     name: &str,
 ) -> Result<(ChannelName, &'a NamespaceOptions), ApiError> {
-    let channel = ChannelName::new(name).map_err(|e| ApiError::new(ErrorCode::BadChannel, e.to_string()))?;
-    let ns = state.config().namespaces.resolve(&channel)?;
-    Ok((channel, ns))
+    state.resolve_channel(name)
 }
 
 /// A `?limit=` of a listing: `default` when absent, refused outside `1..=max`.

@@ -5,23 +5,18 @@
 use axum::extract::State;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use herald_core::{NamespaceOptions, Receipt};
+use herald_core::Receipt;
 use herald_proto::{
-    BatchBody, BatchItem, BatchProblem, BatchReply, ChannelName, ErrorCode, HistoryPage, HistoryQuery,
-    ItemError, Meta, PublishBody, Published, StoredFrame,
+    BatchBody, BatchItem, BatchProblem, BatchReply, ErrorCode, HistoryPage, HistoryQuery, ItemError,
+    PublishBody, Published, StoredFrame,
 };
-use serde_json::value::RawValue;
 use tracing::Instrument;
 
 use super::{json_bytes_response, json_response, scheduled, St};
-use crate::api::extract::{page_limit, parse_channel, ApiKey, Body, Chan, IdempotencyKey, Q};
+use crate::api::extract::{page_limit, ApiKey, Body, Chan, IdempotencyKey, Q};
 use crate::error::ApiError;
-use crate::publish::{fingerprint, Publish, ScopedKey};
-use crate::state::AppState;
+use crate::publish::{fingerprint, Publish, ScopedKey, Targets};
 use crate::trace::{TraceParent, TARGET};
-
-/// The channels of a batch, each resolved to its namespace.
-pub(super) type Targets<'a> = Vec<(ChannelName, &'a NamespaceOptions)>;
 
 fn published(r: &Receipt) -> Published {
     Published {
@@ -103,7 +98,7 @@ async fn publish_one_in(
 
 /// `POST /api/v1/publish`: one message to several channels. With an
 /// Idempotency-Key the batch is one request under the key (see
-/// [`append_batch`]). Every check runs before anything is stored or
+/// [`AppState::publish_to_channels`]). Every check runs before anything is stored or
 /// scheduled: the channels, `data`, the key, the rooms.
 pub async fn publish_batch(
     state: St,
@@ -123,7 +118,7 @@ async fn publish_batch_in(
     key: Result<IdempotencyKey, ApiError>,
     Body(BatchBody { channels, data, meta, deliver_at, delay_ms }): Body<BatchBody>,
 ) -> Result<Response, ApiError> {
-    let targets = batch_targets(&state, &channels)?;
+    let targets = state.batch_targets(&channels)?;
     state.check_publish_data(&data)?;
     let IdempotencyKey(key) = key?;
     if key.is_none() && targets.iter().any(|(_, ns)| ns.require_idempotency_key) {
@@ -145,79 +140,8 @@ async fn publish_batch_in(
         };
         return scheduled::schedule(&state, ask).await;
     }
-    crate::rooms::require_rooms(&state, &targets).await?;
-    let outcomes = append_batch(&state, &scope, key.as_deref(), &targets, &data, &meta).await?;
+    let outcomes = state.publish_to_channels(&scope, key.as_deref(), &targets, &data, &meta).await?;
     Ok(batch_reply(&targets, &outcomes))
-}
-
-/// Validation: 1..=`publish.max_batch_channels` channels, each valid, in a
-/// namespace, and named once.
-pub(super) fn batch_targets<'a>(state: &'a AppState, channels: &[String]) -> Result<Targets<'a>, ApiError> {
-    let max = state.config().publish.max_batch_channels;
-    if channels.is_empty() || channels.len() > max {
-        return Err(ApiError::new(ErrorCode::BadRequest, format!("`channels` must name 1..={max} channels")));
-    }
-    let mut targets = Vec::with_capacity(channels.len());
-    for name in channels {
-        let (channel, ns) = parse_channel(state, name)?;
-        if targets.iter().any(|(c, _)| c == &channel) {
-            return Err(ApiError::new(ErrorCode::BadRequest, format!("channel `{channel}` is named twice")));
-        }
-        targets.push((channel, ns));
-    }
-    Ok(targets)
-}
-
-/// The key protocol of a batch (see `publish::ScopedKey`), one outcome per
-/// target in order. Without a key, every channel goes to the engine as one
-/// submission (one group commit). With a key, the batch holds its anchor's
-/// in-flight claim throughout, and its first channel's append decides
-/// whether it is new, a replay or a mismatch before any other channel is
-/// appended: a mismatch there (another request under this key) appends
-/// nothing anywhere, and any other failure there leaves the rest to the
-/// retry. Each other channel's append is deduplicated on its own, so a
-/// retry of a partly failed batch completes it without doubling any
-/// channel.
-pub(super) async fn append_batch(
-    state: &AppState,
-    scope: &str,
-    key: Option<&str>,
-    targets: &Targets<'_>,
-    data: &RawValue,
-    meta: &Option<Meta>,
-) -> Result<Vec<Result<Receipt, ApiError>>, ApiError> {
-    let names: Vec<ChannelName> = targets.iter().map(|(c, _)| c.clone()).collect();
-    let fp = fingerprint(&names, data, meta.as_ref());
-    let scoped = key.map(|k| ScopedKey::new(scope, k));
-    let _claim = match &scoped {
-        Some(s) => Some(state.in_flight.claim(&s.anchor())?),
-        None => None,
-    };
-    let message = |i: usize| {
-        let channel = &targets[i].0;
-        let dedup = scoped.as_ref().map(|s| {
-            let key = if i == 0 { s.anchor() } else { s.for_channel(channel) };
-            (key, fp)
-        });
-        Publish { channel: channel.clone(), data: data.to_owned(), meta: meta.clone(), dedup }
-    };
-    let publish_all =
-        |from: usize| state.publish_many((from..targets.len()).map(|i| Ok(message(i))).collect(), false);
-    let mut outcomes = Vec::with_capacity(targets.len());
-    if scoped.is_some() {
-        let first = state.publish_claimed(targets[0].1, message(0)).await;
-        let skipped = first.as_ref().err().map(|e| {
-            ApiError::new(e.code, format!("not attempted: the batch's first channel failed ({})", e.detail))
-        });
-        outcomes.push(first);
-        match skipped {
-            None => outcomes.extend(publish_all(1).await),
-            Some(e) => outcomes.extend((1..targets.len()).map(|_| Err(e.clone()))),
-        }
-    } else {
-        outcomes.extend(publish_all(0).await);
-    }
-    Ok(outcomes)
 }
 
 /// The reply: every channel's receipt (201, or 202 when no channel is

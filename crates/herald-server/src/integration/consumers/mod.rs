@@ -4,20 +4,24 @@
 //!
 //! # Invariants
 //!
-//! - **One path.** A row is published through [`AppState::publish_many`],
-//!   the path of the HTTP API: namespace rules, the rules of `data`,
+//! - **One path.** A row is published through the path of the HTTP API: a
+//!   row of one channel through [`AppState::publish_many`], a row of
+//!   several through [`AppState::publish_to_channels`] after the checks of
+//!   a message to several channels. Namespace rules, the rules of `data`,
 //!   limits, rooms and webhooks see it like any publish.
 //! - **Exactly once.** Every row's publish carries an idempotency key in
 //!   the scope `consumer:<name>`: the row's own `idempotency_key`, or
-//!   `row:<id>`. A row is removed (or marked, or acknowledged) only after
-//!   its append is durable, so a crash between the two publishes it again
-//!   and the engine answers from its receipt: nothing is lost or doubled
-//!   while receipts last (`idempotency_ttl`).
-//! - **Order.** A partition (a hash of the channel, so a channel is in one
-//!   partition) is read in id order by one owner at a time, and a channel's
-//!   row is attempted only after every earlier row of that channel in the
-//!   batch was appended or parked ([`publish_rows`]): a transient failure
-//!   stops the batch, which is read again from the source.
+//!   `row:<id>`, one key for all the row's channels. A row is removed (or
+//!   marked, or acknowledged) only after its appends are durable, so a
+//!   crash between the two publishes it again and the engine answers from
+//!   its receipts: nothing is lost or doubled on any channel while
+//!   receipts last (`idempotency_ttl`).
+//! - **Order.** A partition (a hash of the row's first channel, so a
+//!   channel's single-channel rows are in one partition) is read in id
+//!   order by one owner at a time, and a row is attempted only after every
+//!   earlier row of the batch sharing any of its channels was appended or
+//!   parked ([`publish_rows`]): a transient failure stops the batch, which
+//!   is read again from the source.
 //! - **Fenced.** Partitions are owned through [`Ownership`](herald_core::Ownership)
 //!   leases; every removal in the source is conditioned on the owner's
 //!   fencing token there (`postgres.rs`), so a paused node's late batch
@@ -36,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use herald_proto::{ChannelName, ErrorCode, Meta};
+use herald_proto::{ErrorCode, Meta};
 use serde_json::value::RawValue;
 use tokio::sync::Notify;
 
@@ -56,12 +60,58 @@ const ERROR_TEXT: usize = 300;
 pub struct Row {
     /// The source's id: a row id, or a stream entry id.
     pub id: String,
-    pub channel: String,
+    /// Its channels ([`channels_of`]): one, or several published as one
+    /// message to several channels.
+    pub channels: Vec<String>,
     /// JSON text.
     pub data: String,
     /// JSON text of an object of strings, if any.
     pub meta: Option<String>,
     pub idempotency_key: Option<String>,
+    /// Refused as read (no channel, a field this source does not support):
+    /// parked with this code and detail, never published.
+    pub refused: Option<(ErrorCode, String)>,
+}
+
+impl Row {
+    /// A row read from the source: its `channel` and `channels` fields
+    /// ([`channels_of`]) and the rest as they are.
+    pub fn new(
+        id: String,
+        channel: Option<String>,
+        channels: Option<Vec<Option<String>>>,
+        data: String,
+        meta: Option<String>,
+        idempotency_key: Option<String>,
+    ) -> Self {
+        let (channels, refused) = match channels_of(channel, channels) {
+            Ok(c) => (c, None),
+            Err(detail) => (Vec::new(), Some((ErrorCode::BadChannel, detail))),
+        };
+        Row { id, channels, data, meta, idempotency_key, refused }
+    }
+}
+
+/// A row's channels: `channel` (if any) followed by the entries of
+/// `channels` (if any), each once, in that order. `Err` (the detail of a
+/// `bad_channel`) when that leaves none or `channels` holds a null.
+pub fn channels_of(
+    channel: Option<String>,
+    channels: Option<Vec<Option<String>>>,
+) -> Result<Vec<String>, String> {
+    let mut out: Vec<String> = Vec::new();
+    for c in channel.into_iter().map(Some).chain(channels.into_iter().flatten()) {
+        let Some(c) = c else {
+            return Err("`channels` holds a null entry".to_owned());
+        };
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    if out.is_empty() {
+        return Err("the row names no channel: `channel` and `channels` are both null or empty".to_owned());
+    }
+    Ok(out)
 }
 
 /// What became of one row.
@@ -94,8 +144,12 @@ pub struct PartitionState {
     pub token: u64,
     /// The greatest id this node published and removed (or marked).
     pub last_id: Option<String>,
-    /// Rows (entries) waiting in the source at the last look, if known.
+    /// Rows (entries) due and waiting in the source at the last look, if
+    /// known.
     pub lag: Option<u64>,
+    /// Rows scheduled for later (`deliver_at` in the future) at the last
+    /// look; `None` without a `deliver_at` column.
+    pub scheduled_rows: Option<u64>,
     /// Rows in the dead-letter table for this consumer at the last look.
     pub parked_rows: Option<u64>,
     pub last_error: Option<LastError>,
@@ -202,11 +256,9 @@ fn refuses_the_row(e: &ApiError) -> bool {
     (400..500).contains(&status) && e.code != ErrorCode::IdempotencyKeyInFlight
 }
 
-/// A row as a publish, or why it can never be one.
-fn to_publish(state: &AppState, consumer: &str, row: &Row) -> Result<Publish, ApiError> {
-    let channel =
-        ChannelName::new(&row.channel).map_err(|e| ApiError::new(ErrorCode::BadChannel, e.to_string()))?;
-    state.config().namespaces.resolve(&channel)?;
+/// A row's `data`, `meta` and idempotency key (its own or `row:<id>`),
+/// checked as the API checks a message's; or why it can never be one.
+fn parts(row: &Row) -> Result<(Box<RawValue>, Option<Meta>, String), ApiError> {
     let data = RawValue::from_string(row.data.clone())
         .map_err(|e| ApiError::new(ErrorCode::BadData, format!("`data` is not JSON: {e}")))?;
     let meta: Option<Meta> = match row.meta.as_deref() {
@@ -226,9 +278,63 @@ fn to_publish(state: &AppState, consumer: &str, row: &Row) -> Result<Publish, Ap
         }
         None => format!("row:{}", row.id),
     };
+    Ok((data, meta, key))
+}
+
+/// A row of one channel as a publish (the single publish of the API, under
+/// the row's key), or why it can never be one.
+fn to_publish(state: &AppState, consumer: &str, row: &Row) -> Result<Publish, ApiError> {
+    let (channel, _) = state.resolve_channel(&row.channels[0])?;
+    let (data, meta, key) = parts(row)?;
     let fp = fingerprint(std::slice::from_ref(&channel), &data, meta.as_ref());
     let dedup = Some((ScopedKey::new(&scope(consumer), &key).anchor(), fp));
     Ok(Publish { channel, data, meta, dedup })
+}
+
+/// Publish a row of several channels as the API publishes one message to
+/// several channels under a key (`POST /api/v1/publish`): every channel and
+/// `data` checked before anything is appended, then
+/// [`AppState::publish_to_channels`]. One outcome for the whole row: a
+/// transient failure of any channel retries the row (the channels already
+/// appended answer from their receipts), otherwise a refusal of any
+/// channel parks it.
+async fn publish_several(state: &AppState, consumer: &str, row: &Row) -> Result<Outcome, ApiError> {
+    let refused = |e: ApiError| {
+        if refuses_the_row(&e) {
+            Ok(Outcome::Park { code: e.code, detail: e.detail })
+        } else {
+            Err(e)
+        }
+    };
+    let checked = state.batch_targets(&row.channels).and_then(|targets| {
+        let (data, meta, key) = parts(row)?;
+        state.check_publish_data(&data)?;
+        Ok((targets, data, meta, key))
+    });
+    let (targets, data, meta, key) = match checked {
+        Ok(c) => c,
+        Err(e) => return refused(e),
+    };
+    let outcomes = match state.publish_to_channels(&scope(consumer), Some(&key), &targets, &data, &meta).await
+    {
+        Ok(o) => o,
+        Err(e) => return refused(e),
+    };
+    let mut duplicate = true;
+    let mut refusal = None;
+    for ((channel, _), outcome) in targets.iter().zip(outcomes) {
+        match outcome {
+            Ok(receipt) => duplicate &= receipt.duplicate,
+            Err(e) if refuses_the_row(&e) => {
+                refusal.get_or_insert(ApiError::new(e.code, format!("channel `{channel}`: {}", e.detail)));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    match refusal {
+        Some(e) => refused(e),
+        None => Ok(Outcome::Published { duplicate }),
+    }
 }
 
 /// The idempotency scope of a consumer's publishes.
@@ -240,11 +346,16 @@ pub fn scope(consumer: &str) -> String {
 /// outcome per row, `None` for rows not attempted, and the transient error
 /// that stopped the batch, if any.
 ///
-/// Rows go to the engine in waves: wave `n` holds the `n`-th row of each
-/// channel, so a row is appended only after every earlier row of its
-/// channel was appended or parked. A transient failure ends the batch after
-/// its wave: no later row of any channel is attempted, and the caller reads
-/// the unfinished rows again (their repeats are receipts).
+/// Rows go to the engine in waves: a row goes in the wave after the last
+/// wave holding an earlier row that shares any of its channels, so a row is
+/// appended only after every earlier row of each of its channels was
+/// appended or parked. Within a wave, the rows of one channel go to the
+/// engine together as one submission; each row of several channels keeps
+/// the key protocol of a message to several channels (its first channel
+/// decides before the others are appended). A transient failure ends the batch after its wave:
+/// no later row of any channel is attempted, and the caller reads the
+/// unfinished rows again (their repeats are receipts). A row refused as read
+/// is parked without a wave.
 pub(crate) async fn publish_rows(
     state: &AppState,
     consumer: &Consumer,
@@ -252,27 +363,34 @@ pub(crate) async fn publish_rows(
 ) -> (Vec<Option<Outcome>>, Option<ApiError>) {
     let name = &consumer.cfg.name;
     let mut outcomes: Vec<Option<Outcome>> = vec![None; rows.len()];
-    let mut waves: Vec<Vec<usize>> = Vec::new();
-    let mut per_channel: HashMap<&str, usize> = HashMap::new();
     for (i, row) in rows.iter().enumerate() {
-        let n = per_channel.entry(row.channel.as_str()).or_default();
-        if waves.len() <= *n {
-            waves.push(Vec::new());
+        if let Some((code, detail)) = &row.refused {
+            outcomes[i] = Some(Outcome::Park { code: *code, detail: detail.clone() });
         }
-        waves[*n].push(i);
-        *n += 1;
     }
-    for wave in waves {
-        let mut items = Vec::with_capacity(wave.len());
-        for &i in &wave {
-            items.push(to_publish(state, name, &rows[i]));
-        }
-        let results = state.publish_many(items, true).await;
+    for wave in waves(rows) {
+        let (single, several): (Vec<usize>, Vec<usize>) =
+            wave.iter().partition(|&&i| rows[i].channels.len() == 1);
+        let items = single.iter().map(|&i| to_publish(state, name, &rows[i])).collect();
+        let (results, several_results) = futures_util::future::join(
+            state.publish_many(items, true),
+            futures_util::future::join_all(several.iter().map(|&i| publish_several(state, name, &rows[i]))),
+        )
+        .await;
         let mut transient = None;
-        for (&i, result) in wave.iter().zip(results) {
+        for (&i, result) in single.iter().zip(results) {
             outcomes[i] = match result {
                 Ok(receipt) => Some(Outcome::Published { duplicate: receipt.duplicate }),
                 Err(e) if refuses_the_row(&e) => Some(Outcome::Park { code: e.code, detail: e.detail }),
+                Err(e) => {
+                    transient.get_or_insert(e);
+                    None
+                }
+            };
+        }
+        for (&i, result) in several.iter().zip(several_results) {
+            outcomes[i] = match result {
+                Ok(outcome) => Some(outcome),
                 Err(e) => {
                     transient.get_or_insert(e);
                     None
@@ -284,6 +402,29 @@ pub(crate) async fn publish_rows(
         }
     }
     (outcomes, None)
+}
+
+/// The waves of [`publish_rows`]: row indexes, each row in the wave after
+/// the last one holding an earlier row that shares any of its channels.
+/// Rows refused as read are in none.
+fn waves(rows: &[Row]) -> Vec<Vec<usize>> {
+    let mut waves: Vec<Vec<usize>> = Vec::new();
+    // Per channel: the wave after its last row's.
+    let mut next: HashMap<&str, usize> = HashMap::new();
+    for (i, row) in rows.iter().enumerate() {
+        if row.refused.is_some() {
+            continue;
+        }
+        let n = row.channels.iter().map(|c| next.get(c.as_str()).copied().unwrap_or(0)).max().unwrap_or(0);
+        if waves.len() <= n {
+            waves.push(Vec::new());
+        }
+        waves[n].push(i);
+        for c in &row.channels {
+            next.insert(c.as_str(), n + 1);
+        }
+    }
+    waves
 }
 
 /// Count the outcomes of a finished batch in the metrics and log parked
@@ -327,3 +468,43 @@ pub(crate) async fn pause(state: &AppState, backoff: &mut Duration, cap: Duratio
 }
 
 pub(crate) use crate::rooms::now_ms;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: u32, channel: Option<&str>, channels: Option<&[&str]>) -> Row {
+        let channels = channels.map(|c| c.iter().map(|c| Some(c.to_string())).collect());
+        Row::new(id.to_string(), channel.map(str::to_owned), channels, "1".into(), None, None)
+    }
+
+    #[test]
+    fn a_rows_channels_are_its_channel_then_its_channels_each_once() {
+        let some = |c: &[&str]| Some(c.iter().map(|c| Some(c.to_string())).collect::<Vec<_>>());
+        let of = |c: Option<&str>, cs| channels_of(c.map(str::to_owned), cs);
+        assert_eq!(of(Some("a:1"), None).unwrap(), ["a:1"]);
+        assert_eq!(of(Some("a:1"), some(&["a:2", "a:1", "a:3", "a:2"])).unwrap(), ["a:1", "a:2", "a:3"]);
+        assert_eq!(of(None, some(&["a:2"])).unwrap(), ["a:2"]);
+        assert!(of(None, None).unwrap_err().contains("no channel"));
+        assert!(of(None, some(&[])).unwrap_err().contains("no channel"));
+        assert!(of(Some("a:1"), Some(vec![None])).unwrap_err().contains("null"));
+        let r = row(7, None, Some(&[]));
+        assert_eq!(r.refused.map(|(code, _)| code), Some(ErrorCode::BadChannel));
+    }
+
+    #[test]
+    fn a_row_waits_for_the_earlier_rows_of_every_one_of_its_channels() {
+        let rows = [
+            row(1, Some("a:1"), None),           // wave 0
+            row(2, Some("a:1"), None),           // wave 1
+            row(3, Some("b:1"), None),           // wave 0
+            row(4, Some("b:1"), Some(&["a:1"])), // after 2 (a:1) and 3 (b:1): wave 2
+            row(5, Some("c:1"), None),           // wave 0
+            row(6, None, None),                  // refused: no wave
+            row(7, Some("c:1"), Some(&["d:1"])), // after 5: wave 1
+            row(8, Some("d:1"), None),           // after 7: wave 2
+            row(9, Some("b:1"), None),           // after 4: wave 3
+        ];
+        assert_eq!(waves(&rows), vec![vec![0, 2, 4], vec![1, 6], vec![3, 7], vec![8]]);
+    }
+}

@@ -29,6 +29,19 @@
 //!   and `lock_timeout` to a third: a node paused inside its removal
 //!   transaction loses it (and its locks) to PostgreSQL, and wakes to a
 //!   closed connection and a greater fence.
+//! - **Scheduled rows are read when due.** With a `deliver_at` column a
+//!   read takes only rows whose `deliver_at` is null or past by
+//!   PostgreSQL's clock (`now()`), still in id order and still behind the
+//!   barrier: a row not yet due is final like any other, only skipped, so
+//!   it holds no later row back and stays in the outbox (a crash loses
+//!   nothing) until a read finds it due. After a short batch the partition
+//!   sleeps until the earliest `deliver_at` of its scheduled rows (or a
+//!   notification, or `poll_interval`), so a row is read just after it is
+//!   due.
+//! - **A row's partition is its first channel's.** With a `channels`
+//!   column the partition hashes `coalesce(channel, channels[1], '')`: a
+//!   row that names no channel still belongs to a partition, which reads
+//!   and parks it.
 //! - Rows are removed (or marked) only after [`publish_rows`] returned
 //!   their durable outcomes; a parked row is copied to the dead-letter table
 //!   and removed in the same transaction.
@@ -47,10 +60,14 @@ use super::{
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// Rows counted at most for `lag` (the count is bounded).
-const LAG_COUNT_CAP: i64 = 100_000;
+mod sql;
+
+use sql::{columns_of, ddl, Columns, Sql};
+
 /// The longest poll of `pg_locks` while waiting for writers.
 const BARRIER_POLL_MAX: Duration = Duration::from_millis(20);
+/// How long after a scheduled row's `deliver_at` its partition reads again.
+const SCHEDULE_MARGIN: Duration = Duration::from_millis(2);
 
 /// Why a step or the setup failed.
 #[derive(Debug, thiserror::Error)]
@@ -80,18 +97,6 @@ fn pg_text(e: &tokio_postgres::Error) -> String {
     }
 }
 
-/// The SQL of one consumer, built once from its validated names (they are
-/// lowercase identifiers, written into the text as they are).
-struct Sql {
-    read: String,
-    finish_published: String,
-    park: String,
-    delete: String,
-    lag: String,
-    parked_count: String,
-    state: String,
-}
-
 /// One partition's connection and what setup learned about the table.
 struct Source {
     client: Client,
@@ -103,102 +108,6 @@ struct Source {
     sql: Sql,
     /// The `application_name` of this consumer's partition connections.
     reader: String,
-}
-
-/// The hash of a channel to its partition, the same in every statement.
-fn partition_expr(column: &str) -> String {
-    format!("mod(abs(hashtext({column})::bigint), $PARTS) = $PART")
-}
-
-/// Replace the `$PARTS`/`$PART` placeholders with positional parameters.
-fn bind(sql: &str, parts: usize, part: usize) -> String {
-    sql.replace("$PARTS", &format!("${parts}::bigint")).replace("$PART", &format!("${part}::bigint"))
-}
-
-impl Sql {
-    fn new(cfg: &ConsumerConfig, has_meta: bool, has_key: bool, has_created: bool) -> Self {
-        let t = &cfg.table;
-        let dead = cfg.dead_letter();
-        let state = state_table(cfg);
-        let meta = if has_meta { "t.meta::text" } else { "NULL::text" };
-        let key = if has_key { "t.idempotency_key" } else { "NULL::text" };
-        let unpublished = match cfg.after_publish {
-            AfterPublish::Delete => "",
-            AfterPublish::Mark => " AND t.herald_published_at IS NULL",
-        };
-        let read = bind(
-            &format!(
-                "SELECT t.id, t.channel, t.data::text, {meta}, {key} FROM {t} t \
-                 WHERE t.id <= $1 AND {}{unpublished} ORDER BY t.id LIMIT $4",
-                partition_expr("t.channel")
-            ),
-            2,
-            3,
-        );
-        let finish_published = match cfg.after_publish {
-            AfterPublish::Delete => format!("DELETE FROM {t} WHERE id = ANY($1::bigint[])"),
-            AfterPublish::Mark => {
-                format!("UPDATE {t} SET herald_published_at = now() WHERE id = ANY($1::bigint[])")
-            }
-        };
-        let meta_j = if has_meta { "t.meta::jsonb" } else { "NULL::jsonb" };
-        let created = if has_created { "t.created_at::timestamptz" } else { "NULL::timestamptz" };
-        let park = format!(
-            "INSERT INTO {dead} (consumer, id, channel, data, meta, idempotency_key, created_at, code, error) \
-             SELECT $1, t.id, t.channel, t.data::jsonb, {meta_j}, {key}, {created}, p.code, p.error \
-             FROM {t} t JOIN unnest($2::bigint[], $3::text[], $4::text[]) AS p(id, code, error) ON p.id = t.id \
-             ON CONFLICT (consumer, id) DO NOTHING"
-        );
-        let lag = bind(
-            &format!(
-                "SELECT count(*) FROM (SELECT 1 FROM {t} t WHERE {}{unpublished} LIMIT {LAG_COUNT_CAP}) s",
-                partition_expr("t.channel")
-            ),
-            1,
-            2,
-        );
-        let parked_count = bind(
-            &format!("SELECT count(*) FROM {dead} WHERE consumer = $1 AND {}", partition_expr("channel")),
-            2,
-            3,
-        );
-        Sql {
-            read,
-            finish_published,
-            park,
-            delete: format!("DELETE FROM {t} WHERE id = ANY($1::bigint[])"),
-            lag,
-            parked_count,
-            state,
-        }
-    }
-}
-
-/// `herald_consumer_state`, in the table's schema.
-fn state_table(cfg: &ConsumerConfig) -> String {
-    match cfg.table.rsplit_once('.') {
-        Some((schema, _)) => format!("{schema}.herald_consumer_state"),
-        None => "herald_consumer_state".to_owned(),
-    }
-}
-
-/// The tables Herald creates if missing (it needs `CREATE` on the schema,
-/// or an operator creates them first: docs/consumers.md).
-fn ddl(cfg: &ConsumerConfig) -> [String; 2] {
-    [
-        format!(
-            "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, id bigint NOT NULL, channel text, \
-             data jsonb, meta jsonb, idempotency_key text, created_at timestamptz, code text NOT NULL, \
-             error text NOT NULL, parked_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer, id))",
-            cfg.dead_letter()
-        ),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, partition int NOT NULL, \
-             fence bigint NOT NULL DEFAULT 0, last_id bigint, updated_at timestamptz NOT NULL DEFAULT now(), \
-             PRIMARY KEY (consumer, partition))",
-            state_table(cfg)
-        ),
-    ]
 }
 
 /// Give up on connecting after this, unless the DSN says otherwise.
@@ -262,15 +171,7 @@ async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, 
         .ok_or_else(|| {
             setup(format!("table {} does not exist (docs/consumers.md has its DDL)", cfg.table))
         })?;
-    let columns: Vec<String> = client
-        .query(
-            "SELECT attname::text FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped",
-            &[&table_oid],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let columns = columns_of(&client, &cfg.table).await?;
     let has = |c: &str| columns.iter().any(|x| x == c);
     for required in ["id", "channel", "data"] {
         if !has(required) {
@@ -282,6 +183,24 @@ async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, 
             "after_publish = \"mark\" needs a column herald_published_at timestamptz on {}",
             cfg.table
         )));
+    }
+    // The optional columns that change what a row means must be of the
+    // type the statements compare them as.
+    for (column, wanted, accepted) in [
+        ("channels", "text[]", &["text[]", "character varying[]"][..]),
+        ("deliver_at", "timestamptz", &["timestamp with time zone"][..]),
+    ] {
+        let ty: Option<String> = client
+            .query_opt(
+                "SELECT format_type(atttypid, NULL) FROM pg_attribute \
+                 WHERE attrelid = $1 AND attname = $2 AND attnum > 0 AND NOT attisdropped",
+                &[&table_oid, &column],
+            )
+            .await?
+            .map(|r| r.get(0));
+        if let Some(ty) = ty.filter(|ty| !accepted.contains(&ty.as_str())) {
+            return Err(setup(format!("column {column} of {} is {ty}; it must be {wanted}", cfg.table)));
+        }
     }
     let sequence: Option<u32> = client
         .query_one("SELECT to_regclass(pg_get_serial_sequence($1, 'id'))::oid", &[&cfg.table])
@@ -312,6 +231,18 @@ async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, 
             }
         }
     }
+    let cols = Columns::of(&columns);
+    // A dead-letter table made before the outbox had `channels` gets the
+    // column, so a parked row keeps every channel it named.
+    let dead = cfg.dead_letter();
+    if cols.channels && !columns_of(&client, &dead).await?.iter().any(|c| c == "channels") {
+        client
+            .batch_execute(&format!("ALTER TABLE {dead} ADD COLUMN IF NOT EXISTS channels text[]"))
+            .await
+            .map_err(|e| {
+            setup(format!("{dead} needs a column channels text[] like {} ({})", cfg.table, pg_text(&e)))
+        })?;
+    }
     // A node frozen inside its removal transaction would hold its locks
     // (and so every other node's barrier and fence) until it wakes:
     // PostgreSQL ends such a transaction after half a lease, and a
@@ -325,7 +256,7 @@ async fn connect(cfg: &ConsumerConfig, notified: Arc<Notify>) -> Result<Source, 
         ))
         .await?;
     client.batch_execute(&format!("LISTEN {}", cfg.notify())).await?;
-    let sql = Sql::new(cfg, has("meta"), has("idempotency_key"), has("created_at"));
+    let sql = Sql::new(cfg, cols);
     let mut relations = vec![table_oid];
     relations.extend(sequence);
     Ok(Source { client, relations, sequence, sql, reader: reader_name(cfg) })
@@ -434,13 +365,7 @@ async fn step(
         .iter()
         .map(|r| {
             let id: i64 = r.get(0);
-            let row = Row {
-                id: id.to_string(),
-                channel: r.get(1),
-                data: r.get(2),
-                meta: r.get(3),
-                idempotency_key: r.get(4),
-            };
+            let row = Row::new(id.to_string(), r.get(1), r.get(2), r.get(3), r.get(4), r.get(5));
             (id, row)
         })
         .collect();
@@ -518,14 +443,20 @@ async fn finish(
     Ok(())
 }
 
-/// Refresh the partition's `lag` and `parked_rows` and the lag gauge.
+/// Refresh the partition's `lag`, `scheduled_rows` and `parked_rows` and
+/// the lag gauge.
 async fn observe(state: &AppState, consumer: &Consumer, src: &Source, p: usize) -> Result<(), SourceError> {
     let parts = i64::from(consumer.cfg.partitions);
     let lag: i64 = src.client.query_one(&src.sql.lag, &[&parts, &(p as i64)]).await?.get(0);
+    let scheduled: Option<i64> = match &src.sql.scheduled {
+        Some(sql) => Some(src.client.query_one(sql, &[&parts, &(p as i64)]).await?.get(0)),
+        None => None,
+    };
     let parked: i64 =
         src.client.query_one(&src.sql.parked_count, &[&consumer.cfg.name, &parts, &(p as i64)]).await?.get(0);
     consumer.update(p, |s| {
         s.lag = Some(lag as u64);
+        s.scheduled_rows = scheduled.map(|n| n as u64);
         s.parked_rows = Some(parked as u64);
     });
     state
@@ -659,11 +590,18 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
                         fail(&state, &consumer, p, &e, &mut failing);
                     }
                 }
-                let wait = if remote {
+                let mut wait = if remote {
                     cfg.poll_interval.min((ttl / 3).saturating_sub(claimed_at.elapsed()))
                 } else {
                     cfg.poll_interval
                 };
+                // Wake when the earliest scheduled row is due (a little
+                // after: it is read once PostgreSQL's clock has passed it).
+                match next_due(&cfg, src, p).await {
+                    Ok(Some(due)) => wait = wait.min(due + SCHEDULE_MARGIN),
+                    Ok(None) => {}
+                    Err(e) => fail(&state, &consumer, p, &e, &mut failing),
+                }
                 if !idle(&state, &consumer, &notified, wait, true).await {
                     break;
                 }
@@ -687,6 +625,16 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
         }
     }
     consumer.update(p, |s| s.owned = false);
+}
+
+/// How long until the partition's earliest scheduled row is due (`None`:
+/// no scheduled row, or the table has no `deliver_at`), by PostgreSQL's
+/// clock.
+async fn next_due(cfg: &ConsumerConfig, src: &Source, p: usize) -> Result<Option<Duration>, SourceError> {
+    let Some(sql) = &src.sql.next_due else { return Ok(None) };
+    let parts = i64::from(cfg.partitions);
+    let ms: Option<i64> = src.client.query_one(sql, &[&parts, &(p as i64)]).await?.get(0);
+    Ok(ms.map(|ms| Duration::from_millis(ms.max(0) as u64)))
 }
 
 /// Record a failure: the status API, the error counter, a warning when the
@@ -721,6 +669,8 @@ async fn idle(
 pub struct Parked {
     pub id: i64,
     pub channel: Option<String>,
+    /// The row's `channels`, when the outbox has that column.
+    pub channels: Option<Vec<Option<String>>>,
     pub code: String,
     pub error: String,
     pub parked_at_ms: u64,
@@ -730,10 +680,12 @@ pub struct Parked {
 /// operator's request).
 pub async fn list_parked(cfg: &ConsumerConfig, limit: i64) -> Result<Vec<Parked>, SourceError> {
     let client = open(cfg, Arc::new(Notify::new()), Role::Admin).await?;
+    let dead = cfg.dead_letter();
+    let has_channels = columns_of(&client, &dead).await?.iter().any(|c| c == "channels");
+    let channels = if has_channels { "channels::text[]" } else { "NULL::text[]" };
     let sql = format!(
-        "SELECT id, channel, code, error, (extract(epoch FROM parked_at) * 1000)::bigint FROM {} \
-         WHERE consumer = $1 ORDER BY id LIMIT $2",
-        cfg.dead_letter()
+        "SELECT id, channel, code, error, (extract(epoch FROM parked_at) * 1000)::bigint, {channels} FROM {dead} \
+         WHERE consumer = $1 ORDER BY id LIMIT $2"
     );
     let rows = client.query(&sql, &[&cfg.name, &limit]).await?;
     Ok(rows
@@ -744,6 +696,7 @@ pub async fn list_parked(cfg: &ConsumerConfig, limit: i64) -> Result<Vec<Parked>
             code: r.get(2),
             error: r.get(3),
             parked_at_ms: r.get::<_, i64>(4) as u64,
+            channels: r.get(5),
         })
         .collect())
 }
@@ -752,18 +705,11 @@ pub async fn list_parked(cfg: &ConsumerConfig, limit: i64) -> Result<Vec<Parked>
 /// published after the rows already there). `None`: no such parked row.
 pub async fn retry_parked(cfg: &ConsumerConfig, id: i64) -> Result<Option<i64>, SourceError> {
     let client = open(cfg, Arc::new(Notify::new()), Role::Admin).await?;
-    let columns: Vec<String> = client
-        .query(
-            "SELECT attname::text FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
-            &[&cfg.table],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let columns = columns_of(&client, &cfg.table).await?;
+    let dead_columns = columns_of(&client, &cfg.dead_letter()).await?;
     let mut cols = vec!["channel", "data"];
-    for optional in ["meta", "idempotency_key"] {
-        if columns.iter().any(|c| c == optional) {
+    for optional in ["meta", "idempotency_key", "channels"] {
+        if columns.iter().any(|c| c == optional) && dead_columns.iter().any(|c| c == optional) {
             cols.push(optional);
         }
     }
@@ -775,24 +721,4 @@ pub async fn retry_parked(cfg: &ConsumerConfig, id: i64) -> Result<Option<i64>, 
         t = cfg.table
     );
     Ok(client.query_opt(&sql, &[&cfg.name, &id]).await?.map(|r| r.get(0)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_sql_names_the_configured_tables_and_binds_the_partition() {
-        let cfg = ConsumerConfig { name: "orders".into(), table: "shop.outbox".into(), ..Default::default() };
-        let sql = Sql::new(&cfg, true, true, true);
-        assert!(sql.read.contains("FROM shop.outbox t"), "{}", sql.read);
-        assert!(sql.read.contains("mod(abs(hashtext(t.channel)::bigint), $2::bigint) = $3::bigint"));
-        assert!(sql.park.starts_with("INSERT INTO shop.outbox_dead"));
-        assert_eq!(sql.state, "shop.herald_consumer_state");
-        let plain =
-            Sql::new(&ConsumerConfig { after_publish: AfterPublish::Mark, ..cfg }, false, false, false);
-        assert!(plain.read.contains("NULL::text, NULL::text"));
-        assert!(plain.read.contains("herald_published_at IS NULL"));
-        assert!(plain.finish_published.starts_with("UPDATE shop.outbox SET herald_published_at"));
-    }
 }

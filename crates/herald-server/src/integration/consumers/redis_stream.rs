@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use herald_core::Owned;
+use herald_proto::ErrorCode;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
@@ -102,17 +103,39 @@ fn entries(v: &Value) -> Vec<Entry> {
         .collect()
 }
 
-/// An entry as a row: `channel` and `data` are required (a missing one is
-/// parked as a bad channel or bad data).
+/// An entry as a row: its channels are `channel` and the JSON array of
+/// strings `channels` (either may be absent, not both); `data` is required
+/// (a missing one is parked as bad data). A `deliver_at` field is refused
+/// (a stream entry is published when read): the entry is parked.
 fn row((id, fields): &Entry) -> Row {
     let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone());
-    Row {
-        id: id.clone(),
-        channel: get("channel").unwrap_or_default(),
-        data: get("data").unwrap_or_default(),
-        meta: get("meta"),
-        idempotency_key: get("idempotency_key"),
+    let channels: Result<Option<Vec<Option<String>>>, _> = match get("channels") {
+        None => Ok(None),
+        Some(text) => serde_json::from_str::<Vec<String>>(&text)
+            .map(|list| Some(list.into_iter().map(Some).collect()))
+            .map_err(|_| "`channels` must be a JSON array of strings".to_owned()),
+    };
+    let (channels, bad) = match channels {
+        Ok(c) => (c, None),
+        Err(detail) => (None, Some((ErrorCode::BadChannel, detail))),
+    };
+    let mut row = Row::new(
+        id.clone(),
+        get("channel"),
+        channels,
+        get("data").unwrap_or_default(),
+        get("meta"),
+        get("idempotency_key"),
+    );
+    if let Some(bad) = bad {
+        row.refused = Some(bad);
+    } else if get("deliver_at").is_some() {
+        row.refused = Some((
+            ErrorCode::NotSupported,
+            "`deliver_at` is not supported on a stream: an entry is published when it is read".to_owned(),
+        ));
     }
+    row
 }
 
 struct Source {
@@ -459,7 +482,28 @@ mod tests {
         let got = entries(&reply);
         assert_eq!(got.len(), 2);
         let r = row(&got[0]);
-        assert_eq!((r.id.as_str(), r.channel.as_str(), r.data.as_str()), ("1-0", "orders:1", "{}"));
+        assert_eq!(
+            (r.id.as_str(), r.channels.as_slice(), r.data.as_str()),
+            ("1-0", &["orders:1".to_owned()][..], "{}")
+        );
         assert_eq!(row(&got[1]).data, "", "a missing `data` is parked as bad data");
+    }
+
+    #[test]
+    fn an_entrys_channels_are_its_channel_then_its_channels_field_and_deliver_at_is_refused() {
+        let entry = |fields: &[(&str, &str)]| -> Entry {
+            ("1-0".to_owned(), fields.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        };
+        let r = row(&entry(&[("channel", "a:1"), ("channels", r#"["a:2","a:1","a:3"]"#), ("data", "1")]));
+        assert_eq!(r.channels, ["a:1", "a:2", "a:3"]);
+        assert!(r.refused.is_none());
+        let r = row(&entry(&[("channels", r#"["a:2"]"#), ("data", "1")]));
+        assert_eq!(r.channels, ["a:2"]);
+        let r = row(&entry(&[("data", "1")]));
+        assert_eq!(r.refused.map(|(c, _)| c), Some(ErrorCode::BadChannel), "no channel at all");
+        let r = row(&entry(&[("channel", "a:1"), ("channels", "a:2"), ("data", "1")]));
+        assert_eq!(r.refused.map(|(c, _)| c), Some(ErrorCode::BadChannel), "channels not a JSON array");
+        let r = row(&entry(&[("channel", "a:1"), ("data", "1"), ("deliver_at", "1764000000000")]));
+        assert_eq!(r.refused.map(|(c, _)| c), Some(ErrorCode::NotSupported));
     }
 }
