@@ -77,10 +77,19 @@ JSON=$OUT/results.jsonl
 
 TMP=$(mktemp -d /tmp/herald-cluster.XXXXXX)
 PIDS=()
-cleanup() {
+any_alive() {
   local p
+  for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && return 0; done
+  return 1
+}
+# Every process started here: SIGTERM, up to 5 s to exit, then SIGKILL.
+cleanup() {
+  local p _
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 0.5
+  for _ in $(seq 1 50); do
+    any_alive || break
+    sleep 0.1
+  done
   for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   rm -rf "$TMP"
