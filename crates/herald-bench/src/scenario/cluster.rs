@@ -129,18 +129,22 @@ impl Window {
     }
 }
 
-fn print_figures(phase: &str, f: &ClusterFigures) {
+/// One line of a phase's cluster figures; `per` names what node CPU and
+/// Redis commands are counted per (`["delivery", "message"]`).
+fn print_figures(phase: &str, per: [&str; 2], f: &ClusterFigures) {
     let opt = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v}"));
-    println!(
-        "   [{phase}] node CPU {} s ({} µs per delivery)   Redis CPU {} s   Redis commands {} ({} per message, {}/s): {}",
-        opt(f.node_cpu_s),
-        opt(f.node_cpu_us_per_delivery),
-        opt(f.redis.cpu_s),
-        f.redis.commands,
-        opt(f.redis_ops_per_message),
-        opt(f.redis_commands_per_s),
-        f.redis.top(6)
-    );
+    let mut line = format!("   [{phase}] node CPU {} s", opt(f.node_cpu_s));
+    if let Some(us) = f.node_cpu_us_per_delivery {
+        line.push_str(&format!(" ({us} µs per {})", per[0]));
+    }
+    line.push_str(&format!("   Redis CPU {} s   Redis commands {}", opt(f.redis.cpu_s), f.redis.commands));
+    if let Some(n) = f.redis_ops_per_message {
+        line.push_str(&format!(" ({n} per {})", per[1]));
+    }
+    if let Some(rate) = f.redis_commands_per_s {
+        line.push_str(&format!(", {rate}/s"));
+    }
+    println!("{line}: {}", f.redis.top(6));
 }
 
 pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
@@ -195,8 +199,9 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     report.workers = fleet.len() as u64;
     report.duration_s = round2(connect_s);
     report.checks = "every connection opened and subscribed";
-    let mean = connect.rss_per_conn_kb.iter().sum::<f64>() / n_nodes as f64;
-    report.rss_per_conn_kb = Some(round2(mean));
+    let per_node = &connect.rss_per_conn_kb;
+    report.rss_per_conn_kb =
+        (!per_node.is_empty()).then(|| round2(per_node.iter().sum::<f64>() / per_node.len() as f64));
     report.cluster = Some(connect);
     reports.push(report);
 
@@ -227,7 +232,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
         report.fail(format!("broadcast publishing failed: {}", stats.errors.join(" | ")));
     }
     let figures = w0.figures(&end, n_nodes, stats.acked, tally.delivered);
-    print_figures("broadcast", &figures);
+    print_figures("broadcast", ["delivery", "message"], &figures);
     report.cluster = Some(figures);
     reports.push(report);
     fleet.stop().await;
@@ -267,7 +272,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
     report.workers = fleet.len() as u64;
     report.duration_s = round2(args.hold.as_secs_f64());
     report.checks = "nothing published: the cost of holding the subscribed connections";
-    print_figures("idle", &figures);
+    print_figures("idle", ["delivery", "message"], &figures);
     report.cluster = Some(figures);
     reports.push(report);
 
@@ -336,12 +341,12 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
             None => report.fail(format!("node {k} could not be killed")),
         }
     }
-    print_figures("p2p", &figures);
+    print_figures("p2p", ["delivery", "message"], &figures);
     report.cluster = Some(figures);
     reports.push(report);
 
     // 4. presence churn, on the surviving nodes, the p2p fleet still open.
-    reports.push(churn(ctx, &publishers_on, &nodes, n_nodes).await?);
+    reports.push(churn(ctx, &publishers_on, &nodes).await?);
     fleet.stop().await;
     Ok(reports)
 }
@@ -349,7 +354,7 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Vec<Report>> {
 /// Presence churn: every round, `--churn-clients` open and subscribe to
 /// one presence channel (client `c` on `on[c % len]`), the listing must
 /// count all of them, they close, and it must count none.
-async fn churn(ctx: &Ctx<'_>, on: &[Endpoint], nodes: &Nodes, n_nodes: usize) -> anyhow::Result<Report> {
+async fn churn(ctx: &Ctx<'_>, on: &[Endpoint], nodes: &Nodes) -> anyhow::Result<Report> {
     let args = ctx.args;
     let clients = args.churn_clients;
     let channel = format!("{}:{}-churn", args.presence_namespace, ctx.run_id);
@@ -398,7 +403,7 @@ async fn churn(ctx: &Ctx<'_>, on: &[Endpoint], nodes: &Nodes, n_nodes: usize) ->
     }
     let end = Window::take(args, &nodes_alive(nodes)).await?;
     let events = 2 * clients as u64 * args.churn_rounds;
-    let mut figures = w0.figures(&end, n_nodes, events, events);
+    let mut figures = w0.figures(&end, on.len(), events, events);
     figures.churn_per_s = Some(round2(events as f64 / busy.as_secs_f64().max(1e-9)));
     report.duration_s = round2(started.elapsed().as_secs_f64());
     println!(
@@ -407,7 +412,7 @@ async fn churn(ctx: &Ctx<'_>, on: &[Endpoint], nodes: &Nodes, n_nodes: usize) ->
         on.len(),
         figures.churn_per_s.unwrap_or(0.0)
     );
-    print_figures("presence", &figures);
+    print_figures("presence", ["join or leave"; 2], &figures);
     report.cluster = Some(figures);
     Ok(report)
 }
