@@ -31,6 +31,12 @@ pub enum Scenario {
     /// `--spread`, starting `--lead` from now: each appended once, and the
     /// lateness (append ts - deliver_at) p50/p99
     Scheduled,
+    /// Herald only: N connections spread round-robin over several nodes
+    /// (`--targets`) on one Redis: connect, a broadcast, point-to-point
+    /// traffic with one node killed (`--kill-node`) midway and its clients
+    /// resumed on the others, then presence churn; per-node memory, Redis
+    /// CPU and commands per message
+    Cluster,
     /// Internal: one connection-holding worker process (spawned by the bench)
     #[value(hide = true)]
     Worker,
@@ -46,6 +52,7 @@ impl Scenario {
             Scenario::Reconnect => "reconnect",
             Scenario::Acked => "acked",
             Scenario::Scheduled => "scheduled",
+            Scenario::Cluster => "cluster",
             Scenario::Worker => "worker",
         }
     }
@@ -211,6 +218,43 @@ pub struct BenchArgs {
     /// so every delivery crosses nodes
     #[arg(long)]
     pub publish_target: Option<String>,
+    /// cluster: every node's address, comma-separated; connection `i`
+    /// opens on node `i % N`
+    #[arg(long, value_delimiter = ',')]
+    pub targets: Vec<String>,
+    /// cluster: every node's process id, in `--targets` order (memory and
+    /// CPU per node; the one `--kill-node` names is killed)
+    #[arg(long, value_delimiter = ',')]
+    pub server_pids: Vec<u32>,
+    /// cluster: the nodes' Redis (HOST:PORT), read with `INFO` for its
+    /// commands per message
+    #[arg(long)]
+    pub redis_addr: Option<String>,
+    /// cluster: the redis-server process id, for its CPU
+    #[arg(long)]
+    pub redis_pid: Option<u32>,
+    /// cluster: the node (index into `--targets`) killed with SIGKILL
+    /// halfway through the point-to-point phase; its clients must resume
+    /// on the others. None: no node is killed
+    #[arg(long)]
+    pub kill_node: Option<usize>,
+    /// cluster: messages of the broadcast phase (one channel every
+    /// connection subscribes to)
+    #[arg(long, default_value_t = 20)]
+    pub broadcast_messages: u64,
+    /// cluster: broadcast messages per second
+    #[arg(long, default_value_t = 2.0)]
+    pub broadcast_rate: f64,
+    /// cluster: presence churn clients (each joins and leaves a presence
+    /// channel once per round)
+    #[arg(long, default_value_t = 500)]
+    pub churn_clients: usize,
+    /// cluster: presence churn rounds
+    #[arg(long, default_value_t = 4)]
+    pub churn_rounds: u64,
+    /// cluster: namespace of the presence channel (`presence = true`)
+    #[arg(long, default_value = "presence")]
+    pub presence_namespace: String,
     /// Server under test
     #[arg(long, value_enum, default_value_t = Peer::Herald)]
     pub peer: Peer,
@@ -293,7 +337,9 @@ pub struct BenchArgs {
     /// Deadline of each phase (connect, deliver, reconnect)
     #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
     pub timeout: Duration,
-    /// reconnect: each client drops at a random time within this window
+    /// reconnect: each client drops at a random time within this window;
+    /// cluster: a client whose node went away waits a random time below
+    /// this before it resumes on another
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     pub jitter: Duration,
     /// Connections per worker process at most (one process may open only so many files)
@@ -331,6 +377,7 @@ impl BenchArgs {
     pub fn rates(&self) -> anyhow::Result<Vec<Rate>> {
         let default = match self.scenario {
             Scenario::Fanout => "20,max",
+            Scenario::Cluster => "10000",
             Scenario::Reconnect => "50",
             _ => "max",
         };
@@ -393,6 +440,31 @@ impl BenchArgs {
         }
         if self.scenario == Scenario::Scheduled && self.peer != Peer::Herald {
             bail!("`scheduled` runs against Herald only: the peers have no scheduled delivery");
+        }
+        if self.scenario == Scenario::Cluster {
+            if self.peer != Peer::Herald {
+                bail!("`cluster` runs against Herald only");
+            }
+            if self.targets.is_empty() {
+                bail!("`cluster` needs --targets (every node's address)");
+            }
+            if !self.server_pids.is_empty() && self.server_pids.len() != self.targets.len() {
+                bail!("--server-pids must name one process per --targets entry");
+            }
+            if let Some(k) = self.kill_node {
+                if k >= self.targets.len() || self.targets.len() < 2 {
+                    bail!("--kill-node {k}: needs at least 2 nodes and an index into --targets");
+                }
+                if self.server_pids.is_empty() {
+                    bail!("--kill-node needs --server-pids");
+                }
+            }
+            if !(self.broadcast_rate.is_finite() && self.broadcast_rate > 0.0) {
+                bail!("--broadcast-rate must be positive");
+            }
+            if !matches!(self.rates()?.as_slice(), [Rate::PerSec(_)]) {
+                bail!("`cluster` needs one paced --rate (messages/s) so the kill lands midway");
+            }
         }
         if self.scenario == Scenario::Acked && self.peer != Peer::Herald {
             bail!("`acked` runs against Herald only: the peers have no acked delivery");
@@ -500,6 +572,21 @@ mod tests {
         assert_eq!(url_authority("ws://localhost"), Some("localhost"));
         assert_eq!(url_authority("http://"), None);
         assert_eq!(url_authority("http://:80"), None);
+    }
+
+    #[test]
+    fn cluster_needs_targets_a_pid_per_node_and_a_paced_rate() {
+        let ok = parse(&["cluster", "--dev", "--targets", "http://a:1,http://b:2", "--server-pids", "7,8"]);
+        assert!(ok.validate().is_ok());
+        assert_eq!((ok.targets.len(), ok.rates().unwrap()), (2, vec![Rate::PerSec(10000.0)]));
+        assert!(parse(&["cluster", "--dev"]).validate().is_err());
+        assert!(parse(&["cluster", "--dev", "--targets", "http://a:1,http://b:2", "--server-pids", "7"])
+            .validate()
+            .is_err());
+        let kill = ["cluster", "--dev", "--targets", "http://a:1,http://b:2", "--server-pids", "7,8"];
+        assert!(parse(&[&kill[..], &["--kill-node", "1"]].concat()).validate().is_ok());
+        assert!(parse(&[&kill[..], &["--kill-node", "2"]].concat()).validate().is_err());
+        assert!(parse(&[&kill[..], &["--rate", "max"]].concat()).validate().is_err());
     }
 
     #[test]

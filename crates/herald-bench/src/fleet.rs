@@ -34,11 +34,14 @@ pub struct Fleet {
 
 /// What the scenario wants from the fleet.
 pub struct FleetPlan {
-    pub endpoint: Endpoint,
+    /// Connection `i` opens on `endpoints[i % len]` (see [`crate::worker::wire::node_for`]).
+    pub endpoints: Vec<Endpoint>,
     pub run_id: String,
     pub connections: usize,
     pub layout: Layout,
     pub resume: bool,
+    /// See [`WorkerSpec::resume_jitter_ms`].
+    pub resume_jitter: Duration,
     /// How long the workers may live at most.
     pub lifetime: Duration,
 }
@@ -54,13 +57,14 @@ impl Fleet {
             let first = k * per;
             let count = per.min(plan.connections - first);
             let spec = WorkerSpec {
-                endpoint: plan.endpoint.clone(),
+                endpoints: plan.endpoints.clone(),
                 source: Some(source_address(args.source_base, k)?),
                 run_id: plan.run_id.clone(),
                 first,
                 count,
                 layout: plan.layout.clone(),
                 resume: plan.resume,
+                resume_jitter_ms: plan.resume_jitter.as_millis() as u64,
                 connect_concurrency: args.connect_concurrency,
                 phase_timeout_ms: args.timeout.as_millis() as u64,
                 lifetime_ms: plan.lifetime.as_millis() as u64,

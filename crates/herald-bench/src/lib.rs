@@ -2,7 +2,8 @@
 //! against the servers users would pick instead (bench/peers/), so one run
 //! compares them on one machine.
 //!
-//! Each scenario (`idle`, `fanout`, `p2p`, `publish`, `reconnect`, `acked`) is
+//! Each scenario (`idle`, `fanout`, `p2p`, `publish`, `reconnect`, `acked`,
+//! `scheduled`, `cluster`) is
 //! bounded in count and time, prints a human summary, appends one JSON
 //! object per run to `--json`, and **verifies as it measures**: every
 //! subscriber checks that each expected message arrived once and in order
@@ -18,7 +19,8 @@
 //!
 //! What it must never do: run without a bound, report figures from a run
 //! whose deliveries did not check out without saying so, or change the
-//! server it measures.
+//! server it measures (the one fault it injects is `cluster --kill-node`,
+//! a SIGKILL to the node the operator named).
 
 mod args;
 mod fleet;
@@ -30,6 +32,7 @@ mod pipelined;
 mod proc_stats;
 mod protocol;
 mod publisher;
+mod redis_info;
 mod report;
 mod scenario;
 mod tally;

@@ -53,7 +53,7 @@ fn ticks_pct(ticks: u64, a: &ProcSample, b: &ProcSample) -> f64 {
     ticks as f64 / clock_ticks_per_sec() / secs * 100.0
 }
 
-fn clock_ticks_per_sec() -> f64 {
+pub fn clock_ticks_per_sec() -> f64 {
     // SAFETY: sysconf has no preconditions; it only reads a constant.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 {

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::args::BenchArgs;
 use crate::hist::Histogram;
 use crate::proc_stats::{CpuSnapshot, Machine};
+use crate::redis_info::RedisDelta;
 use crate::tally::Tally;
 
 #[derive(Debug, Clone, Serialize)]
@@ -18,6 +19,40 @@ pub struct Versions {
     /// Version the server under test reported, when it does.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server: Option<String>,
+}
+
+/// Cluster-wide figures of one phase (`cluster` in the JSON line).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ClusterFigures {
+    pub nodes: u64,
+    /// Messages published in the phase (presence: joins + leaves).
+    pub messages: u64,
+    /// Sum of the nodes' `utime + stime` over the phase (the killed node
+    /// until its death is not counted).
+    pub node_cpu_s: Option<f64>,
+    /// Node CPU per delivery, µs (presence: per join or leave).
+    pub node_cpu_us_per_delivery: Option<f64>,
+    pub redis: RedisDelta,
+    pub redis_ops_per_message: Option<f64>,
+    /// connect: each node's RSS growth per connection it holds, KB.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rss_per_conn_kb: Vec<f64>,
+    /// connect: each node's RSS with every connection open, KB.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rss_kb: Vec<u64>,
+    /// p2p: the node killed, from the kill until the last of the clients
+    /// that lost their connection was subscribed again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub killed_node: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reconnect_s: Option<f64>,
+    /// Redis commands per second over the phase (idle: what the held
+    /// connections alone cost it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis_commands_per_s: Option<f64>,
+    /// presence: joins and leaves per second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub churn_per_s: Option<f64>,
 }
 
 /// Field names are the JSON contract of `docs/benchmarks.md`: add, never
@@ -159,6 +194,9 @@ pub struct Report {
     /// acked: `herald_redeliveries_total` over the phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_redeliveries: Option<u64>,
+    /// cluster: the nodes' and Redis's figures of the phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterFigures>,
     pub versions: Versions,
     pub machine: Machine,
     /// What "verified" means for this scenario (summary only).
@@ -228,6 +266,7 @@ impl Report {
             server_acks: None,
             server_acks_per_s: None,
             server_redeliveries: None,
+            cluster: None,
             versions: Versions { bench: env!("CARGO_PKG_VERSION"), server: None },
             machine: Machine::describe(),
             checks: "every expected delivery arrived once, in order",

@@ -163,8 +163,11 @@ pub struct Tally {
     pub seq_errors: u64,
     /// Connections the server (or the network) ended unexpectedly.
     pub disconnects: u64,
-    /// Successful resumes after such an end.
+    /// Successful resumes after such an end, and when the last one was
+    /// subscribed again (wall clock, µs).
     pub resumes: u64,
+    #[serde(default)]
+    pub last_resume_us: Option<u64>,
     /// Herald said `truncated` or `epoch_changed` on a resume.
     pub gaps_reported: u64,
     /// Subscriptions that did not receive everything by the deadline.
@@ -226,6 +229,7 @@ impl Tally {
         self.seq_errors += o.seq_errors;
         self.disconnects += o.disconnects;
         self.resumes += o.resumes;
+        self.last_resume_us = self.last_resume_us.max(o.last_resume_us);
         self.gaps_reported += o.gaps_reported;
         self.incomplete += o.incomplete;
         self.first_rx_us = min_opt(self.first_rx_us, o.first_rx_us);

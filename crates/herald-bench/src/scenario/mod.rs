@@ -3,6 +3,7 @@
 //! the worker lifetime bound.
 
 mod acked;
+mod cluster;
 mod fanout;
 mod idle;
 mod p2p;
@@ -63,11 +64,12 @@ impl Ctx<'_> {
     /// The fleet of `--connections` subscribers to this run's endpoint.
     pub fn fleet_plan(&self, layout: Layout, resume: bool, lifetime: Duration) -> FleetPlan {
         FleetPlan {
-            endpoint: self.endpoint.clone(),
+            endpoints: vec![self.endpoint.clone()],
             run_id: self.run_id.clone(),
             connections: self.args.connections(),
             layout,
             resume,
+            resume_jitter: Duration::ZERO,
             lifetime,
         }
     }
@@ -125,6 +127,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         Scenario::Reconnect => vec![reconnect::run(&ctx).await?],
         Scenario::Acked => acked::run(&ctx).await?,
         Scenario::Scheduled => vec![scheduled::run(&ctx).await?],
+        Scenario::Cluster => cluster::run(&ctx).await?,
         Scenario::Worker => bail!("`worker` is internal: the bench starts it itself"),
     };
     let mut failed = 0;
@@ -140,7 +143,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// `url` (`http://host:port[/...]`) → where the sockets connect.
-async fn endpoint(args: &BenchArgs, url: &str) -> anyhow::Result<Endpoint> {
+pub(crate) async fn endpoint(args: &BenchArgs, url: &str) -> anyhow::Result<Endpoint> {
     let Some(authority) = url_authority(url).map(str::to_owned) else {
         bail!("{url}: needs a host and port, e.g. http://127.0.0.1:8700");
     };
@@ -325,10 +328,32 @@ pub async fn publish_pipelined(
     deadline: Instant,
 ) -> PipelineStats {
     let connections = connections.clamp(1, channels.len().max(1));
+    publish_pipelined_on(
+        ctx,
+        &vec![ctx.endpoint.clone(); connections],
+        channels,
+        (n0, rounds),
+        rate,
+        deadline,
+    )
+    .await
+}
+
+/// [`publish_pipelined`] with publishing connection `k` on `endpoints[k]`
+/// (one connection per entry): a cluster's publishers on several nodes.
+pub async fn publish_pipelined_on(
+    ctx: &Ctx<'_>,
+    endpoints: &[Endpoint],
+    channels: &[String],
+    (n0, rounds): (u64, u64),
+    rate: Rate,
+    deadline: Instant,
+) -> PipelineStats {
+    let connections = endpoints.len().clamp(1, channels.len().max(1));
     let mut stats = PipelineStats::default();
     let mut publishers = Vec::with_capacity(connections);
-    for k in 0..connections {
-        match ws_publisher(ctx, k).await {
+    for (k, ep) in endpoints.iter().take(connections).enumerate() {
+        match WsPublisher::connect(ep, &format!("{}-pub{k}", ctx.run_id)).await {
             Ok(p) => publishers.push(p),
             Err(e) => {
                 stats.errors.push(format!("publisher {k}: {e:#}"));

@@ -3,7 +3,7 @@
 //! wait is bounded; a connection that cannot be reopened stays closed and
 //! shows up as incomplete in the next collect.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +27,9 @@ struct Slot {
     global: usize,
     user: String,
     channel: String,
+    /// Times this connection moved to another node (a cluster's node went
+    /// away): picks its node with [`crate::worker::wire::node_for`].
+    hops: AtomicUsize,
 }
 
 /// Most events handled in one go before the control channel (stop, drop
@@ -47,6 +50,7 @@ pub(super) async fn run(
         shared: shared.clone(),
         i,
         global,
+        hops: AtomicUsize::new(0),
     };
     let mut ctl = shared.control.subscribe();
     let mut conn = {
@@ -148,9 +152,9 @@ impl Slot {
         loop {
             attempt += 1;
             let resume = lock(&shared.subs[self.i]).resume.clone();
+            let endpoint = shared.spec.endpoint(self.global, self.hops.load(Ordering::Relaxed));
             let opened =
-                SubConn::open(&shared.spec.endpoint, shared.spec.source, &self.user, &self.channel, &resume)
-                    .await;
+                SubConn::open(endpoint, shared.spec.source, &self.user, &self.channel, &resume).await;
             match opened {
                 Ok((conn, subscribed)) => {
                     let first = {
@@ -183,6 +187,11 @@ impl Slot {
                     return Ok(conn);
                 }
                 Err(e) => {
+                    // Away from its first node already: the next one may
+                    // be gone too, so each retry tries another.
+                    if self.hops.load(Ordering::Relaxed) > 0 {
+                        self.hops.fetch_add(1, Ordering::Relaxed);
+                    }
                     if attempt >= attempts || Instant::now() + backoff >= deadline {
                         return Err(e.context(format!("gave up after {attempt} attempt(s)")));
                     }
@@ -238,9 +247,16 @@ impl Slot {
         if !shared.spec.resume {
             return None;
         }
+        // Resume on another node: this one may be gone (one server: the same).
+        self.hops.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(jitter(Duration::from_millis(shared.spec.resume_jitter_ms))).await;
         match self.open(u32::MAX).await {
             Ok(c) => {
-                shared.with_period(|t| t.resumes += 1);
+                let now = payload::now_micros();
+                shared.with_period(|t| {
+                    t.resumes += 1;
+                    t.last_resume_us = t.last_resume_us.max(Some(now));
+                });
                 Some(c)
             }
             Err(e) => {

@@ -12,7 +12,9 @@ use crate::protocol::Endpoint;
 /// Everything a worker needs, sent as the first line of its stdin.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkerSpec {
-    pub endpoint: Endpoint,
+    /// The nodes of the cluster under test (one for a single server):
+    /// connection `i` opens on [`node_for`]`(i, endpoints.len(), hops)`.
+    pub endpoints: Vec<Endpoint>,
     /// Source address of every connection of this worker.
     pub source: Option<Ipv4Addr>,
     /// Makes user and channel names unique to the run.
@@ -23,6 +25,10 @@ pub struct WorkerSpec {
     pub layout: Layout,
     /// Reconnect and resume after an unexpected disconnect.
     pub resume: bool,
+    /// Wait a random time below this before such a resume, as client SDKs
+    /// do, so the clients of a lost node do not all come back at once.
+    #[serde(default)]
+    pub resume_jitter_ms: u64,
     pub connect_concurrency: usize,
     /// Deadline of the connect phase, and of each reconnect.
     pub phase_timeout_ms: u64,
@@ -40,6 +46,11 @@ pub enum Layout {
 }
 
 impl WorkerSpec {
+    /// Where global connection `i` opens after `hops` moves.
+    pub fn endpoint(&self, i: usize, hops: usize) -> &Endpoint {
+        &self.endpoints[node_for(i, self.endpoints.len(), hops)]
+    }
+
     /// The user name of global connection `i`.
     pub fn user(run_id: &str, i: usize) -> String {
         format!("{run_id}-{i}")
@@ -51,6 +62,21 @@ impl WorkerSpec {
             Layout::PerUser { prefix } => format!("{prefix}{}", Self::user(run_id, i)),
         }
     }
+}
+
+/// The node (index into `nodes`) of global connection `i` after it moved
+/// `hops` times. At first (`hops == 0`) connections are spread round-robin:
+/// `i % nodes`. A connection that lost its node moves on and never comes
+/// back to it while it keeps moving: move `h` goes to one of the other
+/// `nodes - 1`, chosen by `i / nodes` so the clients of one lost node
+/// spread evenly over the rest instead of all landing on its neighbour.
+pub fn node_for(i: usize, nodes: usize, hops: usize) -> usize {
+    let home = i % nodes.max(1);
+    if hops == 0 || nodes <= 1 {
+        return home;
+    }
+    let others = nodes - 1;
+    (home + 1 + (i / nodes + hops - 1) % others) % nodes
 }
 
 /// Parent → worker.
@@ -116,6 +142,49 @@ impl ReconnectTally {
             if self.errors.len() < crate::tally::MAX_ERRORS {
                 self.errors.push(e.clone());
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::node_for;
+
+    #[test]
+    fn connections_start_round_robin_over_the_nodes() {
+        let homes: Vec<usize> = (0..8).map(|i| node_for(i, 4, 0)).collect();
+        assert_eq!(homes, [0, 1, 2, 3, 0, 1, 2, 3]);
+        assert_eq!(node_for(7, 1, 0), 0);
+        assert_eq!(node_for(7, 1, 5), 0);
+    }
+
+    #[test]
+    fn a_lost_nodes_clients_spread_over_the_others_and_never_return() {
+        let nodes = 8;
+        let lost = 3;
+        let mut landed = vec![0usize; nodes];
+        for i in (lost..80_000).step_by(nodes) {
+            for hops in 1..2 * nodes {
+                assert_ne!(node_for(i, nodes, hops), lost, "connection {i}, move {hops}");
+            }
+            landed[node_for(i, nodes, 1)] += 1;
+        }
+        // 10,000 clients over the 7 others: 1,428 or 1,429 each.
+        assert_eq!(landed[lost], 0);
+        for (n, &c) in landed.iter().enumerate().filter(|&(n, _)| n != lost) {
+            assert!((1428..=1429).contains(&c), "node {n} got {c}");
+        }
+    }
+
+    #[test]
+    fn moving_again_visits_every_other_node() {
+        let nodes = 5;
+        for i in 0..20 {
+            let mut seen: Vec<usize> = (1..nodes).map(|h| node_for(i, nodes, h)).collect();
+            seen.sort_unstable();
+            let mut want: Vec<usize> = (0..nodes).filter(|&n| n != i % nodes).collect();
+            want.sort_unstable();
+            assert_eq!(seen, want, "connection {i}");
         }
     }
 }
