@@ -9,13 +9,13 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use herald_core::{AppendRequest, EngineError, Receipt};
+use herald_core::{AppendRequest, EngineError, Epoch, Receipt};
 use herald_proto::ChannelName;
 use redis::{ScriptInvocation, Value};
 use uuid::Uuid;
 
 use crate::frame::FrameTemplate;
-use crate::reply::{Fields, Reply};
+use crate::reply::{Appended, Reply};
 use crate::scripts::{Append, AppendChannel, AppendMessage};
 use crate::state::{hex, ms, new_epoch, EngineState};
 
@@ -67,42 +67,28 @@ impl EngineState {
             runs.iter().map(|run| self.append_invocation(&groups[run.clone()], &reqs, &ids)).collect();
         let replies = self.run_appends(&invocations).await;
         for (run, reply) in runs.into_iter().zip(replies) {
-            let run = &groups[run];
-            let parsed = reply.and_then(|v| {
-                let channels = Reply::new("append", v)?.fields("reply")?;
-                if channels.len() != run.len() {
-                    return Err(EngineError::Unavailable("redis append: malformed reply".into()));
-                }
-                Ok(channels)
-            });
-            let mut channels = match parsed {
-                Ok(channels) => channels,
-                Err(e) => {
-                    for &i in run.iter().flat_map(|(_, members)| members) {
-                        out[i] = Some(Err(e.clone()));
+            let members: Vec<usize> = groups[run].iter().flat_map(|(_, m)| m.iter().copied()).collect();
+            let text = reply.and_then(|v| Reply::new("append", v)?.string("reply"));
+            let lines = match &text {
+                Ok(text) => {
+                    let lines: Vec<&str> = text.split('\n').collect();
+                    if lines.len() == members.len() {
+                        Ok(lines)
+                    } else {
+                        Err(EngineError::Unavailable("redis append: malformed reply".into()))
                     }
-                    continue;
                 }
+                Err(e) => Err(e.clone()),
             };
-            for (_, members) in run {
-                let entries = channels.fields("channel").and_then(|entries| {
-                    if entries.len() != members.len() {
-                        return Err(EngineError::Unavailable("redis append: malformed reply".into()));
+            match lines {
+                Ok(lines) => {
+                    for (&i, line) in members.iter().zip(lines) {
+                        out[i] = Some(self.receipt_of(&reqs[i], &ids[i], line));
                     }
-                    Ok(entries)
-                });
-                match entries {
-                    Ok(entries) => {
-                        for (&i, entry) in members.iter().zip(entries) {
-                            let receipt =
-                                entry.fields("entry").and_then(|e| self.receipt_of(&reqs[i], &ids[i], e));
-                            out[i] = Some(receipt);
-                        }
-                    }
-                    Err(e) => {
-                        for &i in members {
-                            out[i] = Some(Err(e.clone()));
-                        }
+                }
+                Err(e) => {
+                    for &i in &members {
+                        out[i] = Some(Err(e.clone()));
                     }
                 }
             }
@@ -300,12 +286,12 @@ impl EngineState {
         out
     }
 
-    /// One message's receipt from its entry in the `APPEND` reply.
-    fn receipt_of(&self, req: &AppendRequest, id: &str, mut entry: Fields) -> Result<Receipt, EngineError> {
+    /// One message's receipt from its line of the `APPEND` reply.
+    fn receipt_of(&self, req: &AppendRequest, id: &str, line: &str) -> Result<Receipt, EngineError> {
         let ch = &req.channel;
-        match entry.status()?.as_str() {
-            "ok" => {
-                let receipt = self.receipt(ch, id, entry.appended()?);
+        match AppendLine::parse(line)? {
+            AppendLine::Ok(appended) => {
+                let receipt = self.receipt(ch, id, appended);
                 if req.durable {
                     self.counters.appends.bump();
                 } else {
@@ -313,19 +299,102 @@ impl EngineState {
                 }
                 Ok(receipt)
             }
-            "dup" => {
-                let (seq, id) = (entry.seq("seq")?, entry.string("id")?);
-                let (ts, epoch) = (entry.int("ts")?, entry.epoch("epoch")?);
+            AppendLine::Dup { seq, id, ts, epoch } => {
                 self.counters.dedup_hits.bump();
                 Ok(Receipt { channel: ch.clone(), seq, id: Arc::from(id), epoch, ts, duplicate: true })
             }
-            "mismatch" => {
+            AppendLine::Mismatch => {
                 self.counters.dedup_mismatches.bump();
                 Err(EngineError::IdempotencyMismatch)
             }
-            "closed" => Err(self.refuse_closed()),
-            "err" => Err(entry.error()),
-            _ => Err(entry.unexpected()),
+            AppendLine::Closed => Err(self.refuse_closed()),
+            AppendLine::Err(message) => Err(EngineError::Unavailable(format!("redis append: {message}"))),
+        }
+    }
+}
+
+/// One message's line of the `APPEND` reply.
+#[derive(Debug, PartialEq)]
+enum AppendLine<'a> {
+    /// `ok <seq|-> <ts> <epoch|-> <lost 0|1>`
+    Ok(Appended),
+    /// `dup <seq|-> <id> <ts> <epoch|->`: the receipt of an earlier append.
+    Dup { seq: Option<u64>, id: &'a str, ts: u64, epoch: Epoch },
+    /// `mismatch`: the key was used for other content.
+    Mismatch,
+    /// `closed`: the channel is closed.
+    Closed,
+    /// `err <message>`: this message was not appended.
+    Err(&'a str),
+}
+
+impl<'a> AppendLine<'a> {
+    fn parse(line: &'a str) -> Result<Self, EngineError> {
+        let malformed = || EngineError::Unavailable("redis append: malformed reply".into());
+        let (kind, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let seq = |s: &str| match s {
+            "-" => Ok(None),
+            s => s.parse().map(Some).map_err(|_| malformed()),
+        };
+        let epoch = |s: &str| Epoch::new(if s == "-" { "" } else { s });
+        let int = |s: &str| s.parse::<u64>().map_err(|_| malformed());
+        let mut f = rest.split(' ');
+        Ok(match kind {
+            "ok" => match (f.next(), f.next(), f.next(), f.next(), f.next()) {
+                (Some(s), Some(ts), Some(e), Some(lost @ ("0" | "1")), None) => AppendLine::Ok(Appended {
+                    seq: seq(s)?,
+                    ts: int(ts)?,
+                    epoch: epoch(e),
+                    lost: lost == "1",
+                }),
+                _ => return Err(malformed()),
+            },
+            "dup" => match (f.next(), f.next(), f.next(), f.next(), f.next()) {
+                (Some(s), Some(id), Some(ts), Some(e), None) => {
+                    AppendLine::Dup { seq: seq(s)?, id, ts: int(ts)?, epoch: epoch(e) }
+                }
+                _ => return Err(malformed()),
+            },
+            "mismatch" if rest.is_empty() => AppendLine::Mismatch,
+            "closed" if rest.is_empty() => AppendLine::Closed,
+            "err" => AppendLine::Err(rest),
+            _ => return Err(malformed()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn append_lines_are_read_field_by_field() {
+        let ok = AppendLine::parse("ok 5 17 E 1").unwrap();
+        assert_eq!(ok, AppendLine::Ok(Appended { seq: Some(5), ts: 17, epoch: Epoch::new("E"), lost: true }));
+        let volatile = AppendLine::parse("ok - 17 - 0").unwrap();
+        assert_eq!(
+            volatile,
+            AppendLine::Ok(Appended { seq: None, ts: 17, epoch: Epoch::new(""), lost: false })
+        );
+        assert_eq!(
+            AppendLine::parse("dup 3 id-1 9 E").unwrap(),
+            AppendLine::Dup { seq: Some(3), id: "id-1", ts: 9, epoch: Epoch::new("E") }
+        );
+        assert_eq!(AppendLine::parse("mismatch").unwrap(), AppendLine::Mismatch);
+        assert_eq!(AppendLine::parse("closed").unwrap(), AppendLine::Closed);
+        assert_eq!(AppendLine::parse("err ERR a b c").unwrap(), AppendLine::Err("ERR a b c"));
+        for bad in [
+            "",
+            "ok",
+            "ok 5 17 E",
+            "ok 5 17 E 2",
+            "ok x 17 E 0",
+            "ok 5 17 E 0 extra",
+            "dup 3 id 9",
+            "closed x",
+            "what",
+        ] {
+            assert!(AppendLine::parse(bad).is_err(), "{bad:?}");
         }
     }
 }

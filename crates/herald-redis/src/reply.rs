@@ -148,6 +148,7 @@ impl Reply {
 
 /// What a script that appended one message says of it (`APPEND`,
 /// `ROOM_WRITE`, `SCHED_DELIVER`): `seq|'-', ts, epoch|'-', lost`.
+#[derive(Debug, PartialEq)]
 pub(crate) struct Appended {
     /// None for a volatile message.
     pub seq: Option<Seq>,
@@ -232,15 +233,6 @@ impl Fields {
             epoch: self.epoch("epoch")?,
             lost: self.flag("lost")?,
         })
-    }
-
-    /// `{'err', message}`: a script's error for one part of its work (one
-    /// message of an `APPEND`), as [`failure`] words it.
-    pub fn error(&mut self) -> EngineError {
-        match self.string("error") {
-            Ok(m) => EngineError::Unavailable(format!("redis {}: {m}", self.what)),
-            Err(e) => e,
-        }
     }
 }
 

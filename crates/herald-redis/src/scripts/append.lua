@@ -43,40 +43,40 @@ while b <= #ARGV do
 end
 if #groups == 0 then return bad() end
 local now = ms_now()
+-- One line per message, in order: a flat reply the node reads without a
+-- value per field.
 local out = {}
-for gi, g in ipairs(groups) do
-  local replies = {}
-  for i, m in ipairs(g.msgs) do
-    local reply
+for _, g in ipairs(groups) do
+  for _, m in ipairs(g.msgs) do
+    local line
     local r = m.receipt and redis.call('GET', m.receipt)
     if r then
       local fp, seq, id, ts, epoch = string.match(r, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
       if not fp then
-        reply = {'err', 'malformed receipt'}
+        line = 'err malformed receipt'
       elseif fp ~= m.fp then
-        reply = {'mismatch'}
+        line = 'mismatch'
       else
-        reply = {'dup', seq, id, ts, epoch}
+        line = 'dup ' .. seq .. ' ' .. id .. ' ' .. ts .. ' ' .. epoch
       end
     else
       local st = meta_of(g.meta)
       if st[4] == '1' then
-        reply = {'closed'}
+        line = 'closed'
       else
         local a = append_msg(g.meta, g.log, m.a, st, now)
         if a.err then
-          reply = {'err', tostring(a.err.err or a.err)}
+          line = 'err ' .. string.gsub(tostring(a.err.err or a.err), '\n', ' ')
         else
           if m.receipt then
             redis.call('SET', m.receipt, m.fp .. ' ' .. a.sseq .. ' ' .. m.a.id .. ' ' .. fmt(a.ts) .. ' '
               .. a.sepoch, 'PX', fmt(m.ttl))
           end
-          reply = {'ok', a.sseq, fmt(a.ts), a.sepoch, a.lost}
+          line = 'ok ' .. a.sseq .. ' ' .. fmt(a.ts) .. ' ' .. a.sepoch .. ' ' .. fmt(a.lost)
         end
       end
     end
-    replies[i] = reply
+    out[#out + 1] = line
   end
-  out[gi] = replies
 end
-return out
+return table.concat(out, '\n')

@@ -76,15 +76,16 @@ fn bare(shebang: &str, body: &str) -> Script {
 /// Arguments: [`Append`], then per channel an [`AppendChannel`] followed by
 /// an [`AppendMessage`] per message.
 ///
-/// Returns a list per channel, in order, of one reply per message:
-/// `{'ok', seq|'-', ts, epoch|'-', lost}`, `{'dup', seq|'-', id, ts,
-/// epoch|'-'}`, `{'mismatch'}`, `{'closed'}` (the channel is closed;
-/// checked after the receipt, so a retry of an append made before the
-/// close still gets its receipt) or `{'err', message}` (this message was
-/// not appended; the next ones are still tried, as separate appends would
-/// be). Every argument is checked before the first write: one bad message
-/// refuses the whole call with an error reply and writes nothing. Redis's
-/// clock is read once per run.
+/// Returns one bulk string: a line per message, in order (the channels in
+/// order, each channel's messages in order), so the node reads one value
+/// however many messages the run holds: `ok <seq|-> <ts> <epoch|-> <lost
+/// 0|1>`, `dup <seq|-> <id> <ts> <epoch|->`, `mismatch`, `closed` (the
+/// channel is closed; checked after the receipt, so a retry of an append
+/// made before the close still gets its receipt) or `err <message>` (this
+/// message was not appended; the next ones are still tried, as separate
+/// appends would be). Every argument is checked before the first write:
+/// one bad message refuses the whole call with an error reply and writes
+/// nothing. Redis's clock is read once per run.
 ///
 /// Each message is handled exactly as it would be alone: its receipt is
 /// read after the messages before it were appended, so a key used twice in
