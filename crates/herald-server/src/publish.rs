@@ -15,6 +15,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use tracing::Instrument;
 
+use crate::config::Config;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -148,15 +149,7 @@ impl AppState {
     /// appended: size, then the rules of [`check_data`] (what is stored must
     /// be servable to every client as it is).
     pub fn check_publish_data(&self, data: &RawValue) -> Result<(), ApiError> {
-        let max_bytes = self.config().websocket.max_message_bytes;
-        if data.get().len() > max_bytes {
-            return Err(ApiError::new(
-                ErrorCode::PayloadTooLarge,
-                format!("`data` is larger than {max_bytes} bytes"),
-            ));
-        }
-        check_data(data, self.config().publish.max_data_depth)
-            .map_err(|e| ApiError::new(ErrorCode::BadData, e.to_string()))
+        check_publish_data_in(self.config(), data)
     }
 
     /// Append one message through the engine. The caller has checked
@@ -193,13 +186,17 @@ impl AppState {
         items: Vec<Result<Publish, ApiError>>,
         claim: bool,
     ) -> Vec<Result<Receipt, ApiError>> {
+        // One configuration for the whole batch: each item is checked and
+        // made a request against the same snapshot (a load per use was
+        // several atomic loads per publish).
+        let config = self.config();
         let mut guards = Vec::new();
         let mut reqs = Vec::with_capacity(items.len());
         // Per item: its request's index in `reqs`, or why it was refused.
         let mut slots: Vec<Result<usize, ApiError>> = Vec::with_capacity(items.len());
         for item in items {
             let slot = match item {
-                Ok(p) => match self.prepare(p, claim, &mut guards).await {
+                Ok(p) => match self.prepare(config, p, claim, &mut guards).await {
                     Ok(req) => {
                         reqs.push(req);
                         Ok(reqs.len() - 1)
@@ -230,12 +227,13 @@ impl AppState {
     /// One item of [`AppState::publish_many`], checked and made a request.
     async fn prepare<'a>(
         &'a self,
+        config: &Config,
         p: Publish,
         claim: bool,
         guards: &mut Vec<InFlightGuard<'a>>,
     ) -> Result<AppendRequest, ApiError> {
-        let ns = self.config().namespaces.resolve(&p.channel)?;
-        self.check_publish_data(&p.data)?;
+        let ns = config.namespaces.resolve(&p.channel)?;
+        check_publish_data_in(config, &p.data)?;
         if let (true, Some((key, _))) = (claim, &p.dedup) {
             guards.push(self.in_flight.claim(key)?);
         }
@@ -245,19 +243,7 @@ impl AppState {
         // Before the append: the webhooks' cursors, so their work is found
         // again after a crash (webhooks/mod.rs).
         self.webhooks.ensure(&*self.engine, ns, &p.channel).await?;
-        Ok(self.request(ns, p))
-    }
-
-    fn request(&self, ns: &NamespaceOptions, p: Publish) -> AppendRequest {
-        AppendRequest {
-            meta: p.meta,
-            dedup: p.dedup.map(|(key, fingerprint)| Dedup {
-                key,
-                fingerprint,
-                ttl: self.config().idempotency_ttl,
-            }),
-            ..AppendRequest::message(p.channel, p.data, ns.is_durable(), ns.retention())
-        }
+        Ok(request(config, ns, p))
     }
 
     /// Count an engine outcome in the metrics and make it an API result.
@@ -296,10 +282,32 @@ impl AppState {
         }
         self.webhooks.ensure(&*self.engine, ns, &p.channel).await?;
         let started = Instant::now();
-        let req = self.request(ns, p);
+        let req = request(self.config(), ns, p);
         let span = tracing::trace_span!(target: crate::trace::TARGET, "herald.append", messages = 1);
         let result = self.engine.append(req).instrument(span).await;
         self.account(result, started)
+    }
+}
+
+/// [`AppState::check_publish_data`] against one configuration snapshot.
+fn check_publish_data_in(config: &Config, data: &RawValue) -> Result<(), ApiError> {
+    let max_bytes = config.websocket.max_message_bytes;
+    if data.get().len() > max_bytes {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("`data` is larger than {max_bytes} bytes"),
+        ));
+    }
+    check_data(data, config.publish.max_data_depth)
+        .map_err(|e| ApiError::new(ErrorCode::BadData, e.to_string()))
+}
+
+/// The engine request of a checked publish.
+fn request(config: &Config, ns: &NamespaceOptions, p: Publish) -> AppendRequest {
+    AppendRequest {
+        meta: p.meta,
+        dedup: p.dedup.map(|(key, fingerprint)| Dedup { key, fingerprint, ttl: config.idempotency_ttl }),
+        ..AppendRequest::message(p.channel, p.data, ns.is_durable(), ns.retention())
     }
 }
 
