@@ -7,7 +7,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use herald_core::{AppendRequest, Dedup, NamespaceOptions, Receipt};
 use herald_proto::{check_data, ChannelName, ErrorCode, Meta};
@@ -211,6 +211,8 @@ impl AppState {
         let span = tracing::trace_span!(target: crate::trace::TARGET, "herald.append", messages = reqs.len());
         let mut results: Vec<Option<Result<Receipt, herald_core::EngineError>>> =
             self.engine.append_batch(reqs).instrument(span).await.into_iter().map(Some).collect();
+        // Every item of the batch was answered at once: one latency for all.
+        let latency = started.elapsed();
         drop(guards);
         slots
             .into_iter()
@@ -219,7 +221,7 @@ impl AppState {
                 let result = results.get_mut(i).and_then(Option::take).unwrap_or_else(|| {
                     Err(herald_core::EngineError::Failed("no result from the engine".into()))
                 });
-                self.account(result, started)
+                self.account(result, latency)
             })
             .collect()
     }
@@ -250,7 +252,7 @@ impl AppState {
     fn account(
         &self,
         result: Result<Receipt, herald_core::EngineError>,
-        started: Instant,
+        latency: Duration,
     ) -> Result<Receipt, ApiError> {
         match result {
             Ok(receipt) => {
@@ -259,7 +261,7 @@ impl AppState {
                     self.metrics.dedup_hits.inc();
                 } else {
                     self.metrics.published.inc();
-                    self.metrics.publish_latency.observe(started.elapsed().as_secs_f64());
+                    self.metrics.publish_latency.observe(latency.as_secs_f64());
                 }
                 Ok(receipt)
             }
@@ -285,7 +287,7 @@ impl AppState {
         let req = request(self.config(), ns, p);
         let span = tracing::trace_span!(target: crate::trace::TARGET, "herald.append", messages = 1);
         let result = self.engine.append(req).instrument(span).await;
-        self.account(result, started)
+        self.account(result, started.elapsed())
     }
 }
 
