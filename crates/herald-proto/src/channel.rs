@@ -44,8 +44,10 @@ impl ChannelName {
         if name.len() > MAX_CHANNEL_LEN {
             return Err(ChannelNameError::TooLong);
         }
-        let (base, users) = match name.split_once('#') {
-            Some((base, users)) => (base, Some(users)),
+        // A byte scan, as in `colon`: `#` is ASCII, so the index is a char
+        // boundary, and a name is parsed on every frame that carries one.
+        let (base, users) = match name.bytes().position(|b| b == b'#') {
+            Some(i) => (&name[..i], Some(&name[i + 1..])),
             None => (name, None),
         };
         if base.is_empty() {
