@@ -44,8 +44,10 @@ impl ChannelName {
         if name.len() > MAX_CHANNEL_LEN {
             return Err(ChannelNameError::TooLong);
         }
-        let (base, users) = match name.split_once('#') {
-            Some((base, users)) => (base, Some(users)),
+        // A byte scan, as in `colon`: `#` is ASCII, so the index is a char
+        // boundary, and a name is parsed on every frame that carries one.
+        let (base, users) = match name.bytes().position(|b| b == b'#') {
+            Some(i) => (&name[..i], Some(&name[i + 1..])),
             None => (name, None),
         };
         if base.is_empty() {
@@ -81,7 +83,7 @@ impl ChannelName {
     /// The namespace: the part before the first `:`, or `""` when the name has
     /// no `:`.
     pub fn namespace(&self) -> &str {
-        match self.0.find(':') {
+        match self.colon() {
             Some(i) => &self.0[..i],
             None => "",
         }
@@ -89,10 +91,18 @@ impl ChannelName {
 
     /// The part after the first `:` (the whole name when there is none).
     pub fn local_part(&self) -> &str {
-        match self.0.find(':') {
+        match self.colon() {
             Some(i) => &self.0[i + 1..],
             None => &self.0,
         }
+    }
+
+    /// Where the first `:` is. A byte scan: names are short, and a plain
+    /// loop over a few bytes costs a fraction of `str::find`'s searcher on
+    /// every publish and delivery (`:` is ASCII, so the index is a char
+    /// boundary).
+    fn colon(&self) -> Option<usize> {
+        self.0.bytes().position(|b| b == b':')
     }
 }
 

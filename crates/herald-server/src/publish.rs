@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use herald_core::{AppendRequest, Dedup, NamespaceOptions, Receipt};
 use herald_proto::{check_data, ChannelName, ErrorCode, Meta};
@@ -16,6 +16,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use tracing::Instrument;
 
+use crate::config::Config;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -245,15 +246,7 @@ impl AppState {
     /// appended: size, then the rules of [`check_data`] (what is stored must
     /// be servable to every client as it is).
     pub fn check_publish_data(&self, data: &RawValue) -> Result<(), ApiError> {
-        let max_bytes = self.config().websocket.max_message_bytes;
-        if data.get().len() > max_bytes {
-            return Err(ApiError::new(
-                ErrorCode::PayloadTooLarge,
-                format!("`data` is larger than {max_bytes} bytes"),
-            ));
-        }
-        check_data(data, self.config().publish.max_data_depth)
-            .map_err(|e| ApiError::new(ErrorCode::BadData, e.to_string()))
+        check_publish_data_in(self.config(), data)
     }
 
     /// Append one message through the engine. The caller has checked
@@ -290,13 +283,17 @@ impl AppState {
         items: Vec<Result<Publish, ApiError>>,
         claim: bool,
     ) -> Vec<Result<Receipt, ApiError>> {
+        // One configuration for the whole batch: each item is checked and
+        // made a request against the same snapshot (a load per use was
+        // several atomic loads per publish).
+        let config = self.config();
         let mut guards = Vec::new();
         let mut reqs = Vec::with_capacity(items.len());
         // Per item: its request's index in `reqs`, or why it was refused.
         let mut slots: Vec<Result<usize, ApiError>> = Vec::with_capacity(items.len());
         for item in items {
             let slot = match item {
-                Ok(p) => match self.prepare(p, claim, &mut guards).await {
+                Ok(p) => match self.prepare(config, p, claim, &mut guards).await {
                     Ok(req) => {
                         reqs.push(req);
                         Ok(reqs.len() - 1)
@@ -311,6 +308,8 @@ impl AppState {
         let span = tracing::trace_span!(target: crate::trace::TARGET, "herald.append", messages = reqs.len());
         let mut results: Vec<Option<Result<Receipt, herald_core::EngineError>>> =
             self.engine.append_batch(reqs).instrument(span).await.into_iter().map(Some).collect();
+        // Every item of the batch was answered at once: one latency for all.
+        let latency = started.elapsed();
         drop(guards);
         slots
             .into_iter()
@@ -319,7 +318,7 @@ impl AppState {
                 let result = results.get_mut(i).and_then(Option::take).unwrap_or_else(|| {
                     Err(herald_core::EngineError::Failed("no result from the engine".into()))
                 });
-                self.account(result, started)
+                self.account(result, latency)
             })
             .collect()
     }
@@ -327,12 +326,13 @@ impl AppState {
     /// One item of [`AppState::publish_many`], checked and made a request.
     async fn prepare<'a>(
         &'a self,
+        config: &Config,
         p: Publish,
         claim: bool,
         guards: &mut Vec<InFlightGuard<'a>>,
     ) -> Result<AppendRequest, ApiError> {
-        let ns = self.config().namespaces.resolve(&p.channel)?;
-        self.check_publish_data(&p.data)?;
+        let ns = config.namespaces.resolve(&p.channel)?;
+        check_publish_data_in(config, &p.data)?;
         if let (true, Some((key, _))) = (claim, &p.dedup) {
             guards.push(self.in_flight.claim(key)?);
         }
@@ -342,26 +342,14 @@ impl AppState {
         // Before the append: the webhooks' cursors, so their work is found
         // again after a crash (webhooks/mod.rs).
         self.webhooks.ensure(&*self.engine, ns, &p.channel).await?;
-        Ok(self.request(ns, p))
-    }
-
-    fn request(&self, ns: &NamespaceOptions, p: Publish) -> AppendRequest {
-        AppendRequest {
-            meta: p.meta,
-            dedup: p.dedup.map(|(key, fingerprint)| Dedup {
-                key,
-                fingerprint,
-                ttl: self.config().idempotency_ttl,
-            }),
-            ..AppendRequest::message(p.channel, p.data, ns.is_durable(), ns.retention())
-        }
+        Ok(request(config, ns, p))
     }
 
     /// Count an engine outcome in the metrics and make it an API result.
     fn account(
         &self,
         result: Result<Receipt, herald_core::EngineError>,
-        started: Instant,
+        latency: Duration,
     ) -> Result<Receipt, ApiError> {
         match result {
             Ok(receipt) => {
@@ -370,7 +358,7 @@ impl AppState {
                     self.metrics.dedup_hits.inc();
                 } else {
                     self.metrics.published.inc();
-                    self.metrics.publish_latency.observe(started.elapsed().as_secs_f64());
+                    self.metrics.publish_latency.observe(latency.as_secs_f64());
                 }
                 Ok(receipt)
             }
@@ -393,10 +381,32 @@ impl AppState {
         }
         self.webhooks.ensure(&*self.engine, ns, &p.channel).await?;
         let started = Instant::now();
-        let req = self.request(ns, p);
+        let req = request(self.config(), ns, p);
         let span = tracing::trace_span!(target: crate::trace::TARGET, "herald.append", messages = 1);
         let result = self.engine.append(req).instrument(span).await;
-        self.account(result, started)
+        self.account(result, started.elapsed())
+    }
+}
+
+/// [`AppState::check_publish_data`] against one configuration snapshot.
+fn check_publish_data_in(config: &Config, data: &RawValue) -> Result<(), ApiError> {
+    let max_bytes = config.websocket.max_message_bytes;
+    if data.get().len() > max_bytes {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("`data` is larger than {max_bytes} bytes"),
+        ));
+    }
+    check_data(data, config.publish.max_data_depth)
+        .map_err(|e| ApiError::new(ErrorCode::BadData, e.to_string()))
+}
+
+/// The engine request of a checked publish.
+fn request(config: &Config, ns: &NamespaceOptions, p: Publish) -> AppendRequest {
+    AppendRequest {
+        meta: p.meta,
+        dedup: p.dedup.map(|(key, fingerprint)| Dedup { key, fingerprint, ttl: config.idempotency_ttl }),
+        ..AppendRequest::message(p.channel, p.data, ns.is_durable(), ns.retention())
     }
 }
 
