@@ -303,6 +303,11 @@ pub struct BenchArgs {
     /// acked: 32)
     #[arg(long)]
     pub publishers: Option<usize>,
+    /// `publish`, Herald: messages per request, sent as one `POST
+    /// /api/v1/messages` (1: one `POST /api/v1/channels/{channel}/messages`
+    /// per message)
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
     /// Server process id, to read its RSS and CPU from /proc
     #[arg(long)]
     pub server_pid: Option<u32>,
@@ -438,6 +443,12 @@ impl BenchArgs {
         if self.peer == Peer::Http201 && self.scenario != Scenario::Publish {
             bail!("`--peer http201` answers publishes only: it runs the `publish` scenario");
         }
+        if self.batch == 0 || self.batch > 1000 {
+            bail!("--batch takes 1 to 1000 messages per request");
+        }
+        if self.batch > 1 && (self.scenario != Scenario::Publish || self.peer != Peer::Herald) {
+            bail!("--batch applies to the `publish` scenario against Herald");
+        }
         if self.scenario == Scenario::Scheduled && self.peer != Peer::Herald {
             bail!("`scheduled` runs against Herald only: the peers have no scheduled delivery");
         }
@@ -555,6 +566,15 @@ mod tests {
         assert!(parse(&["p2p", "--dev", "--publish-via", "ws", "--publish-target", "http://"])
             .validate()
             .is_err());
+    }
+
+    #[test]
+    fn batch_applies_to_herald_publish_only() {
+        assert!(parse(&["publish", "--dev", "--batch", "100"]).validate().is_ok());
+        assert!(parse(&["publish", "--dev", "--batch", "0"]).validate().is_err());
+        assert!(parse(&["publish", "--dev", "--batch", "1001"]).validate().is_err());
+        assert!(parse(&["p2p", "--dev", "--batch", "100"]).validate().is_err());
+        assert!(parse(&["publish", "--peer", "http201", "--batch", "100"]).validate().is_err());
     }
 
     #[test]

@@ -161,6 +161,79 @@ impl Publisher {
     }
 }
 
+impl Publisher {
+    /// Herald only: publish `payloads` (JSON objects) to `channel` in one
+    /// `POST /api/v1/messages`, the `i`-th with `keys[i]`, and wait for the
+    /// answer; one acknowledgement per message, in order. Any message's
+    /// error fails the call.
+    pub async fn publish_batch(
+        &mut self,
+        channel: &str,
+        payloads: &[Vec<u8>],
+        keys: &[String],
+    ) -> anyhow::Result<Vec<Ack>> {
+        let Publisher::Herald { conn, bearer } = self else {
+            bail!("batches are Herald's `POST /api/v1/messages`");
+        };
+        let body = herald_batch(channel, payloads, keys);
+        let headers = herald_headers(None, bearer.as_deref());
+        let resp =
+            conn.post("/api/v1/messages", &headers, body.into()).await.context("batch request failed")?;
+        if !resp.status.is_success() {
+            bail!("batch answered {}: {}", resp.status, String::from_utf8_lossy(&resp.body));
+        }
+        let answer: BatchAnswer = serde_json::from_slice(&resp.body)
+            .with_context(|| format!("unexpected batch answer: {}", String::from_utf8_lossy(&resp.body)))?;
+        if answer.results.len() != payloads.len() {
+            bail!("batch of {} answered with {} results", payloads.len(), answer.results.len());
+        }
+        answer
+            .results
+            .into_iter()
+            .map(|r| match r.error {
+                Some(e) => bail!("a message of the batch failed: {e}"),
+                None => Ok(Ack { seq: r.seq, replayed: r.replayed }),
+            })
+            .collect()
+    }
+}
+
+/// `POST /api/v1/messages`'s answer, as far as the bench reads it.
+#[derive(serde::Deserialize)]
+struct BatchAnswer {
+    results: Vec<BatchResult>,
+}
+
+#[derive(serde::Deserialize)]
+struct BatchResult {
+    seq: Option<u64>,
+    #[serde(default)]
+    replayed: bool,
+    error: Option<serde_json::Value>,
+}
+
+/// The body of Herald's `POST /api/v1/messages` of `payloads` (JSON
+/// objects) to `channel`, each with its key.
+fn herald_batch(channel: &str, payloads: &[Vec<u8>], keys: &[String]) -> Vec<u8> {
+    let mut body =
+        Vec::with_capacity(payloads.iter().map(|p| p.len() + channel.len() + 64).sum::<usize>() + 16);
+    body.extend_from_slice(b"{\"messages\":[");
+    for (i, (payload, key)) in payloads.iter().zip(keys).enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        body.extend_from_slice(b"{\"channel\":\"");
+        body.extend_from_slice(channel.as_bytes());
+        body.extend_from_slice(b"\",\"idempotency_key\":\"");
+        body.extend_from_slice(key.as_bytes());
+        body.extend_from_slice(b"\",\"data\":");
+        body.extend_from_slice(payload);
+        body.push(b'}');
+    }
+    body.extend_from_slice(b"]}");
+    body
+}
+
 /// The path and body of Herald's publish of `payload` (a JSON object) to
 /// `channel`. Channel names are letters, digits and `_-.:@=`: a path
 /// segment as they are.
@@ -266,5 +339,22 @@ mod tests {
         let names: Vec<&str> = headers.iter().map(|(h, _)| h.as_str()).collect();
         assert_eq!(names, ["content-type", "idempotency-key"]);
         assert_eq!(herald_headers(None, Some("Bearer k")).last().unwrap().1, "Bearer k");
+    }
+
+    #[test]
+    fn a_batch_is_one_messages_request_of_keyed_messages() {
+        let body = herald_batch(
+            "chat:b",
+            &[br#"{"n":1}"#.to_vec(), br#"{"n":2}"#.to_vec()],
+            &["k1".into(), "k2".into()],
+        );
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"messages": [
+                {"channel": "chat:b", "idempotency_key": "k1", "data": {"n": 1}},
+                {"channel": "chat:b", "idempotency_key": "k2", "data": {"n": 2}},
+            ]})
+        );
     }
 }

@@ -98,6 +98,9 @@ pub struct Report {
     pub window: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ws_publishers: Option<u64>,
+    /// `publish --batch`: messages per request (absent: one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u64>,
     /// Publishes entered on another node than the subscribers'
     /// (`--publish-target`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
@@ -226,6 +229,7 @@ impl Report {
             wire: (args.wire != crate::args::SubWire::Herald).then(|| args.wire.name()),
             window: None,
             ws_publishers: None,
+            batch: (args.batch > 1).then_some(args.batch as u64),
             cross_node: args.publish_target.is_some(),
             expected: 0,
             delivered: 0,
@@ -360,6 +364,9 @@ impl Report {
         s.push_str(&format!("\n   connections {}   workers {}", self.connections, self.workers));
         if let Some(p) = self.publishers {
             s.push_str(&format!("   publishers {p}"));
+        }
+        if let Some(b) = self.batch {
+            s.push_str(&format!("   {b} messages a request"));
         }
         if let (Some(via), Some(w)) = (self.publish_via, self.window) {
             s.push_str(&format!("   publish via {via} (window {w})"));
