@@ -457,6 +457,128 @@ pub(crate) fn account(
     consumer.parked.fetch_add(parked, Ordering::Relaxed);
 }
 
+/// A partition's ownership as this node holds it: the engine's lease on
+/// `consumer:<name>:<partition>` (renewed every third of
+/// `partition_lease_ttl`), or a one-node engine's local token, and whether
+/// its token is raised in the source (every removal is fenced by it).
+pub(crate) struct PartitionLease {
+    key: String,
+    holder: String,
+    ttl: Duration,
+    held: Option<Held>,
+}
+
+/// What this node holds now.
+#[derive(Clone, Copy)]
+pub(crate) struct Held {
+    pub token: u64,
+    /// When the engine granted (or renewed) it.
+    pub claimed_at: std::time::Instant,
+    /// An engine lease that lapses unless renewed (`false`: a local token).
+    pub remote: bool,
+    /// The token is raised in the source.
+    pub fenced: bool,
+}
+
+/// The outcome of [`PartitionLease::claim`].
+pub(crate) enum Claim {
+    /// This node holds the partition (its token may still need raising).
+    Held(Held),
+    /// Another node holds it.
+    Busy,
+    /// The engine did not answer; retry after a backoff.
+    Failed,
+}
+
+impl PartitionLease {
+    pub fn new(state: &AppState, cfg: &ConsumerConfig, partition: usize) -> Self {
+        Self {
+            key: format!("consumer:{}:{partition}", cfg.name),
+            holder: state.consumers.holder.clone(),
+            ttl: cfg.partition_lease_ttl,
+            held: None,
+        }
+    }
+
+    /// Claim the partition, or renew the lease when a third of its TTL has
+    /// passed; the status follows (`expires`, `owned`, the engine's error).
+    pub async fn claim(&mut self, state: &AppState, consumer: &Consumer, p: usize) -> Claim {
+        let due = self.held.is_none_or(|h| h.remote && h.claimed_at.elapsed() >= self.ttl / 3);
+        if due {
+            let claimed_at = std::time::Instant::now();
+            match state.engine.claim(&self.key, &self.holder, self.ttl).await {
+                Ok(herald_core::Owned::Held(token)) => {
+                    let fenced = self.held.is_some_and(|h| h.token == token && h.fenced);
+                    self.held = Some(Held { token, claimed_at, remote: true, fenced });
+                    if fenced {
+                        consumer.update(p, |s| s.expires = Some(claimed_at + self.ttl));
+                    }
+                }
+                Ok(herald_core::Owned::Local) => {
+                    if self.held.is_none() {
+                        let token = crate::integration::local_token();
+                        self.held = Some(Held { token, claimed_at, remote: false, fenced: false });
+                    }
+                }
+                Ok(herald_core::Owned::Busy) => {
+                    if self.held.take().is_some() {
+                        tracing::info!(consumer = %consumer.cfg.name, partition = p, "consumer partition taken by another node");
+                    }
+                    consumer.update(p, |s| s.owned = false);
+                    return Claim::Busy;
+                }
+                Err(e) => {
+                    consumer.note_error(p, format!("engine: {e}"));
+                    return Claim::Failed;
+                }
+            }
+        }
+        match self.held {
+            Some(h) => Claim::Held(h),
+            None => Claim::Busy,
+        }
+    }
+
+    /// The token is raised in the source: the partition is this node's.
+    pub fn fenced(&mut self, consumer: &Consumer, p: usize) {
+        let Some(h) = self.held.as_mut() else { return };
+        h.fenced = true;
+        let (token, expires) = (h.token, h.remote.then(|| h.claimed_at + self.ttl));
+        consumer.update(p, |s| {
+            s.owned = true;
+            s.token = token;
+            s.expires = expires;
+        });
+    }
+
+    /// The source holds a greater token: another node owns the partition.
+    pub fn lost(&mut self, consumer: &Consumer, p: usize) {
+        self.held = None;
+        consumer.update(p, |s| s.owned = false);
+    }
+
+    /// How long until the lease must be renewed (`None`: a local token,
+    /// never).
+    pub fn renew_in(&self) -> Option<Duration> {
+        self.held.filter(|h| h.remote).map(|h| (self.ttl / 3).saturating_sub(h.claimed_at.elapsed()))
+    }
+
+    /// The longest the engine may be retried before the lease is at risk.
+    pub fn retry_cap(&self, max_backoff: Duration) -> Duration {
+        max_backoff.min(self.ttl / 3)
+    }
+
+    /// At shutdown: give an engine lease back (it would lapse anyway).
+    pub async fn release(self, state: &AppState, consumer: &Consumer, p: usize) {
+        if self.held.is_some_and(|h| h.remote) {
+            if let Err(e) = state.engine.release(&self.key, &self.holder).await {
+                tracing::debug!(error = %e, "consumer lease release failed; it expires");
+            }
+        }
+        consumer.update(p, |s| s.owned = false);
+    }
+}
+
 /// Wait `backoff` (jittered) or until shutdown (`false`); doubles it.
 pub(crate) async fn pause(state: &AppState, backoff: &mut Duration, cap: Duration) -> bool {
     let jittered = backoff.mul_f64(0.5 + fastrand::f64() * 0.5);

@@ -50,12 +50,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use herald_core::Owned;
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 use super::{
-    account, pause, publish_rows, AfterPublish, Consumer, ConsumerConfig, Outcome, Row, BACKOFF_START,
+    account, pause, publish_rows, AfterPublish, Claim, Consumer, ConsumerConfig, Outcome, PartitionLease,
+    Row, BACKOFF_START,
 };
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -470,53 +470,28 @@ async fn observe(state: &AppState, consumer: &Consumer, src: &Source, p: usize) 
 /// One partition's loop until shutdown: own it, read, publish, remove.
 pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usize) {
     let cfg = consumer.cfg.clone();
-    let key = format!("consumer:{}:{p}", cfg.name);
-    let holder = state.consumers.holder.clone();
-    let ttl = cfg.partition_lease_ttl;
     let notified = Arc::new(Notify::new());
     let mut source: Option<Source> = None;
-    // (token, claimed at, engine lease, fence raised in PostgreSQL)
-    let mut lease: Option<(u64, Instant, bool, bool)> = None;
+    let mut lease = PartitionLease::new(&state, &cfg, p);
     let mut backoff = BACKOFF_START;
     let mut observed = Instant::now() - cfg.poll_interval;
     let mut failing = false;
     while !state.shutdown.is_cancelled() {
-        let due = lease.is_none_or(|(_, at, remote, _)| remote && at.elapsed() >= ttl / 3);
-        if due {
-            let claimed_at = Instant::now();
-            match state.engine.claim(&key, &holder, ttl).await {
-                Ok(Owned::Held(token)) => {
-                    let fenced = lease.is_some_and(|l| l.0 == token && l.3);
-                    lease = Some((token, claimed_at, true, fenced));
-                    if fenced {
-                        consumer.update(p, |s| s.expires = Some(claimed_at + ttl));
-                    }
+        let held = match lease.claim(&state, &consumer, p).await {
+            Claim::Held(held) => held,
+            Claim::Busy => {
+                if !idle(&state, &consumer, &notified, cfg.poll_interval, false).await {
+                    break;
                 }
-                Ok(Owned::Local) => {
-                    if lease.is_none() {
-                        lease = Some((crate::integration::local_token(), claimed_at, false, false));
-                    }
-                }
-                Ok(Owned::Busy) => {
-                    if lease.take().is_some() {
-                        tracing::info!(consumer = %cfg.name, partition = p, "consumer partition taken by another node");
-                    }
-                    consumer.update(p, |s| s.owned = false);
-                    if !idle(&state, &consumer, &notified, cfg.poll_interval, false).await {
-                        break;
-                    }
-                    continue;
-                }
-                Err(e) => {
-                    consumer.note_error(p, format!("engine: {e}"));
-                    if !pause(&state, &mut backoff, cfg.max_backoff.min(ttl / 3)).await {
-                        break;
-                    }
-                    continue;
-                }
+                continue;
             }
-        }
-        let Some((token, claimed_at, remote, fenced)) = lease else { continue };
+            Claim::Failed => {
+                if !pause(&state, &mut backoff, lease.retry_cap(cfg.max_backoff)).await {
+                    break;
+                }
+                continue;
+            }
+        };
         if source.as_ref().is_none_or(|s| s.client.is_closed()) {
             let connected = tokio::select! {
                 () = state.shutdown.cancelled() => break,
@@ -534,21 +509,16 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
             }
         }
         let src = source.as_mut().expect("connected above");
-        if !fenced {
+        let token = held.token;
+        if !held.fenced {
             match raise_fence(src, &cfg.name, p, token).await {
                 Ok(()) => {
-                    lease = Some((token, claimed_at, remote, true));
-                    consumer.update(p, |s| {
-                        s.owned = true;
-                        s.token = token;
-                        s.expires = remote.then(|| claimed_at + ttl);
-                    });
+                    lease.fenced(&consumer, p);
                     tracing::info!(consumer = %cfg.name, partition = p, token, "consumer partition owned");
                 }
                 Err(e) => {
                     if matches!(e, SourceError::Lost) {
-                        lease = None;
-                        consumer.update(p, |s| s.owned = false);
+                        lease.lost(&consumer, p);
                     }
                     fail(&state, &consumer, p, &e, &mut failing);
                     if !pause(&state, &mut backoff, cfg.max_backoff).await {
@@ -559,7 +529,9 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
             }
         }
         // Wait for writers at most until the lease must be renewed.
-        let patience = (ttl / 3).saturating_sub(claimed_at.elapsed()).max(Duration::from_millis(50));
+        let patience = (cfg.partition_lease_ttl / 3)
+            .saturating_sub(held.claimed_at.elapsed())
+            .max(Duration::from_millis(50));
         // Cancelling a step is safe: an unfinished removal transaction is
         // rolled back, and appends already made are receipts next time.
         let stepped = tokio::select! {
@@ -590,11 +562,7 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
                         fail(&state, &consumer, p, &e, &mut failing);
                     }
                 }
-                let mut wait = if remote {
-                    cfg.poll_interval.min((ttl / 3).saturating_sub(claimed_at.elapsed()))
-                } else {
-                    cfg.poll_interval
-                };
+                let mut wait = cfg.poll_interval.min(lease.renew_in().unwrap_or(Duration::MAX));
                 // Wake when the earliest scheduled row is due (a little
                 // after: it is read once PostgreSQL's clock has passed it).
                 match next_due(&cfg, src, p).await {
@@ -609,8 +577,7 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
             Err(e) => {
                 if matches!(e, SourceError::Lost) {
                     tracing::info!(consumer = %cfg.name, partition = p, "consumer partition lost to a greater fencing token");
-                    lease = None;
-                    consumer.update(p, |s| s.owned = false);
+                    lease.lost(&consumer, p);
                 }
                 fail(&state, &consumer, p, &e, &mut failing);
                 if !pause(&state, &mut backoff, cfg.max_backoff).await {
@@ -619,12 +586,7 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
             }
         }
     }
-    if let Some((_, _, true, _)) = lease {
-        if let Err(e) = state.engine.release(&key, &holder).await {
-            tracing::debug!(error = %e, "consumer lease release failed; it expires");
-        }
-    }
-    consumer.update(p, |s| s.owned = false);
+    lease.release(&state, &consumer, p).await;
 }
 
 /// How long until the partition's earliest scheduled row is due (`None`:

@@ -26,12 +26,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use herald_core::Owned;
 use herald_proto::ErrorCode;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 
-use super::{account, pause, publish_rows, Consumer, ConsumerConfig, Outcome, Row, BACKOFF_START};
+use super::{
+    account, pause, publish_rows, Claim, Consumer, ConsumerConfig, Outcome, PartitionLease, Row,
+    BACKOFF_START,
+};
 use crate::state::AppState;
 
 /// Raise the fence to ARGV[1] unless a greater token is stored; the stored
@@ -325,50 +327,29 @@ async fn observe(state: &AppState, consumer: &Consumer, src: &mut Source) -> Res
 /// The stream's loop until shutdown: own it, read, publish, acknowledge.
 pub async fn run(state: Arc<AppState>, consumer: Arc<Consumer>) {
     let cfg = consumer.cfg.clone();
-    let key = format!("consumer:{}:0", cfg.name);
-    let holder = state.consumers.holder.clone();
-    let me = format!("herald-{holder}");
-    let ttl = cfg.partition_lease_ttl;
+    let me = format!("herald-{}", state.consumers.holder);
     let mut source: Option<Source> = None;
-    // (token, claimed at, engine lease, fence raised)
-    let mut lease: Option<(u64, Instant, bool, bool)> = None;
+    let mut lease = PartitionLease::new(&state, &cfg, 0);
     let mut backoff = BACKOFF_START;
     let mut observed = Instant::now() - cfg.poll_interval;
     let mut failing = false;
     while !state.shutdown.is_cancelled() {
-        if lease.is_none_or(|(_, at, remote, _)| remote && at.elapsed() >= ttl / 3) {
-            let claimed_at = Instant::now();
-            match state.engine.claim(&key, &holder, ttl).await {
-                Ok(Owned::Held(token)) => {
-                    let fenced = lease.is_some_and(|l| l.0 == token && l.3);
-                    lease = Some((token, claimed_at, true, fenced));
-                    if fenced {
-                        consumer.update(0, |s| s.expires = Some(claimed_at + ttl));
-                    }
-                }
-                Ok(Owned::Local) => {
-                    if lease.is_none() {
-                        lease = Some((crate::integration::local_token(), claimed_at, false, false));
-                    }
-                }
-                Ok(Owned::Busy) => {
-                    lease = None;
-                    consumer.update(0, |s| s.owned = false);
-                    tokio::select! {
-                        () = state.shutdown.cancelled() => break,
-                        () = tokio::time::sleep(cfg.poll_interval) => continue,
-                    }
-                }
-                Err(e) => {
-                    consumer.note_error(0, format!("engine: {e}"));
-                    if !pause(&state, &mut backoff, cfg.max_backoff.min(ttl / 3)).await {
-                        break;
-                    }
-                    continue;
+        let held = match lease.claim(&state, &consumer, 0).await {
+            Claim::Held(held) => held,
+            Claim::Busy => {
+                tokio::select! {
+                    () = state.shutdown.cancelled() => break,
+                    () = tokio::time::sleep(cfg.poll_interval) => continue,
                 }
             }
-        }
-        let Some((token, claimed_at, remote, fenced)) = lease else { continue };
+            Claim::Failed => {
+                if !pause(&state, &mut backoff, lease.retry_cap(cfg.max_backoff)).await {
+                    break;
+                }
+                continue;
+            }
+        };
+        let token = held.token;
         if source.is_none() {
             match connect(&cfg, &me).await {
                 Ok(s) => source = Some(s),
@@ -382,20 +363,15 @@ pub async fn run(state: Arc<AppState>, consumer: Arc<Consumer>) {
             }
         }
         let src = source.as_mut().expect("connected above");
-        if !fenced {
+        if !held.fenced {
             match raise_fence(src, token).await {
                 Ok(()) => {
-                    lease = Some((token, claimed_at, remote, true));
-                    consumer.update(0, |s| {
-                        s.owned = true;
-                        s.token = token;
-                        s.expires = remote.then(|| claimed_at + ttl);
-                    });
+                    lease.fenced(&consumer, 0);
                     tracing::info!(consumer = %cfg.name, token, "consumer stream owned");
                 }
                 Err(e) => {
                     if matches!(e, StreamError::Lost) {
-                        lease = None;
+                        lease.lost(&consumer, 0);
                     }
                     fail(&state, &consumer, &e, &mut failing);
                     if !pause(&state, &mut backoff, cfg.max_backoff).await {
@@ -406,12 +382,9 @@ pub async fn run(state: Arc<AppState>, consumer: Arc<Consumer>) {
             }
         }
         // Block for new entries at most until the lease must be renewed.
-        let block = if remote {
-            cfg.poll_interval
-                .min((ttl / 3).saturating_sub(claimed_at.elapsed()))
-                .max(Duration::from_millis(1))
-        } else {
-            cfg.poll_interval
+        let block = match lease.renew_in() {
+            Some(renew) => cfg.poll_interval.min(renew).max(Duration::from_millis(1)),
+            None => cfg.poll_interval,
         };
         let stepped = tokio::select! {
             () = state.shutdown.cancelled() => break,
@@ -434,10 +407,7 @@ pub async fn run(state: Arc<AppState>, consumer: Arc<Consumer>) {
             }
             Err(e) => {
                 match e {
-                    StreamError::Lost => {
-                        lease = None;
-                        consumer.update(0, |s| s.owned = false);
-                    }
+                    StreamError::Lost => lease.lost(&consumer, 0),
                     // A connection error: dial again.
                     StreamError::Redis(_) => source = None,
                     StreamError::Publish(_) => {}
@@ -449,10 +419,7 @@ pub async fn run(state: Arc<AppState>, consumer: Arc<Consumer>) {
             }
         }
     }
-    if let Some((_, _, true, _)) = lease {
-        let _ = state.engine.release(&key, &holder).await;
-    }
-    consumer.update(0, |s| s.owned = false);
+    lease.release(&state, &consumer, 0).await;
 }
 
 fn fail(state: &AppState, consumer: &Consumer, e: &StreamError, failing: &mut bool) {
