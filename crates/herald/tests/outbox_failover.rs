@@ -78,20 +78,10 @@ async fn a_node_paused_past_its_lease_or_killed_hands_its_partitions_over_withou
 
     let backend = Backend::new();
     let writers = backend.spawn_writers(&pg.dsn(), 3, 700, CHANNELS, Duration::from_millis(3), false);
-    let wait_for = |n: usize| {
-        let ledger = backend.ledger.clone();
-        async move {
-            let deadline = tokio::time::Instant::now() + WAIT;
-            while ledger.lock().unwrap().committed.len() < n {
-                assert!(tokio::time::Instant::now() < deadline, "the backend is stuck");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
 
     // Freeze the node owning the most partitions (likely mid-batch) past
     // its lease: the other takes every partition with greater tokens.
-    wait_for(300).await;
+    committed_at_least(&backend.ledger, 300).await;
     let frozen = if owned(&nodes[0].url).await.len() >= owned(&nodes[1].url).await.len() { 0 } else { 1 };
     let other = 1 - frozen;
     let held: Vec<u64> = owned(&nodes[frozen].url).await.iter().map(|(p, _)| *p).collect();
@@ -111,7 +101,7 @@ async fn a_node_paused_past_its_lease_or_killed_hands_its_partitions_over_withou
     nodes[frozen].sigcont();
 
     // Kill the new owner: the woken node takes the partitions back.
-    wait_for(1200).await;
+    committed_at_least(&backend.ledger, 1200).await;
     nodes[other].kill9();
     let url = nodes[frozen].url.clone();
     let (admin_ref, taken_ref) = (&admin, &taken);

@@ -63,24 +63,14 @@ async fn committed_rows_arrive_once_in_row_id_order_through_kill_9_and_a_postgre
     let writers = backend.spawn_writers(&pg.dsn(), 4, 2_500, CHANNELS, Duration::from_millis(1), true);
 
     // SIGKILL Herald mid-run, start it again on the same port and data.
-    let wait_for = |n: usize| {
-        let ledger = backend.ledger.clone();
-        async move {
-            let deadline = tokio::time::Instant::now() + WAIT;
-            while ledger.lock().unwrap().committed.len() < n {
-                assert!(tokio::time::Instant::now() < deadline, "the backend is stuck");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
-    wait_for(2_500).await;
+    committed_at_least(&backend.ledger, 2_500).await;
     herald.kill9();
     tokio::time::sleep(Duration::from_millis(300)).await;
     herald = spawn_herald(port, &config, dir.path());
 
     // Restart PostgreSQL (immediate: every connection killed) with no
     // writer transaction open, so every commit's outcome is known.
-    wait_for(5_000).await;
+    committed_at_least(&backend.ledger, 5_000).await;
     {
         let _no_writers = backend.gate.write().await;
         pg.restart();

@@ -90,14 +90,6 @@ fn spawn_writers(
         .collect()
 }
 
-async fn wait_for(ledger: &Arc<Mutex<Ledger>>, n: usize) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while ledger.lock().unwrap().committed.len() < n {
-        assert!(tokio::time::Instant::now() < deadline, "the writers are stuck");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn pending(redis: &RedisServer) -> String {
     redis.cli(&["XPENDING", "app:outbox", "herald"]).lines().next().unwrap_or_default().to_owned()
 }
@@ -121,7 +113,7 @@ async fn stream_entries_arrive_once_in_order_through_kill_9_and_a_poisoned_entry
     let (_s, got) = subscriber(&herald.url, "s", CHANNELS).await;
     let ledger: Arc<Mutex<Ledger>> = Arc::default();
     let writers = spawn_writers(&redis.url(), &ledger, 3, 500, CHANNELS, true);
-    wait_for(&ledger, 500).await;
+    committed_at_least(&ledger, 500).await;
     herald.kill9();
     tokio::time::sleep(Duration::from_millis(300)).await;
     herald = spawn_herald(port, &config, dir.path());
@@ -157,7 +149,7 @@ async fn a_paused_owner_hands_the_stream_and_its_pending_entries_over() {
     let ledger: Arc<Mutex<Ledger>> = Arc::default();
     let writers = spawn_writers(&redis.url(), &ledger, 3, 500, CHANNELS, false);
 
-    wait_for(&ledger, 300).await;
+    committed_at_least(&ledger, 300).await;
     nodes[0].sigstop();
     let url = nodes[1].url.clone();
     assert_eventually("the second node owns the stream", || owns(&url)).await;

@@ -220,6 +220,15 @@ pub async fn subscriber(url: &str, user: &str, channels: usize) -> (Client, Rece
     (client, received)
 }
 
+/// Wait until the writers have committed `n` rows (at most [`WAIT`]).
+pub async fn committed_at_least(ledger: &Arc<Mutex<Ledger>>, n: usize) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while ledger.lock().unwrap().committed.len() < n {
+        assert!(tokio::time::Instant::now() < deadline, "the writers are stuck");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Wait until `received` holds every committed row; `Err` names what is
 /// missing after [`WAIT`].
 pub async fn all_received(ledger: &Arc<Mutex<Ledger>>, received: &Received, who: &str) -> Result<(), String> {
