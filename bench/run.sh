@@ -34,6 +34,8 @@
 #
 # The herald binary is copied into DIR/bin first and used from there (for
 # the server and the bench), so a rebuild during the run changes nothing.
+# HERALD_BENCH names another binary for the bench alone (a before/after
+# pair: the same load generator against an older server).
 # --no-build skips bench/setup.sh and uses the binary as it is.
 #
 # Sizes come from the environment. hot: P2P_USERS (1000), P2P_MESSAGES
@@ -143,6 +145,13 @@ fi
 mkdir -p "$OUT/bin"
 cp "$HERALD" "$OUT/bin/herald" || { echo "no herald binary at $HERALD (run bench/setup.sh)" >&2; exit 1; }
 HERALD=$OUT/bin/herald
+# The load generator: the herald under test, or HERALD_BENCH (another
+# build's `herald bench`, e.g. today's against an older server).
+BENCH=$HERALD
+if [ -n "${HERALD_BENCH:-}" ]; then
+  cp "$HERALD_BENCH" "$OUT/bin/herald-bench" || { echo "no binary at HERALD_BENCH=$HERALD_BENCH" >&2; exit 1; }
+  BENCH=$OUT/bin/herald-bench
+fi
 
 trap 'stop_server' EXIT
 trap 'stop_server; exit 130' INT TERM
@@ -223,7 +232,7 @@ for rep in $(seq 1 "$REPS"); do
       fi
       # pipefail: the pipeline fails when the bench does.
       # shellcheck disable=SC2046
-      if ! "$HERALD" bench "$scenario" --target "$TARGET" "${PEER_ARGS[@]}" --server-pid "$SERVER_PID" \
+      if ! "$BENCH" bench "$scenario" --target "$TARGET" "${PEER_ARGS[@]}" --server-pid "$SERVER_PID" \
           --label "rep=$rep" --json "$JSON" ${WORKERS:+--workers "$WORKERS"} $(scenario_args "$scenario" "$server") 2>&1 | tee -a "$LOG"; then
         failures=$((failures + 1))
       fi
