@@ -475,14 +475,8 @@ fn on_messages(inner: &Arc<EngineState>, ch: &ChannelName, payloads: Vec<Payload
         }
     }
     inner.counters.fanout_delivered.add(released.len() as u64);
-    match released.len() {
-        0 => {}
-        1 => deliver(inner, released.pop().expect("one message")),
-        _ => {
-            if let Some(sink) = inner.sink.get() {
-                sink.deliver_batch(released);
-            }
-        }
+    if let (false, Some(sink)) = (released.is_empty(), inner.sink.get()) {
+        sink.deliver_batch(released);
     }
     drop(st);
     if repair {
