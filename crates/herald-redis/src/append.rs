@@ -2,8 +2,8 @@
 //! claimed for their channels, then `APPEND` script runs of whole channels
 //! (`scripts/append.lua`; several channels a run on a single instance, one
 //! on a cluster), the runs in one pipeline. The hot path: each
-//! message's arguments are pushed into the invocation as they are built,
-//! borrowing its frame template and id.
+//! message's arguments are written into its run's `EVALSHA` as they are
+//! built, borrowing its frame template and id.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -11,13 +11,13 @@ use std::sync::Arc;
 
 use herald_core::{AppendRequest, EngineError, Epoch, Receipt};
 use herald_proto::ChannelName;
-use redis::{ScriptInvocation, Value};
-use uuid::Uuid;
+use redis::Value;
 
+use crate::conn::Conn;
 use crate::frame::FrameTemplate;
 use crate::reply::{Appended, Reply};
-use crate::scripts::{Append, AppendChannel, AppendMessage};
-use crate::state::{hex, ms, new_epoch, EngineState};
+use crate::scripts::{Append, AppendChannel, AppendMessage, APPEND};
+use crate::state::{ms, new_epoch, new_id, EngineState};
 
 /// Most messages in one `APPEND` run of several channels (single instance).
 const RUN_MESSAGES: usize = 256;
@@ -59,13 +59,13 @@ impl EngineState {
             groups[g].1.push(i);
         }
         drop(group_of);
-        let ids: Vec<String> = reqs.iter().map(|_| Uuid::now_v7().hyphenated().to_string()).collect();
+        let ids: Vec<String> = reqs.iter().map(|_| new_id()).collect();
         // The runs: each holds whole channels, so a retry after `NOSCRIPT`
         // cannot reorder a channel's messages.
         let runs = self.plan_runs(&groups);
-        let invocations: Vec<ScriptInvocation<'static>> =
-            runs.iter().map(|run| self.append_invocation(&groups[run.clone()], &reqs, &ids)).collect();
-        let replies = self.run_appends(&invocations).await;
+        let cmds: Vec<redis::Cmd> =
+            runs.iter().map(|run| self.append_command(&groups[run.clone()], &reqs, &ids)).collect();
+        let replies = self.run_appends(cmds).await;
         for (run, reply) in runs.into_iter().zip(replies) {
             let members: Vec<usize> = groups[run].iter().flat_map(|(_, m)| m.iter().copied()).collect();
             let text = reply.and_then(|v| Reply::new("append", v)?.string("reply"));
@@ -200,85 +200,75 @@ impl EngineState {
     }
 
     /// The `APPEND` run of some channels' messages (each with `members`,
-    /// indexes into `reqs`, in batch order).
-    fn append_invocation(
+    /// indexes into `reqs`, in batch order), as one `EVALSHA`.
+    fn append_command(
         &self,
         groups: &[(ChannelName, Vec<usize>)],
         reqs: &[AppendRequest],
         ids: &[String],
-    ) -> ScriptInvocation<'static> {
+    ) -> redis::Cmd {
         let mut run = Append { publish: self.publish_cmd() }.begin();
+        let epoch = new_epoch();
         for (ch, members) in groups {
-            run.channel(AppendChannel {
-                meta: self.keys.meta(ch),
-                log: self.keys.log(ch),
-                epoch: new_epoch(),
-                channel: ch.as_str(),
-                fan: self.keys.fan(ch),
-                count: members.len(),
-            });
+            run.channel(AppendChannel { keys: &self.keys, channel: ch, epoch: &epoch, count: members.len() });
             for &i in members {
                 let (req, id) = (&reqs[i], &ids[i]);
                 let tpl = FrameTemplate::new(req.kind, ch, req.durable, id, &req.data, req.meta.as_ref());
-                let (fingerprint, receipt_ttl_ms, receipt) = match &req.dedup {
-                    Some(d) => (hex(&d.fingerprint), ms(d.ttl), Some(self.keys.receipt(ch, &d.key))),
-                    None => (String::new(), 1, None),
-                };
-                run.message(AppendMessage {
-                    durable: req.durable,
-                    retention: &req.retention,
-                    fingerprint,
-                    receipt_ttl_ms,
-                    frame: &tpl,
-                    id,
-                    closes: req.durable && req.closes,
-                    receipt,
-                });
+                run.message(
+                    &self.keys,
+                    ch,
+                    AppendMessage {
+                        durable: req.durable,
+                        retention: &req.retention,
+                        fingerprint: req.dedup.as_ref().map(|d| &d.fingerprint),
+                        receipt_ttl_ms: req.dedup.as_ref().map_or(1, |d| ms(d.ttl)),
+                        frame: &tpl,
+                        id,
+                        closes: req.durable && req.closes,
+                        receipt: req.dedup.as_ref().map(|d| &*d.key),
+                    },
+                );
             }
         }
-        run.invocation()
+        run.command()
     }
 
-    /// Run the `APPEND` invocations, one reply (or error) each, in order.
+    /// Run the `APPEND` commands, one reply (or error) each, in order.
     /// A single instance: one pipeline on one connection; a script Redis
     /// does not have cached (`NOSCRIPT`, after a restart or a failover) is
-    /// loaded and that invocation run again (each is the whole of its
+    /// loaded and that command run again (each is the whole of its
     /// channel's part of the batch, so nothing runs out of order).
-    async fn run_appends(&self, invs: &[ScriptInvocation<'static>]) -> Vec<Result<Value, EngineError>> {
-        if invs.is_empty() {
-            return Vec::new();
-        }
-        if self.redis.cluster || invs.len() == 1 {
-            let calls = invs.iter().map(|inv| {
-                self.redis.call("append", move |mut c| async move { inv.invoke_async::<Value>(&mut c).await })
+    async fn run_appends(&self, cmds: Vec<redis::Cmd>) -> Vec<Result<Value, EngineError>> {
+        if self.redis.cluster || cmds.len() <= 1 {
+            let calls = cmds.iter().map(|cmd| {
+                self.redis.call("append", move |mut c| async move { eval_append(cmd, &mut c).await })
             });
             return futures_util::future::join_all(calls).await;
         }
-        let mut pipe = redis::pipe();
+        let n = cmds.len();
+        let mut pipe = redis::Pipeline::with_capacity(n);
         pipe.ignore_errors();
-        for inv in invs {
-            pipe.invoke_script(inv);
+        for cmd in cmds {
+            pipe.add_command(cmd);
         }
+        let pipe = &pipe;
         let replies: Result<Vec<Value>, EngineError> =
             self.redis.call("append", |mut c| async move { pipe.query_async(&mut c).await }).await;
         let replies = match replies {
-            Ok(r) if r.len() == invs.len() => r,
+            Ok(r) if r.len() == n => r,
             Ok(_) => {
-                return invs
-                    .iter()
+                return (0..n)
                     .map(|_| Err(EngineError::Unavailable("redis append: malformed reply".into())))
                     .collect()
             }
-            Err(e) => return invs.iter().map(|_| Err(e.clone())).collect(),
+            Err(e) => return (0..n).map(|_| Err(e.clone())).collect(),
         };
-        let mut out = Vec::with_capacity(invs.len());
-        for (inv, reply) in invs.iter().zip(replies) {
+        let mut out = Vec::with_capacity(n);
+        for (cmd, reply) in pipe.cmd_iter().zip(replies) {
             out.push(match reply {
                 // Another error reply is read as one by `Reply::new`.
                 Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript) => {
-                    self.redis
-                        .call("append", |mut c| async move { inv.invoke_async::<Value>(&mut c).await })
-                        .await
+                    self.redis.call("append", |mut c| async move { eval_append(cmd, &mut c).await }).await
                 }
                 v => Ok(v),
             });
@@ -310,6 +300,18 @@ impl EngineState {
             AppendLine::Closed => Err(self.refuse_closed()),
             AppendLine::Err(message) => Err(EngineError::Unavailable(format!("redis append: {message}"))),
         }
+    }
+}
+
+/// Run an `APPEND` command; a script Redis does not have cached
+/// (`NOSCRIPT`) is loaded and the command run again.
+async fn eval_append(cmd: &redis::Cmd, c: &mut Conn) -> redis::RedisResult<Value> {
+    match cmd.query_async(c).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            APPEND.load_async(c).await?;
+            cmd.query_async(c).await
+        }
+        r => r,
     }
 }
 

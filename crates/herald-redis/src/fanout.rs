@@ -53,7 +53,6 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use uuid::Uuid;
 
 use crate::config::FILL_PAGE;
 use crate::conn::{is_outage, Conn, REDIAL_MIN};
@@ -61,7 +60,7 @@ use crate::dial::redial;
 use crate::keys::Keys;
 use crate::reply;
 use crate::scripts::{BumpEpoch, Check};
-use crate::state::EngineState;
+use crate::state::{new_epoch, EngineState};
 
 /// Locks serializing (un)subscribe calls per channel (striped).
 const STRIPES: usize = 64;
@@ -554,7 +553,7 @@ async fn run_repair(inner: &Arc<EngineState>, feed: &Arc<ChannelFeed>) {
         // The log lost what was handed out, under the same epoch: start a
         // new one so nobody trusts the old seqs.
         inner.counters.data_loss_detected.bump();
-        let new = Uuid::now_v7().hyphenated().to_string();
+        let new = new_epoch();
         let args = BumpEpoch { meta: inner.keys.meta(ch), expected: epoch.as_str(), new: &new };
         let r = inner.redis.run_unchecked("bump epoch", &args).await.and_then(|r| {
             let mut r = r.fields("reply")?;

@@ -6,14 +6,20 @@
 //! fan-out hand out the embedded engine's frames.
 
 use herald_proto::{encode_frame, ChannelName, FrameKind, Meta};
+use memchr::memmem;
 use serde_json::value::RawValue;
 
-/// The three constant parts of a frame around its seq and ts.
+/// The frame encoded with `0` for its seq and ts, and where the three
+/// constant parts around them lie in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct FrameTemplate {
-    pub head: Vec<u8>,
-    pub middle: Vec<u8>,
-    pub tail: Vec<u8>,
+    frame: Vec<u8>,
+    /// `head` is `frame[..head_end]`.
+    head_end: usize,
+    /// `middle` is `frame[middle.0..middle.1]` (empty without a seq).
+    middle: (usize, usize),
+    /// `tail` is `frame[tail_at..]`.
+    tail_at: usize,
 }
 
 impl FrameTemplate {
@@ -29,36 +35,46 @@ impl FrameTemplate {
         // serde_json writes fields in declaration order: type, channel, seq,
         // id, ts, then the body and meta. Channel names and ids never
         // contain `"`, so the first `,"seq":0,` and `,"ts":0,` are the
-        // placeholders.
+        // placeholders (the `0` just after each `:`).
         let frame = encode_frame(kind, channel, durable.then_some(0), id, 0, data, meta);
-        let ts_at = find(&frame, b",\"ts\":0,").expect("frames have a ts") + b",\"ts\":".len();
-        let tail = frame[ts_at + 1..].to_vec();
-        let (head, middle) = if durable {
-            let seq_at =
-                find(&frame, b",\"seq\":0,").expect("durable frames have a seq") + b",\"seq\":".len();
-            (frame[..seq_at].to_vec(), frame[seq_at + 1..ts_at].to_vec())
+        let ts_at = memmem::find(&frame, b",\"ts\":0,").expect("frames have a ts") + b",\"ts\":".len();
+        let (head_end, middle) = if durable {
+            let seq_at = memmem::find(&frame[..ts_at], b",\"seq\":0,").expect("durable frames have a seq")
+                + b",\"seq\":".len();
+            (seq_at, (seq_at + 1, ts_at))
         } else {
-            (frame[..ts_at].to_vec(), Vec::new())
+            (ts_at, (ts_at, ts_at))
         };
-        Self { head, middle, tail }
+        Self { frame, head_end, middle, tail_at: ts_at + 1 }
+    }
+
+    /// The frame up to its seq (durable) or its ts (volatile).
+    pub fn head(&self) -> &[u8] {
+        &self.frame[..self.head_end]
+    }
+
+    /// Between the seq and the ts (empty without a seq).
+    pub fn middle(&self) -> &[u8] {
+        &self.frame[self.middle.0..self.middle.1]
+    }
+
+    /// After the ts.
+    pub fn tail(&self) -> &[u8] {
+        &self.frame[self.tail_at..]
     }
 
     /// What the script produces (for tests and volatile fallbacks).
     #[cfg(test)]
     pub fn render(&self, seq: Option<u64>, ts: u64) -> Vec<u8> {
-        let mut out = self.head.clone();
+        let mut out = self.head().to_vec();
         if let Some(seq) = seq {
             out.extend_from_slice(seq.to_string().as_bytes());
         }
-        out.extend_from_slice(&self.middle);
+        out.extend_from_slice(self.middle());
         out.extend_from_slice(ts.to_string().as_bytes());
-        out.extend_from_slice(&self.tail);
+        out.extend_from_slice(self.tail());
         out
     }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 #[cfg(test)]

@@ -68,7 +68,16 @@ impl Keys {
     }
 
     fn channel_key(&self, ch: &ChannelName, what: &str) -> String {
-        format!("{}:{{{ch}}}:{what}", self.prefix)
+        let mut out = Vec::with_capacity(self.prefix.len() + ch.as_str().len() + what.len() + 4);
+        self.write_channel_key(&mut out, ch, what);
+        String::from_utf8(out).expect("keys are built from strings")
+    }
+
+    /// `p:{c}:what`, appended to `out` (a script argument being built).
+    pub fn write_channel_key(&self, out: &mut Vec<u8>, ch: &ChannelName, what: &str) {
+        for part in [self.prefix.as_bytes(), b":{", ch.as_str().as_bytes(), b"}:", what.as_bytes()] {
+            out.extend_from_slice(part);
+        }
     }
 
     pub fn meta(&self, ch: &ChannelName) -> String {
@@ -83,8 +92,18 @@ impl Keys {
         self.channel_key(ch, "cursors")
     }
 
+    #[cfg(test)]
     pub fn receipt(&self, ch: &ChannelName, key: &str) -> String {
-        format!("{}:{{{ch}}}:idem:{key}", self.prefix)
+        let mut out = Vec::new();
+        self.write_receipt(&mut out, ch, key);
+        String::from_utf8(out).expect("keys are built from strings")
+    }
+
+    /// A message's receipt under its dedup key (`p:{c}:idem:key`),
+    /// appended to `out`.
+    pub fn write_receipt(&self, out: &mut Vec<u8>, ch: &ChannelName, key: &str) {
+        self.write_channel_key(out, ch, "idem:");
+        out.extend_from_slice(key.as_bytes());
     }
 
     /// Which channel a dedup key belongs to. Its own slot: written before the

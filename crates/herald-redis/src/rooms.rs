@@ -15,11 +15,10 @@
 
 use herald_core::{EngineError, Room, RoomStatus, RoomWrite, RoomWritten};
 use herald_proto::ChannelName;
-use uuid::Uuid;
 
 use crate::frame::FrameTemplate;
 use crate::scripts::{self, OrEmpty};
-use crate::state::EngineState;
+use crate::state::{new_id, EngineState};
 
 fn malformed(what: impl std::fmt::Display) -> EngineError {
     EngineError::Unavailable(format!("redis room: malformed {what}"))
@@ -49,7 +48,7 @@ impl EngineState {
         // The event is durable, closes exactly when closing, and has no
         // dedup (the version check makes a retried write a conflict), as
         // the contract shapes it, whatever the caller set.
-        let id = Uuid::now_v7().hyphenated().to_string();
+        let id = new_id();
         let tpl = FrameTemplate::new(event.kind, &ch, true, &id, &event.data, event.meta.as_ref());
         let record = serde_json::to_string(&room).expect("rooms serialise");
         let k = &self.keys;

@@ -25,11 +25,10 @@ use std::time::Duration;
 
 use herald_core::{AppendRequest, Claim, Delivered, EngineError, Schedule, ScheduleReceipt, ScheduleRequest};
 use herald_proto::ChannelName;
-use uuid::Uuid;
 
 use crate::frame::FrameTemplate;
 use crate::scripts::{SchedAdd, SchedCancel, SchedClaim, SchedDeliver};
-use crate::state::{hex, ms, EngineState};
+use crate::state::{hex, ms, new_id, EngineState};
 
 /// How overdue (ms) a global entry without a stored schedule must be
 /// before a claim removes it (see the module docs).
@@ -134,7 +133,7 @@ impl EngineState {
                 return Err(EngineError::IdempotencyMismatch);
             }
         }
-        let id = Uuid::now_v7().hyphenated().to_string();
+        let id = new_id();
         let record = Schedule {
             id: Arc::from(id.as_str()),
             channel: ch.clone(),
@@ -304,7 +303,7 @@ impl EngineState {
         self.refuse_when_closing()?;
         let s = &claim.schedule;
         let ch = &req.channel;
-        let id = Uuid::now_v7().hyphenated().to_string();
+        let id = new_id();
         let tpl = FrameTemplate::new(req.kind, ch, req.durable, &id, &req.data, req.meta.as_ref());
         let k = &self.keys;
         let args = SchedDeliver {

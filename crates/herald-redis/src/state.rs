@@ -37,7 +37,14 @@ pub(crate) struct EngineState {
 
 /// A fresh epoch (a UUIDv7), offered to a script for a channel that has none.
 pub(crate) fn new_epoch() -> String {
-    Uuid::now_v7().hyphenated().to_string()
+    new_id()
+}
+
+/// A new UUIDv7 as text (a message id or an epoch), written without the
+/// formatting machinery.
+pub(crate) fn new_id() -> String {
+    let mut buf = Uuid::encode_buffer();
+    Uuid::now_v7().hyphenated().encode_lower(&mut buf).to_owned()
 }
 
 /// Milliseconds, at least 1.
@@ -46,11 +53,19 @@ pub(crate) fn ms(d: std::time::Duration) -> u64 {
 }
 
 pub(crate) fn hex(b: &[u8]) -> String {
-    use std::fmt::Write;
-    b.iter().fold(String::with_capacity(b.len() * 2), |mut s, x| {
-        let _ = write!(s, "{x:02x}");
-        s
-    })
+    let mut out = Vec::with_capacity(b.len() * 2);
+    write_hex(&mut out, b);
+    String::from_utf8(out).expect("hex digits are ASCII")
+}
+
+/// Lowercase hex of `bytes`, appended to `out`.
+pub(crate) fn write_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)]);
+        out.push(DIGITS[usize::from(b & 0xf)]);
+    }
 }
 
 impl EngineState {

@@ -10,11 +10,12 @@
 //! names): an invocation copies each argument once, as it would anyway.
 
 use herald_core::Retention;
+use herald_proto::ChannelName;
 use redis::{RedisWrite, ScriptInvocation, ToRedisArgs};
 
 use crate::frame::FrameTemplate;
-use crate::keys::LeaseKeys;
-use crate::state::ms;
+use crate::keys::{Keys, LeaseKeys};
+use crate::state::{ms, write_hex};
 
 /// A script's arguments.
 pub(crate) trait ScriptArgs {
@@ -173,9 +174,9 @@ impl Event<'_> {
         inv.arg(&self.epoch)
             .arg(self.retention.max_len)
             .arg(max_age_ms(self.retention))
-            .arg(&self.frame.head)
-            .arg(&self.frame.middle)
-            .arg(&self.frame.tail)
+            .arg(self.frame.head())
+            .arg(self.frame.middle())
+            .arg(self.frame.tail())
             .arg(self.id)
             .arg(self.channel)
             .arg(&self.fan)
@@ -188,23 +189,29 @@ impl Event<'_> {
     }
 }
 
-/// `APPEND`'s arguments: [`Append::begin`] starts the invocation,
+/// `APPEND`'s arguments: [`Append::begin`] starts the command,
 /// [`AppendRun::channel`] adds a channel and [`AppendRun::message`] each of
 /// its messages, in order, so a batch's messages are pushed as they are
-/// built. One invocation holds one or more channels (on a cluster, one:
-/// a script's keys must share a slot).
+/// built. One command holds one or more channels (on a cluster, one: a
+/// script's keys must share a slot).
+///
+/// Unlike the other scripts' invocations, a run is written straight into
+/// one `EVALSHA` command: its `KEYS` and `ARGV` each go into one buffer as
+/// they are built (no allocation per argument, keys and hex written in
+/// place), and are copied into the command once.
 pub(crate) struct Append {
     pub publish: &'static str,
 }
 
-/// One channel of an `APPEND` run, followed by its `count` messages.
+/// One channel of an `APPEND` run, followed by its `count` messages. Its
+/// keys (`meta`, `log`) and its `fan` are the channel's (`Keys`).
 pub(crate) struct AppendChannel<'a> {
-    pub meta: String,
-    pub log: String,
-    /// A fresh epoch, used if the channel has none.
-    pub epoch: String,
-    pub channel: &'a str,
-    pub fan: String,
+    pub keys: &'a Keys,
+    pub channel: &'a ChannelName,
+    /// A fresh epoch, used if the channel has none (one per run serves
+    /// every channel in it: a channel takes a new epoch at most once per
+    /// run).
+    pub epoch: &'a str,
     pub count: usize,
 }
 
@@ -212,33 +219,74 @@ pub(crate) struct AppendChannel<'a> {
 pub(crate) struct AppendMessage<'a> {
     pub durable: bool,
     pub retention: &'a Retention,
-    /// Hex; empty without dedup.
-    pub fingerprint: String,
+    /// Written as hex; empty without dedup.
+    pub fingerprint: Option<&'a [u8; 32]>,
     pub receipt_ttl_ms: u64,
     /// The frame around its seq and ts.
     pub frame: &'a FrameTemplate,
     pub id: &'a str,
     /// Durable only: the channel's last message.
     pub closes: bool,
-    /// The receipt key (dedup); sent as a key, and its index in `KEYS`
-    /// as the message's `receipt_at` (`0`: none).
-    pub receipt: Option<String>,
+    /// The dedup key: its receipt key (the channel's) is sent as a key,
+    /// and its index in `KEYS` as the message's `receipt_at` (`0`: none).
+    pub receipt: Option<&'a str>,
 }
 
-/// An `APPEND` invocation being built.
+/// Arguments written one after another into one buffer.
+#[derive(Default)]
+struct ArgBuf {
+    data: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl ArgBuf {
+    fn push(&mut self, bytes: &[u8]) {
+        self.data.extend_from_slice(bytes);
+        self.ends.push(self.data.len());
+    }
+
+    fn push_u64(&mut self, n: u64) {
+        self.push(itoa::Buffer::new().format(n).as_bytes());
+    }
+
+    /// `1` or `0`, as the scripts read a flag.
+    fn push_flag(&mut self, b: bool) {
+        self.push(if b { b"1" } else { b"0" });
+    }
+
+    /// One argument, written by `f` at the end of the buffer.
+    fn push_with(&mut self, f: impl FnOnce(&mut Vec<u8>)) {
+        f(&mut self.data);
+        self.ends.push(self.data.len());
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let arg = &self.data[start..end];
+            start = end;
+            arg
+        })
+    }
+}
+
+/// An `APPEND` command being built.
 pub(crate) struct AppendRun {
-    inv: ScriptInvocation<'static>,
-    /// Keys pushed so far.
-    keys: usize,
+    keys: ArgBuf,
+    argv: ArgBuf,
     /// Messages the current channel still expects.
     expected: usize,
 }
 
 impl Append {
     pub fn begin(&self) -> AppendRun {
-        let mut inv = super::APPEND.prepare_invoke();
-        inv.arg(self.publish);
-        AppendRun { inv, keys: 0, expected: 0 }
+        let mut argv = ArgBuf::default();
+        argv.push(self.publish.as_bytes());
+        AppendRun { keys: ArgBuf::default(), argv, expected: 0 }
     }
 
     #[cfg(test)]
@@ -273,41 +321,62 @@ impl AppendRun {
     /// Start the next channel: its `count` messages follow.
     pub fn channel(&mut self, c: AppendChannel<'_>) {
         debug_assert_eq!(self.expected, 0, "the previous channel's messages were all pushed");
-        self.inv.key(&c.meta).key(&c.log);
-        let meta_at = self.keys + 1;
-        self.keys += 2;
+        self.keys.push_with(|out| c.keys.write_channel_key(out, c.channel, "meta"));
+        self.keys.push_with(|out| c.keys.write_channel_key(out, c.channel, "log"));
+        let meta_at = self.keys.len() - 1;
         self.expected = c.count;
-        self.inv.arg(&c.epoch).arg(c.channel).arg(&c.fan).arg(meta_at).arg(c.count);
+        self.argv.push(c.epoch.as_bytes());
+        self.argv.push(c.channel.as_str().as_bytes());
+        self.argv.push_with(|out| c.keys.write_channel_key(out, c.channel, "fan"));
+        self.argv.push_u64(meta_at as u64);
+        self.argv.push_u64(c.count as u64);
     }
 
-    pub fn message(&mut self, m: AppendMessage<'_>) {
+    /// The next message of the current channel (`channel` is that one).
+    pub fn message(&mut self, keys: &Keys, channel: &ChannelName, m: AppendMessage<'_>) {
         debug_assert!(self.expected > 0, "a message belongs to the channel before it");
         self.expected -= 1;
         let receipt_at = match m.receipt {
-            Some(k) => {
-                self.inv.key(k);
-                self.keys += 1;
-                self.keys
+            Some(key) => {
+                self.keys.push_with(|out| keys.write_receipt(out, channel, key));
+                self.keys.len()
             }
             None => 0,
         };
-        self.inv
-            .arg(m.durable)
-            .arg(m.retention.max_len)
-            .arg(max_age_ms(m.retention))
-            .arg(m.fingerprint)
-            .arg(m.receipt_ttl_ms)
-            .arg(&m.frame.head)
-            .arg(&m.frame.middle)
-            .arg(&m.frame.tail)
-            .arg(m.id)
-            .arg(m.closes)
-            .arg(receipt_at);
+        let argv = &mut self.argv;
+        argv.push_flag(m.durable);
+        argv.push_u64(m.retention.max_len);
+        argv.push_u64(max_age_ms(m.retention));
+        argv.push_with(|out| {
+            if let Some(fp) = m.fingerprint {
+                write_hex(out, fp);
+            }
+        });
+        argv.push_u64(m.receipt_ttl_ms);
+        argv.push(m.frame.head());
+        argv.push(m.frame.middle());
+        argv.push(m.frame.tail());
+        argv.push(m.id.as_bytes());
+        argv.push_flag(m.closes);
+        argv.push_u64(receipt_at as u64);
     }
 
-    pub fn invocation(self) -> ScriptInvocation<'static> {
+    /// The run as one `EVALSHA` of `APPEND` (its keys, then its arguments).
+    pub fn command(self) -> redis::Cmd {
         debug_assert_eq!(self.expected, 0, "every channel's messages were pushed");
-        self.inv
+        let hash = super::APPEND.get_hash();
+        let mut cmd = redis::Cmd::with_capacity(
+            3 + self.keys.len() + self.argv.len(),
+            16 + hash.len() + self.keys.data.len() + self.argv.data.len(),
+        );
+        cmd.arg("EVALSHA").arg(hash).arg(self.keys.len());
+        for k in self.keys.iter() {
+            cmd.arg(k);
+        }
+        for a in self.argv.iter() {
+            cmd.arg(a);
+        }
+        cmd
     }
 }
 
