@@ -6,8 +6,8 @@ local F = 11 -- the arguments of one message (see the header)
 local function bad() return redis.error_reply('ERR herald append: bad arguments') end
 local publish = ARGV[1]
 if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then return bad() end
--- Every argument is checked before the first write.
-local groups = {}
+-- Every argument is checked before the first write: a first pass that
+-- keeps nothing; the second reads the arguments again where they are.
 local b = 2
 while b <= #ARGV do
   local meta_at, count = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
@@ -15,68 +15,69 @@ while b <= #ARGV do
      or b + 4 + count * F > #ARGV then
     return bad()
   end
-  local g = {meta = KEYS[meta_at], log = KEYS[meta_at + 1], msgs = {}}
-  local epoch, channel, fan = ARGV[b], ARGV[b + 1], ARGV[b + 2]
-  b = b + 4
-  for i = 1, count do
-    local max_len, max_age, ttl, rk = tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 5]),
-      tonumber(ARGV[b + 11])
+  b = b + 5
+  for _ = 1, count do
+    local max_len, max_age, ttl, rk = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 4]),
+      tonumber(ARGV[b + 10])
     if not (max_len and max_age and ttl and rk) or max_len < 0 or max_age < 0 or ttl <= 0
-       or (ARGV[b + 1] ~= '1' and ARGV[b + 1] ~= '0') or ARGV[b + 9] == ''
-       or (ARGV[b + 10] ~= '1' and ARGV[b + 10] ~= '0')
+       or (ARGV[b] ~= '1' and ARGV[b] ~= '0') or ARGV[b + 8] == ''
+       or (ARGV[b + 9] ~= '1' and ARGV[b + 9] ~= '0')
        or (rk ~= 0 and (rk < meta_at + 2 or rk > #KEYS)) then
       return bad()
     end
-    local durable = ARGV[b + 1] == '1'
-    g.msgs[i] = {
-      receipt = rk > 0 and KEYS[rk] or nil, fp = ARGV[b + 4], ttl = ttl,
-      a = {
-        durable = durable, closes = durable and ARGV[b + 10] == '1', epoch = epoch, max_len = max_len,
-        max_age = max_age, head = ARGV[b + 6], middle = ARGV[b + 7], tail = ARGV[b + 8], id = ARGV[b + 9],
-        channel = channel, fan = fan, publish = publish,
-      },
-    }
     b = b + F
   end
-  b = b + 1
-  groups[#groups + 1] = g
 end
-if #groups == 0 then return bad() end
+if #ARGV < 2 then return bad() end
 local now = ms_now()
 -- One line per message, in order: a flat reply the node reads without a
 -- value per field.
 local out = {}
-for _, g in ipairs(groups) do
-  for _, m in ipairs(g.msgs) do
+-- append_msg's arguments, one table refilled for every message.
+local a = {publish = publish}
+b = 2
+while b <= #ARGV do
+  local meta_at, count = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+  local meta, log = KEYS[meta_at], KEYS[meta_at + 1]
+  a.epoch, a.channel, a.fan = ARGV[b], ARGV[b + 1], ARGV[b + 2]
+  b = b + 5
+  for _ = 1, count do
     local line
-    local r = m.receipt and redis.call('GET', m.receipt)
+    local rk = tonumber(ARGV[b + 10])
+    local receipt, fp = rk > 0 and KEYS[rk] or nil, ARGV[b + 3]
+    local r = receipt and redis.call('GET', receipt)
     if r then
-      local fp, seq, id, ts, epoch = string.match(r, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
-      if not fp then
+      local rfp, seq, id, ts, epoch = string.match(r, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+      if not rfp then
         line = 'err malformed receipt'
-      elseif fp ~= m.fp then
+      elseif rfp ~= fp then
         line = 'mismatch'
       else
         line = 'dup ' .. seq .. ' ' .. id .. ' ' .. ts .. ' ' .. epoch
       end
     else
-      local st = meta_of(g.meta)
+      local st = meta_of(meta)
       if st[4] == '1' then
         line = 'closed'
       else
-        local a = append_msg(g.meta, g.log, m.a, st, now)
-        if a.err then
-          line = 'err ' .. string.gsub(tostring(a.err.err or a.err), '\n', ' ')
+        local durable = ARGV[b] == '1'
+        a.durable, a.closes = durable, durable and ARGV[b + 9] == '1'
+        a.max_len, a.max_age = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+        a.head, a.middle, a.tail, a.id = ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8]
+        local m = append_msg(meta, log, a, st, now)
+        if m.err then
+          line = 'err ' .. string.gsub(tostring(m.err.err or m.err), '\n', ' ')
         else
-          if m.receipt then
-            redis.call('SET', m.receipt, m.fp .. ' ' .. a.sseq .. ' ' .. m.a.id .. ' ' .. fmt(a.ts) .. ' '
-              .. a.sepoch, 'PX', fmt(m.ttl))
+          if receipt then
+            redis.call('SET', receipt, fp .. ' ' .. m.sseq .. ' ' .. a.id .. ' ' .. m.sts .. ' ' .. m.sepoch,
+              'PX', fmt(tonumber(ARGV[b + 4])))
           end
-          line = 'ok ' .. a.sseq .. ' ' .. fmt(a.ts) .. ' ' .. a.sepoch .. ' ' .. fmt(a.lost)
+          line = 'ok ' .. m.sseq .. ' ' .. m.sts .. ' ' .. m.sepoch .. ' ' .. fmt(m.lost)
         end
       end
     end
     out[#out + 1] = line
+    b = b + F
   end
 end
 return table.concat(out, '\n')

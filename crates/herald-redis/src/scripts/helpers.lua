@@ -57,8 +57,8 @@ local function meta_of(meta) return redis.call('HMGET', meta, unpack(META_FIELDS
 -- max_len, max_age, the frame's head, middle and tail, id, channel, fan,
 -- publish. `m` is the channel's meta as meta_of read it (before any write
 -- since), `now` the time in ms (one TIME per script run). Returns {sseq,
--- ts, sepoch, lost}, or {err = <error reply>} before any write of its own
--- but ensure_meta's.
+-- ts, sts (ts as text), sepoch, lost}, or {err = <error reply>} before any
+-- write of its own but ensure_meta's.
 --
 -- The meta's `oldest` is a lower bound of the ts of the log's first entry
 -- (entries leave only from the front, and a meta's ts never goes down), so
@@ -66,7 +66,7 @@ local function meta_of(meta) return redis.call('HMGET', meta, unpack(META_FIELDS
 -- log is not read.
 local function append_msg(meta, log, a, m, now)
   local ts = now
-  local epoch, seq, lost, frame = '', nil, 0, nil
+  local epoch, seq, lost, frame, sts = '', nil, 0, nil, nil
   if a.durable then
     local head, oldest
     if m[1] then
@@ -77,13 +77,15 @@ local function append_msg(meta, log, a, m, now)
       epoch, head, lost = ensure_meta(meta, log, a.epoch)
     end
     seq = head + 1
+    sts = fmt(ts)
     local function xadd()
-      frame = a.head .. fmt(seq) .. a.middle .. fmt(ts) .. a.tail
+      local sseq = fmt(seq)
+      frame = a.head .. sseq .. a.middle .. sts .. a.tail
       if a.max_len > 0 then
-        return redis.pcall('XADD', log, 'MAXLEN', '=', fmt(a.max_len), fmt(seq) .. '-0',
-          't', fmt(ts), 'i', a.id, 'f', frame)
+        return redis.pcall('XADD', log, 'MAXLEN', '=', fmt(a.max_len), sseq .. '-0', 't', sts, 'i', a.id,
+          'f', frame)
       end
-      return redis.pcall('XADD', log, fmt(seq) .. '-0', 't', fmt(ts), 'i', a.id, 'f', frame)
+      return redis.pcall('XADD', log, sseq .. '-0', 't', sts, 'i', a.id, 'f', frame)
     end
     local added = xadd()
     if type(added) == 'table' and added.err then
@@ -127,14 +129,15 @@ local function append_msg(meta, log, a, m, now)
       redis.call('PERSIST', log)
     end
     if oldest then
-      redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', fmt(ts), 'oldest', fmt(oldest))
+      redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', sts, 'oldest', fmt(oldest))
     else
-      redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', fmt(ts))
+      redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', sts)
     end
     if a.closes then redis.call('HSET', meta, 'closed', '1') end
   else
     epoch = m[1] or ''
-    frame = a.head .. a.middle .. fmt(ts) .. a.tail
+    sts = fmt(ts)
+    frame = a.head .. a.middle .. sts .. a.tail
   end
   local sseq = '-'
   if seq then sseq = fmt(seq) end
@@ -142,7 +145,7 @@ local function append_msg(meta, log, a, m, now)
   if sepoch == '' then sepoch = '-' end
   local closes = '0'
   if seq and a.closes then closes = '1' end
-  redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' ' .. sseq .. ' ' .. fmt(ts) .. ' ' .. a.id .. ' '
+  redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' ' .. sseq .. ' ' .. sts .. ' ' .. a.id .. ' '
     .. sepoch .. ' ' .. closes .. '\n' .. frame)
-  return {sseq = sseq, ts = ts, sepoch = sepoch, lost = lost}
+  return {sseq = sseq, ts = ts, sts = sts, sepoch = sepoch, lost = lost}
 end

@@ -22,4 +22,4 @@ if closing then
   -- token counter stays.
   redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
 end
-return {'ok', r.sseq, fmt(r.ts), r.sepoch, r.lost}
+return {'ok', r.sseq, r.sts, r.sepoch, r.lost}

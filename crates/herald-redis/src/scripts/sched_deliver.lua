@@ -14,4 +14,4 @@ if r.err then return r.err end
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[5], ARGV[1])
-return {'ok', r.sseq, fmt(r.ts), r.sepoch, r.lost}
+return {'ok', r.sseq, r.sts, r.sepoch, r.lost}
