@@ -316,7 +316,8 @@ pub async fn ws_publisher(ctx: &Ctx<'_>, k: usize) -> anyhow::Result<WsPublisher
 }
 
 /// Rounds `n0..n0 + rounds` to each of `channels` from `connections`
-/// pipelined publishers (`--publish-via ws`) sharing `rate`. Channel `i`
+/// pipelined publishers (`--publish-via ws`) on the publish endpoint
+/// (`--publish-target`, else the target) sharing `rate`. Channel `i`
 /// belongs to connection `i % connections`, so each channel has a single
 /// sequential publisher. The connections run concurrently in this task.
 pub async fn publish_pipelined(
@@ -330,7 +331,7 @@ pub async fn publish_pipelined(
     let connections = connections.clamp(1, channels.len().max(1));
     publish_pipelined_on(
         ctx,
-        &vec![ctx.endpoint.clone(); connections],
+        &vec![ctx.publish_endpoint.clone(); connections],
         channels,
         (n0, rounds),
         rate,
