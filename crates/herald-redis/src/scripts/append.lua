@@ -30,6 +30,7 @@ while b <= #ARGV do
 end
 if #ARGV < 2 then return bad() end
 local now = ms_now()
+local now_s = fmt(now)
 -- One line per message, in order: a flat reply the node reads without a
 -- value per field.
 local out = {}
@@ -64,7 +65,7 @@ while b <= #ARGV do
         a.durable, a.closes = durable, durable and ARGV[b + 9] == '1'
         a.max_len, a.max_age = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
         a.head, a.middle, a.tail, a.id = ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8]
-        local m = append_msg(meta, log, a, st, now)
+        local m = append_msg(meta, log, a, st, now, now_s)
         if m.err then
           line = 'err ' .. string.gsub(tostring(m.err.err or m.err), '\n', ' ')
         else
@@ -72,7 +73,7 @@ while b <= #ARGV do
             redis.call('SET', receipt, fp .. ' ' .. m.sseq .. ' ' .. a.id .. ' ' .. m.sts .. ' ' .. m.sepoch,
               'PX', fmt(tonumber(ARGV[b + 4])))
           end
-          line = 'ok ' .. m.sseq .. ' ' .. m.sts .. ' ' .. m.sepoch .. ' ' .. fmt(m.lost)
+          line = 'ok ' .. m.sseq .. ' ' .. m.sts .. ' ' .. m.sepoch .. (m.lost == 1 and ' 1' or ' 0')
         end
       end
     end

@@ -56,15 +56,16 @@ local function meta_of(meta) return redis.call('HMGET', meta, unpack(META_FIELDS
 -- durable, closes, epoch (a fresh one, used if the channel has none),
 -- max_len, max_age, the frame's head, middle and tail, id, channel, fan,
 -- publish. `m` is the channel's meta as meta_of read it (before any write
--- since), `now` the time in ms (one TIME per script run). Returns {sseq,
--- ts, sts (ts as text), sepoch, lost}, or {err = <error reply>} before any
--- write of its own but ensure_meta's.
+-- since), `now` the time in ms (one TIME per script run) and `now_s` the
+-- same as text (or nil). Returns {sseq, ts, sts (ts as text), sepoch,
+-- lost}, or {err = <error reply>} before any write of its own but
+-- ensure_meta's.
 --
 -- The meta's `oldest` is a lower bound of the ts of the log's first entry
 -- (entries leave only from the front, and a meta's ts never goes down), so
 -- while it is within max_age no entry can be old enough to trim, and the
 -- log is not read.
-local function append_msg(meta, log, a, m, now)
+local function append_msg(meta, log, a, m, now, now_s)
   local ts = now
   local epoch, seq, lost, frame, sts = '', nil, 0, nil, nil
   if a.durable then
@@ -77,7 +78,7 @@ local function append_msg(meta, log, a, m, now)
       epoch, head, lost = ensure_meta(meta, log, a.epoch)
     end
     seq = head + 1
-    sts = fmt(ts)
+    if ts == now and now_s then sts = now_s else sts = fmt(ts) end
     local function xadd()
       local sseq = fmt(seq)
       frame = a.head .. sseq .. a.middle .. sts .. a.tail
@@ -136,8 +137,7 @@ local function append_msg(meta, log, a, m, now)
     if a.closes then redis.call('HSET', meta, 'closed', '1') end
   else
     epoch = m[1] or ''
-    sts = fmt(ts)
-    frame = a.head .. a.middle .. sts .. a.tail
+    sts = now_s or fmt(ts)
   end
   local sseq = '-'
   if seq then sseq = fmt(seq) end
@@ -145,7 +145,14 @@ local function append_msg(meta, log, a, m, now)
   if sepoch == '' then sepoch = '-' end
   local closes = '0'
   if seq and a.closes then closes = '1' end
-  redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' ' .. sseq .. ' ' .. sts .. ' ' .. a.id .. ' '
-    .. sepoch .. ' ' .. closes .. '\n' .. frame)
+  if frame then
+    redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' ' .. sseq .. ' ' .. sts .. ' ' .. a.id .. ' '
+      .. sepoch .. ' ' .. closes .. '\n' .. frame)
+  else
+    -- Volatile (no seq, never closes): the frame is not stored, so it is
+    -- built inside the payload.
+    redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' - ' .. sts .. ' ' .. a.id .. ' ' .. sepoch .. ' 0\n'
+      .. a.head .. a.middle .. sts .. a.tail)
+  end
   return {sseq = sseq, ts = ts, sts = sts, sepoch = sepoch, lost = lost}
 end
