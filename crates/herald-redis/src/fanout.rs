@@ -474,8 +474,10 @@ fn on_messages(inner: &Arc<EngineState>, ch: &ChannelName, payloads: Vec<Payload
         }
     }
     inner.counters.fanout_delivered.add(released.len() as u64);
-    if let (false, Some(sink)) = (released.is_empty(), inner.sink.get()) {
-        sink.deliver_batch(released);
+    if !released.is_empty() {
+        if let Some(sink) = inner.sink.get() {
+            sink.deliver_batch(released);
+        }
     }
     drop(st);
     if repair {

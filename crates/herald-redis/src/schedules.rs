@@ -28,7 +28,7 @@ use herald_proto::ChannelName;
 
 use crate::frame::FrameTemplate;
 use crate::scripts::{SchedAdd, SchedCancel, SchedClaim, SchedDeliver};
-use crate::state::{hex, ms, new_id, EngineState};
+use crate::state::{ms, new_id, EngineState};
 
 /// How overdue (ms) a global entry without a stored schedule must be
 /// before a claim removes it (see the module docs).
@@ -145,7 +145,7 @@ impl EngineState {
         .encode_record();
         self.index_schedule(&id, &ch, req.deliver_at).await?;
         let (fingerprint, receipt_ttl_ms, receipt) = match &req.dedup {
-            Some(d) => (hex(&d.fingerprint), ms(d.ttl), Some(self.keys.sched_receipt(&ch, &d.key))),
+            Some(d) => (hex::encode(d.fingerprint), ms(d.ttl), Some(self.keys.sched_receipt(&ch, &d.key))),
             None => (String::new(), 1, None),
         };
         let args = SchedAdd {

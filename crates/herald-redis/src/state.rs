@@ -52,22 +52,6 @@ pub(crate) fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
-pub(crate) fn hex(b: &[u8]) -> String {
-    let mut out = Vec::with_capacity(b.len() * 2);
-    write_hex(&mut out, b);
-    String::from_utf8(out).expect("hex digits are ASCII")
-}
-
-/// Lowercase hex of `bytes`, appended to `out`.
-pub(crate) fn write_hex(out: &mut Vec<u8>, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)]);
-        out.push(DIGITS[usize::from(b & 0xf)]);
-    }
-}
-
 impl EngineState {
     pub fn new(redis: Redis, fanout: Fanout, keys: Keys, sweep_claim_ms: u64) -> Self {
         Self {

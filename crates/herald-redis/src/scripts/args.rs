@@ -15,7 +15,7 @@ use redis::{RedisWrite, ScriptInvocation, ToRedisArgs};
 
 use crate::frame::FrameTemplate;
 use crate::keys::{Keys, LeaseKeys};
-use crate::state::{ms, write_hex};
+use crate::state::ms;
 
 /// A script's arguments.
 pub(crate) trait ScriptArgs {
@@ -347,11 +347,14 @@ impl AppendRun {
         argv.push_flag(m.durable);
         argv.push_u64(m.retention.max_len);
         argv.push_u64(max_age_ms(m.retention));
-        argv.push_with(|out| {
-            if let Some(fp) = m.fingerprint {
-                write_hex(out, fp);
+        match m.fingerprint {
+            Some(fp) => {
+                let mut text = [0u8; 64];
+                hex::encode_to_slice(fp, &mut text).expect("64 hex digits for 32 bytes");
+                argv.push(&text);
             }
-        });
+            None => argv.push(b""),
+        }
         argv.push_u64(m.receipt_ttl_ms);
         argv.push(m.frame.head());
         argv.push(m.frame.middle());
