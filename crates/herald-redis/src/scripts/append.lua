@@ -6,6 +6,7 @@ local F = 11 -- the arguments of one message (see the header)
 local function bad() return redis.error_reply('ERR herald append: bad arguments') end
 local publish = ARGV[1]
 if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then return bad() end
+if #ARGV < 2 then return bad() end
 -- Every argument is checked before the first write: a first pass that
 -- keeps nothing; the second reads the arguments again where they are.
 local b = 2
@@ -28,7 +29,6 @@ while b <= #ARGV do
     b = b + F
   end
 end
-if #ARGV < 2 then return bad() end
 local now = ms_now()
 local now_s = fmt(now)
 -- One line per message, in order: a flat reply the node reads without a

@@ -57,7 +57,7 @@ local function meta_of(meta) return redis.call('HMGET', meta, unpack(META_FIELDS
 -- max_len, max_age, the frame's head, middle and tail, id, channel, fan,
 -- publish. `m` is the channel's meta as meta_of read it (before any write
 -- since), `now` the time in ms (one TIME per script run) and `now_s` the
--- same as text (or nil). Returns {sseq, ts, sts (ts as text), sepoch,
+-- same as text (or nil). Returns {sseq, sts (the ts as text), sepoch,
 -- lost}, or {err = <error reply>} before any write of its own but
 -- ensure_meta's.
 --
@@ -67,7 +67,7 @@ local function meta_of(meta) return redis.call('HMGET', meta, unpack(META_FIELDS
 -- log is not read.
 local function append_msg(meta, log, a, m, now, now_s)
   local ts = now
-  local epoch, seq, lost, frame, sts = '', nil, 0, nil, nil
+  local epoch, seq, lost, frame, sts, sseq = '', nil, 0, nil, nil, '-'
   if a.durable then
     local head, oldest
     if m[1] then
@@ -80,7 +80,7 @@ local function append_msg(meta, log, a, m, now, now_s)
     seq = head + 1
     if ts == now and now_s then sts = now_s else sts = fmt(ts) end
     local function xadd()
-      local sseq = fmt(seq)
+      sseq = fmt(seq)
       frame = a.head .. sseq .. a.middle .. sts .. a.tail
       if a.max_len > 0 then
         return redis.pcall('XADD', log, 'MAXLEN', '=', fmt(a.max_len), sseq .. '-0', 't', sts, 'i', a.id,
@@ -130,17 +130,15 @@ local function append_msg(meta, log, a, m, now, now_s)
       redis.call('PERSIST', log)
     end
     if oldest then
-      redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', sts, 'oldest', fmt(oldest))
+      redis.call('HSET', meta, 'epoch', epoch, 'seq', sseq, 'ts', sts, 'oldest', fmt(oldest))
     else
-      redis.call('HSET', meta, 'epoch', epoch, 'seq', fmt(seq), 'ts', sts)
+      redis.call('HSET', meta, 'epoch', epoch, 'seq', sseq, 'ts', sts)
     end
     if a.closes then redis.call('HSET', meta, 'closed', '1') end
   else
     epoch = m[1] or ''
     sts = now_s or fmt(ts)
   end
-  local sseq = '-'
-  if seq then sseq = fmt(seq) end
   local sepoch = epoch
   if sepoch == '' then sepoch = '-' end
   local closes = '0'
@@ -154,5 +152,5 @@ local function append_msg(meta, log, a, m, now, now_s)
     redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' - ' .. sts .. ' ' .. a.id .. ' ' .. sepoch .. ' 0\n'
       .. a.head .. a.middle .. sts .. a.tail)
   end
-  return {sseq = sseq, ts = ts, sts = sts, sepoch = sepoch, lost = lost}
+  return {sseq = sseq, sts = sts, sepoch = sepoch, lost = lost}
 end
