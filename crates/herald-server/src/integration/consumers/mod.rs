@@ -462,6 +462,7 @@ pub(crate) fn account(
 /// `partition_lease_ttl`), or a one-node engine's local token, and whether
 /// its token is raised in the source (every removal is fenced by it).
 pub(crate) struct PartitionLease {
+    partition: usize,
     key: String,
     holder: String,
     ttl: Duration,
@@ -493,6 +494,7 @@ pub(crate) enum Claim {
 impl PartitionLease {
     pub fn new(state: &AppState, cfg: &ConsumerConfig, partition: usize) -> Self {
         Self {
+            partition,
             key: format!("consumer:{}:{partition}", cfg.name),
             holder: state.consumers.holder.clone(),
             ttl: cfg.partition_lease_ttl,
@@ -502,7 +504,8 @@ impl PartitionLease {
 
     /// Claim the partition, or renew the lease when a third of its TTL has
     /// passed; the status follows (`expires`, `owned`, the engine's error).
-    pub async fn claim(&mut self, state: &AppState, consumer: &Consumer, p: usize) -> Claim {
+    pub async fn claim(&mut self, state: &AppState, consumer: &Consumer) -> Claim {
+        let p = self.partition;
         let due = self.held.is_none_or(|h| h.remote && h.claimed_at.elapsed() >= self.ttl / 3);
         if due {
             let claimed_at = std::time::Instant::now();
@@ -540,7 +543,8 @@ impl PartitionLease {
     }
 
     /// The token is raised in the source: the partition is this node's.
-    pub fn fenced(&mut self, consumer: &Consumer, p: usize) {
+    pub fn fenced(&mut self, consumer: &Consumer) {
+        let p = self.partition;
         let Some(h) = self.held.as_mut() else { return };
         h.fenced = true;
         let (token, expires) = (h.token, h.remote.then(|| h.claimed_at + self.ttl));
@@ -552,9 +556,9 @@ impl PartitionLease {
     }
 
     /// The source holds a greater token: another node owns the partition.
-    pub fn lost(&mut self, consumer: &Consumer, p: usize) {
+    pub fn lost(&mut self, consumer: &Consumer) {
         self.held = None;
-        consumer.update(p, |s| s.owned = false);
+        consumer.update(self.partition, |s| s.owned = false);
     }
 
     /// How long until the lease must be renewed (`None`: a local token,
@@ -569,13 +573,13 @@ impl PartitionLease {
     }
 
     /// At shutdown: give an engine lease back (it would lapse anyway).
-    pub async fn release(self, state: &AppState, consumer: &Consumer, p: usize) {
+    pub async fn release(self, state: &AppState, consumer: &Consumer) {
         if self.held.is_some_and(|h| h.remote) {
             if let Err(e) = state.engine.release(&self.key, &self.holder).await {
                 tracing::debug!(error = %e, "consumer lease release failed; it expires");
             }
         }
-        consumer.update(p, |s| s.owned = false);
+        consumer.update(self.partition, |s| s.owned = false);
     }
 }
 

@@ -477,7 +477,7 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
     let mut observed = Instant::now() - cfg.poll_interval;
     let mut failing = false;
     while !state.shutdown.is_cancelled() {
-        let held = match lease.claim(&state, &consumer, p).await {
+        let held = match lease.claim(&state, &consumer).await {
             Claim::Held(held) => held,
             Claim::Busy => {
                 if !idle(&state, &consumer, &notified, cfg.poll_interval, false).await {
@@ -513,12 +513,12 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
         if !held.fenced {
             match raise_fence(src, &cfg.name, p, token).await {
                 Ok(()) => {
-                    lease.fenced(&consumer, p);
+                    lease.fenced(&consumer);
                     tracing::info!(consumer = %cfg.name, partition = p, token, "consumer partition owned");
                 }
                 Err(e) => {
                     if matches!(e, SourceError::Lost) {
-                        lease.lost(&consumer, p);
+                        lease.lost(&consumer);
                     }
                     fail(&state, &consumer, p, &e, &mut failing);
                     if !pause(&state, &mut backoff, cfg.max_backoff).await {
@@ -577,7 +577,7 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
             Err(e) => {
                 if matches!(e, SourceError::Lost) {
                     tracing::info!(consumer = %cfg.name, partition = p, "consumer partition lost to a greater fencing token");
-                    lease.lost(&consumer, p);
+                    lease.lost(&consumer);
                 }
                 fail(&state, &consumer, p, &e, &mut failing);
                 if !pause(&state, &mut backoff, cfg.max_backoff).await {
@@ -586,7 +586,7 @@ pub async fn run_partition(state: Arc<AppState>, consumer: Arc<Consumer>, p: usi
             }
         }
     }
-    lease.release(&state, &consumer, p).await;
+    lease.release(&state, &consumer).await;
 }
 
 /// How long until the partition's earliest scheduled row is due (`None`:

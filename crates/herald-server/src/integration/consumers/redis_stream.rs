@@ -334,7 +334,7 @@ pub async fn run(state: Arc<AppState>, consumer: Arc<Consumer>) {
     let mut observed = Instant::now() - cfg.poll_interval;
     let mut failing = false;
     while !state.shutdown.is_cancelled() {
-        let held = match lease.claim(&state, &consumer, 0).await {
+        let held = match lease.claim(&state, &consumer).await {
             Claim::Held(held) => held,
             Claim::Busy => {
                 tokio::select! {
@@ -366,12 +366,12 @@ pub async fn run(state: Arc<AppState>, consumer: Arc<Consumer>) {
         if !held.fenced {
             match raise_fence(src, token).await {
                 Ok(()) => {
-                    lease.fenced(&consumer, 0);
+                    lease.fenced(&consumer);
                     tracing::info!(consumer = %cfg.name, token, "consumer stream owned");
                 }
                 Err(e) => {
                     if matches!(e, StreamError::Lost) {
-                        lease.lost(&consumer, 0);
+                        lease.lost(&consumer);
                     }
                     fail(&state, &consumer, &e, &mut failing);
                     if !pause(&state, &mut backoff, cfg.max_backoff).await {
@@ -407,7 +407,7 @@ pub async fn run(state: Arc<AppState>, consumer: Arc<Consumer>) {
             }
             Err(e) => {
                 match e {
-                    StreamError::Lost => lease.lost(&consumer, 0),
+                    StreamError::Lost => lease.lost(&consumer),
                     // A connection error: dial again.
                     StreamError::Redis(_) => source = None,
                     StreamError::Publish(_) => {}
@@ -419,7 +419,7 @@ pub async fn run(state: Arc<AppState>, consumer: Arc<Consumer>) {
             }
         }
     }
-    lease.release(&state, &consumer, 0).await;
+    lease.release(&state, &consumer).await;
 }
 
 fn fail(state: &AppState, consumer: &Consumer, e: &StreamError, failing: &mut bool) {
