@@ -76,13 +76,14 @@ pub async fn run(ctx: &Ctx<'_>) -> anyhow::Result<Report> {
                 }
                 let n = batch.min(count - j);
                 let keys: Vec<String> = (j..j + n).map(|i| format!("{key_prefix}-{i}")).collect();
-                let bodies: Vec<Vec<u8>> = (j..j + n).map(|i| payload::encode(i, size)).collect();
+                let mut bodies: Vec<Vec<u8>> = (j..j + n).map(|i| payload::encode(i, size)).collect();
                 if j == 0 {
                     lane.first = Some((keys[0].clone(), bodies[0].clone()));
                 }
                 let sent = Instant::now();
                 let acks = if batch == 1 {
-                    publisher.publish(&lane.channel, bodies[0].clone(), Some(&keys[0])).await.map(|a| vec![a])
+                    let body = bodies.pop().expect("one message a request");
+                    publisher.publish(&lane.channel, body, Some(&keys[0])).await.map(|a| vec![a])
                 } else {
                     publisher.publish_batch(&lane.channel, &bodies, &keys).await
                 };
