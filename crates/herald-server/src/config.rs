@@ -171,6 +171,12 @@ pub struct JwtConfig {
     pub audiences: Vec<String>,
     /// Clock skew allowed on `exp` and `nbf`, in seconds.
     pub leeway_secs: u64,
+    /// How long a connection that can refresh its token on the socket (the
+    /// Centrifugo protocol's `refresh`) stays open past `exp` (plus
+    /// `leeway_secs`) while its refresh is on the way. Connections that
+    /// cannot refresh close at `exp` (plus `leeway_secs`).
+    #[serde(with = "humantime_serde")]
+    pub refresh_grace: Duration,
 }
 
 impl Default for JwtConfig {
@@ -186,6 +192,7 @@ impl Default for JwtConfig {
             issuers: Vec::new(),
             audiences: Vec::new(),
             leeway_secs: 0,
+            refresh_grace: Duration::from_secs(5),
         }
     }
 }

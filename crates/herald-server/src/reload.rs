@@ -52,11 +52,13 @@ pub const LIVE: &[&str] = &[
 ];
 
 /// Keys under a [`LIVE`] one that still need a restart:
-/// `jwt.leeway_secs` is also read by every open session's expiry timer;
+/// `jwt.leeway_secs` and `jwt.refresh_grace` are also read by every open
+/// session's expiry timer;
 /// `websocket.max_connections` is fitted to the open-files limit at start;
 /// the outbox byte bounds are the hub's, sized at start.
 pub const FIXED: &[&str] = &[
     "jwt.leeway_secs",
+    "jwt.refresh_grace",
     "websocket.max_connections",
     "websocket.outbox_bytes",
     "websocket.total_outbox_bytes",

@@ -109,7 +109,12 @@ impl Cf {
 
 fn token(sub: &str, channels: &[&str], exp_in: i64) -> String {
     let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64;
-    let claims = json!({ "sub": sub, "channels": channels, "publish": channels, "exp": now + exp_in });
+    token_until(sub, channels, now + exp_in)
+}
+
+/// A token expiring at `exp` (s since the Unix epoch).
+fn token_until(sub: &str, channels: &[&str], exp: i64) -> String {
+    let claims = json!({ "sub": sub, "channels": channels, "publish": channels, "exp": exp });
     encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(JWT_SECRET.as_bytes())).unwrap()
 }
 
@@ -389,6 +394,44 @@ async fn the_server_pings_with_an_empty_object() {
     // The pong keeps the connection alive past the idle timeout's checks.
     c.ws.send(Message::text("{}")).await.unwrap();
     assert_eq!(c.next().await, json!({}));
+}
+
+/// Sleeps until `at_ms` (ms since the Unix epoch).
+async fn sleep_until_ms(at_ms: u128) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+    tokio::time::sleep(std::time::Duration::from_millis(at_ms.saturating_sub(now) as u64)).await;
+}
+
+#[tokio::test]
+async fn an_expired_token_has_the_refresh_grace_then_closes_with_3005() {
+    let srv = TestServer::start_with(|c| {
+        c.dev = false;
+        c.jwt.refresh_grace = std::time::Duration::from_secs(2);
+    })
+    .await;
+    let exp = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64 + 1;
+    let short = token_until("u1", &["chat:*"], exp);
+    let exp = exp as u128 * 1000;
+    let mut late = Cf::dial(&srv, "").await;
+    let r = late.call(json!({ "connect": { "token": short.clone() } })).await;
+    assert_eq!(r["connect"]["ttl"], 1, "the protocol's least ttl: {r}");
+    let mut idle = Cf::dial(&srv, "").await;
+    assert!(idle.call(json!({ "connect": { "token": short } })).await["connect"].is_object());
+    // Past exp, inside the grace: both connections still answer, and a
+    // refresh arriving now keeps its connection.
+    sleep_until_ms(exp + 500).await;
+    let r = late.call(json!({ "subscribe": { "channel": "chat:a" } })).await;
+    assert!(r["subscribe"].is_object(), "open inside the grace: {r}");
+    let r = idle.call(json!({ "subscribe": { "channel": "chat:a" } })).await;
+    assert!(r["subscribe"].is_object(), "open inside the grace: {r}");
+    let r = late.call(json!({ "refresh": { "token": token("u1", &["chat:*"], 3600) } })).await;
+    assert!(r["refresh"]["ttl"].as_u64().unwrap() > 2000, "{r}");
+    // Past the grace: the one without a refresh is closed as expired.
+    assert_eq!(idle.closed().await, Some(3005));
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis();
+    assert!(now >= exp + 2000, "closed {} ms after exp, before the grace ran out", now - exp);
+    let r = late.call(json!({ "subscribe": { "channel": "chat:b" } })).await;
+    assert!(r["subscribe"].is_object(), "the refreshed connection stays: {r}");
 }
 
 #[tokio::test]

@@ -311,11 +311,14 @@ impl Session {
         }
     }
 
-    /// Fires at the token's `exp` plus `jwt.leeway_secs`: the connection
-    /// closes with 4003 then, not at the next tick.
+    /// Fires at the token's `exp` plus `jwt.leeway_secs` (plus
+    /// `jwt.refresh_grace` where the peer can refresh on the socket): the
+    /// connection closes with 4003 then, not at the next tick.
     fn expiry_timer(&self) -> Option<Pin<Box<Sleep>>> {
         let exp = self.identity.exp?;
-        let at = UNIX_EPOCH + Duration::from_secs(exp.saturating_add(self.state.config().jwt.leeway_secs));
+        let jwt = &self.state.config().jwt;
+        let grace = if self.wire.refreshes_token() { jwt.refresh_grace } else { Duration::ZERO };
+        let at = UNIX_EPOCH + Duration::from_secs(exp.saturating_add(jwt.leeway_secs)) + grace;
         let left = at.duration_since(SystemTime::now()).unwrap_or(Duration::ZERO);
         Some(Box::pin(tokio::time::sleep(left)))
     }

@@ -22,7 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::SinkExt;
 use herald_core::{Delivery, Epoch, Message, Position};
@@ -46,12 +46,13 @@ fn bad_request(reason: &'static str) -> SessionEnd {
 }
 
 /// When the SDK should refresh a token expiring at `exp`: after three
-/// quarters of the time left (at least 1 s), so the new token arrives
-/// before the connection closes at `exp` (plus `jwt.leeway_secs`).
+/// quarters of the time left, in whole seconds rounded down (at least 1 s,
+/// the protocol's unit), so the new token arrives before `exp`; the
+/// connection closes only `jwt.refresh_grace` (plus `jwt.leeway_secs`)
+/// after it.
 fn ttl(exp: u64) -> u32 {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let left = exp.saturating_sub(now);
-    u32::try_from(left - left.div_ceil(4)).unwrap_or(u32::MAX).max(1)
+    let left = (UNIX_EPOCH + Duration::from_secs(exp)).duration_since(SystemTime::now()).unwrap_or_default();
+    u32::try_from(left.as_millis() * 3 / 4000).unwrap_or(u32::MAX).max(1)
 }
 
 impl Session {

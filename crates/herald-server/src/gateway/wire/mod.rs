@@ -130,6 +130,13 @@ impl Wire {
         !matches!(self, Wire::Sse(_))
     }
 
+    /// Whether the peer can replace its token on the open socket (the
+    /// Centrifugo protocol's `refresh`): such a connection gets
+    /// `jwt.refresh_grace` past its token's expiry.
+    pub fn refreshes_token(&self) -> bool {
+        matches!(self, Wire::CentrifugoJson(_) | Wire::CentrifugoProtobuf(_))
+    }
+
     /// Whether a subscription of a presence channel makes the connection
     /// a member (an SSE reader is not: it cannot answer the pings a lapsed
     /// lease waits for).
