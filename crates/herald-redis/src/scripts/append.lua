@@ -6,25 +6,37 @@ local F = 11 -- the arguments of one message (see the header)
 local function bad() return redis.error_reply('ERR herald append: bad arguments') end
 local publish = ARGV[1]
 if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then return bad() end
-if #ARGV < 2 then return bad() end
 -- Every argument is checked before the first write: a first pass that
--- keeps nothing; the second reads the arguments again where they are.
+-- keeps nothing; the second reads the arguments again where they are. A
+-- volatile message's max_len and max_age, and the receipt TTL of a message
+-- without a receipt, are never read, so they are not checked; a flag or
+-- a `receipt_at` of 0 is compared as text (tonumber, a strtod, is the
+-- costly part of a message here).
+local n, nkeys = #ARGV, #KEYS
+if n < 2 then return bad() end
 local b = 2
-while b <= #ARGV do
+while b <= n do
   local meta_at, count = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
-  if not (meta_at and count) or ARGV[b + 1] == '' or count < 1 or meta_at < 1 or meta_at + 1 > #KEYS
-     or b + 4 + count * F > #ARGV then
+  if not (meta_at and count) or ARGV[b + 1] == '' or count < 1 or meta_at < 1 or meta_at + 1 > nkeys
+     or b + 4 + count * F > n then
     return bad()
   end
   b = b + 5
   for _ = 1, count do
-    local max_len, max_age, ttl, rk = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 4]),
-      tonumber(ARGV[b + 10])
-    if not (max_len and max_age and ttl and rk) or max_len < 0 or max_age < 0 or ttl <= 0
-       or (ARGV[b] ~= '1' and ARGV[b] ~= '0') or ARGV[b + 8] == ''
+    local durable, rk = ARGV[b], ARGV[b + 10]
+    rk = rk == '0' and 0 or tonumber(rk)
+    if not rk or (durable ~= '1' and durable ~= '0') or ARGV[b + 8] == ''
        or (ARGV[b + 9] ~= '1' and ARGV[b + 9] ~= '0')
-       or (rk ~= 0 and (rk < meta_at + 2 or rk > #KEYS)) then
+       or (rk ~= 0 and (rk < meta_at + 2 or rk > nkeys)) then
       return bad()
+    end
+    if durable == '1' then
+      local max_age = tonumber(ARGV[b + 2])
+      if not is_count(ARGV[b + 1]) or not max_age or max_age < 0 then return bad() end
+    end
+    if rk ~= 0 then
+      local ttl = tonumber(ARGV[b + 4])
+      if not ttl or ttl <= 0 then return bad() end
     end
     b = b + F
   end
@@ -37,15 +49,16 @@ local out = {}
 -- append_msg's arguments, one table refilled for every message.
 local a = {publish = publish}
 b = 2
-while b <= #ARGV do
+while b <= n do
   local meta_at, count = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
   local meta, log = KEYS[meta_at], KEYS[meta_at + 1]
-  a.epoch, a.channel, a.fan = ARGV[b], ARGV[b + 1], ARGV[b + 2]
+  local channel, fan = ARGV[b + 1], ARGV[b + 2]
+  a.epoch, a.channel, a.fan = ARGV[b], channel, fan
   b = b + 5
   for _ = 1, count do
     local line
-    local rk = tonumber(ARGV[b + 10])
-    local receipt, fp = rk > 0 and KEYS[rk] or nil, ARGV[b + 3]
+    local rk = ARGV[b + 10]
+    local receipt, fp = rk ~= '0' and KEYS[tonumber(rk)] or nil, ARGV[b + 3]
     local r = receipt and redis.call('GET', receipt)
     if r then
       local rfp, seq, id, ts, epoch = string.match(r, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
@@ -56,14 +69,28 @@ while b <= #ARGV do
       else
         line = 'dup ' .. seq .. ' ' .. id .. ' ' .. ts .. ' ' .. epoch
       end
+    elseif ARGV[b] ~= '1' then
+      -- Volatile: the meta's epoch and closed flag are all it reads.
+      local v = redis.call('HMGET', meta, 'epoch', 'closed')
+      if v[2] == '1' then
+        line = 'closed'
+      else
+        local sepoch, id = v[1] or '-', ARGV[b + 8]
+        if sepoch == '' then sepoch = '-' end
+        publish_volatile(publish, fan, channel, now_s, id, sepoch, ARGV[b + 5], ARGV[b + 6], ARGV[b + 7])
+        if receipt then
+          redis.call('SET', receipt, fp .. ' - ' .. id .. ' ' .. now_s .. ' ' .. sepoch, 'PX',
+            fmt(tonumber(ARGV[b + 4])))
+        end
+        line = 'ok - ' .. now_s .. ' ' .. sepoch .. ' 0'
+      end
     else
       local st = meta_of(meta)
       if st[4] == '1' then
         line = 'closed'
       else
-        local durable = ARGV[b] == '1'
-        a.durable, a.closes = durable, durable and ARGV[b + 9] == '1'
-        a.max_len, a.max_age = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+        a.durable, a.closes = true, ARGV[b + 9] == '1'
+        a.max_len, a.max_age = ARGV[b + 1], ARGV[b + 2] == '0' and 0 or tonumber(ARGV[b + 2])
         a.head, a.middle, a.tail, a.id = ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8]
         local m = append_msg(meta, log, a, st, now, now_s)
         if m.err then

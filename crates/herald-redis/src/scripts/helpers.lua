@@ -1,5 +1,8 @@
 -- Helpers shared by the scripts, pasted after the shebang of each one.
 local function fmt(n) return string.format('%d', n) end
+-- Whether `s` is a count in canonical decimal (passed on to Redis as it
+-- is, and compared with '0' as text).
+local function is_count(s) return s == '0' or string.find(s, '^[1-9]%d*$') ~= nil end
 local function ms_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,8 +41,8 @@ local function is_closed(meta) return redis.call('HGET', meta, 'closed') == '1' 
 -- middle, tail, id, channel, fan, publish. Returns them as append_msg's
 -- table (durable and closes left to the caller), or nil when malformed.
 local function event_args(b)
-  local max_len, max_age = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
-  if not (max_len and max_age) or max_len < 0 or max_age < 0 or ARGV[b + 6] == ''
+  local max_len, max_age = ARGV[b + 1], tonumber(ARGV[b + 2])
+  if not is_count(max_len) or not max_age or max_age < 0 or ARGV[b + 6] == ''
      or (ARGV[b + 9] ~= 'PUBLISH' and ARGV[b + 9] ~= 'SPUBLISH') then
     return nil
   end
@@ -48,13 +51,19 @@ local function event_args(b)
     tail = ARGV[b + 5], id = ARGV[b + 6], channel = ARGV[b + 7], fan = ARGV[b + 8], publish = ARGV[b + 9],
   }
 end
+-- Publish a volatile message (no seq, never closes) on its fan-out
+-- channel: the frame is not stored, so it is built inside the payload.
+local function publish_volatile(publish, fan, channel, sts, id, sepoch, head, middle, tail)
+  redis.call(publish, fan, 'v2 ' .. channel .. ' - ' .. sts .. ' ' .. id .. ' ' .. sepoch .. ' 0\n' .. head .. middle
+    .. sts .. tail)
+end
 -- The meta fields append_msg reads, in its order (one HMGET).
 local META_FIELDS = {'epoch', 'seq', 'ts', 'closed', 'oldest'}
 local function meta_of(meta) return redis.call('HMGET', meta, unpack(META_FIELDS)) end
 -- Append one message to the channel and publish it on its fan-out channel:
 -- the common part of APPEND, ROOM_WRITE and SCHED_DELIVER. `a` holds
 -- durable, closes, epoch (a fresh one, used if the channel has none),
--- max_len, max_age, the frame's head, middle and tail, id, channel, fan,
+-- max_len (text, as is_count checked it; '0': no limit), max_age, the frame's head, middle and tail, id, channel, fan,
 -- publish. `m` is the channel's meta as meta_of read it (before any write
 -- since), `now` the time in ms (one TIME per script run) and `now_s` the
 -- same as text (or nil). Returns {sseq, sts (the ts as text), sepoch,
@@ -82,8 +91,8 @@ local function append_msg(meta, log, a, m, now, now_s)
     local function xadd()
       sseq = fmt(seq)
       frame = a.head .. sseq .. a.middle .. sts .. a.tail
-      if a.max_len > 0 then
-        return redis.pcall('XADD', log, 'MAXLEN', '=', fmt(a.max_len), sseq .. '-0', 't', sts, 'i', a.id,
+      if a.max_len ~= '0' then
+        return redis.pcall('XADD', log, 'MAXLEN', '=', a.max_len, sseq .. '-0', 't', sts, 'i', a.id,
           'f', frame)
       end
       return redis.pcall('XADD', log, sseq .. '-0', 't', sts, 'i', a.id, 'f', frame)
@@ -147,10 +156,7 @@ local function append_msg(meta, log, a, m, now, now_s)
     redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' ' .. sseq .. ' ' .. sts .. ' ' .. a.id .. ' '
       .. sepoch .. ' ' .. closes .. '\n' .. frame)
   else
-    -- Volatile (no seq, never closes): the frame is not stored, so it is
-    -- built inside the payload.
-    redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' - ' .. sts .. ' ' .. a.id .. ' ' .. sepoch .. ' 0\n'
-      .. a.head .. a.middle .. sts .. a.tail)
+    publish_volatile(a.publish, a.fan, a.channel, sts, a.id, sepoch, a.head, a.middle, a.tail)
   end
   return {sseq = sseq, sts = sts, sepoch = sepoch, lost = lost}
 end

@@ -82,3 +82,59 @@ fn gone_placeholders_are_filled() {
     let text = super::gone_text();
     assert!(!text.contains("${"), "a placeholder left in gone.lua: {text}");
 }
+
+/// One message of an `APPEND` run: its 11 arguments.
+fn message(durable: bool, max_len: &str) -> Vec<String> {
+    let durable = if durable { "1" } else { "0" };
+    [durable, max_len, "0", "", "1", "{\"seq\":", ",\"ts\":", "}", "m-1", "0", "0"]
+        .map(str::to_owned)
+        .to_vec()
+}
+
+/// Runs `APPEND` on channel `a` (a durable message) then `b` (`second`).
+async fn append_two(
+    con: &mut redis::aio::MultiplexedConnection,
+    second: Vec<String>,
+) -> redis::RedisResult<String> {
+    let mut inv = super::APPEND.prepare_invoke();
+    for k in ["a:meta", "a:log", "b:meta", "b:log"] {
+        inv.key(k);
+    }
+    inv.arg("PUBLISH");
+    inv.arg("e1").arg("chat:a").arg("a:fan").arg(1).arg(1);
+    for a in message(true, "0") {
+        inv.arg(a);
+    }
+    inv.arg("e1").arg("chat:b").arg("b:fan").arg(3).arg(1);
+    for a in second {
+        inv.arg(a);
+    }
+    inv.invoke_async(con).await
+}
+
+#[tokio::test]
+async fn append_checks_every_argument_it_reads_before_its_first_write() {
+    let redis = crate::testing::RedisServer::start();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    // A durable message's max_len is passed on to XADD as text: only a
+    // canonical count passes, and a bad one fails the run before `a` is
+    // written.
+    for bad in ["00", "1e3", "-1", "", "x"] {
+        let err = append_two(&mut con, message(true, bad)).await.expect_err(bad);
+        assert!(err.to_string().contains("bad arguments"), "{bad}: {err}");
+        let exists: u32 =
+            redis::cmd("EXISTS").arg("a:meta").arg("a:log").query_async(&mut con).await.unwrap();
+        assert_eq!(exists, 0, "{bad}: nothing written");
+    }
+    // A volatile message never reads max_len.
+    let lines = append_two(&mut con, message(false, "junk")).await.unwrap();
+    let lines: Vec<&str> = lines.lines().collect();
+    assert!(lines[0].starts_with("ok 1 "), "{lines:?}");
+    assert!(lines[1].starts_with("ok - "), "{lines:?}");
+    // And the limit applies: max_len 1 keeps one entry.
+    append_two(&mut con, message(true, "1")).await.unwrap();
+    append_two(&mut con, message(true, "1")).await.unwrap();
+    let len: u32 = redis::cmd("XLEN").arg("b:log").query_async(&mut con).await.unwrap();
+    assert_eq!(len, 1);
+}
