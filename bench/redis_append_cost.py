@@ -71,9 +71,14 @@ def run_call(sha, k, per_call, durable):
         ch = (k * per_call + j) % 1000
         keys += ["herald:{chat:u%d}:meta" % ch, "herald:{chat:u%d}:log" % ch]
         argv += ["e%d" % k, "chat:u%d" % ch, "herald:{chat:u%d}:fan" % ch, str(len(keys) - 1), "1"]
-        head = '{"type":"message","channel":"chat:u%d","seq":' % ch
-        argv += [durable, "1000", "0", "", "1", head, ',"ts":', ',"data":"%s"}' % ("x" * 100),
-                 "m-%d-%d" % (k, j), "0", "0"]
+        head = '{"type":"message","channel":"chat:u%d"' % ch
+        tail = ',"data":"%s"}' % ("x" * 100)
+        msg_id = "m-%d-%d" % (k, j)
+        if durable == "1":
+            argv += ["1", "1000", "0", "", "1", head + ',"seq":', ',"ts":', tail, msg_id, "0", "0"]
+        else:
+            # Volatile: receipt_at, id, the frame up to its ts, the rest.
+            argv += ["0", "0", msg_id, head + ',"ts":', tail]
     return enc(["EVALSHA", sha, str(len(keys))] + keys + argv)
 
 

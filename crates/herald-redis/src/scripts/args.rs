@@ -274,6 +274,18 @@ impl ArgBuf {
     }
 }
 
+/// A message's fingerprint as 64 hex digits; empty without dedup.
+fn push_fingerprint(argv: &mut ArgBuf, fingerprint: Option<&[u8; 32]>) {
+    match fingerprint {
+        Some(fp) => {
+            let mut text = [0u8; 64];
+            hex::encode_to_slice(fp, &mut text).expect("64 hex digits for 32 bytes");
+            argv.push(&text);
+        }
+        None => argv.push(b""),
+    }
+}
+
 /// An `APPEND` command being built.
 pub(crate) struct AppendRun {
     keys: ArgBuf,
@@ -299,8 +311,8 @@ impl Append {
 
     #[cfg(test)]
     pub(crate) fn argv() -> Vec<String> {
-        let message = [
-            "durable",
+        let durable = [
+            "1",
             "max_len",
             "max_age_ms",
             "fingerprint",
@@ -312,8 +324,17 @@ impl Append {
             "closes",
             "receipt_at",
         ];
-        let channel = ["epoch", "channel", "fan", "meta_at", "count"];
-        vec!["publish".to_owned(), format!("({},({})...)...", channel.join(","), message.join(","))]
+        let volatile = ["0", "receipt_at", "id", "head_middle", "tail[", "fingerprint", "receipt_ttl_ms]"];
+        let channel = ["epoch", "channel", "fan", "meta_at", "count", "message..."];
+        vec![
+            "publish".to_owned(),
+            format!(
+                "({})...;amessageisdurable:({})orvolatile:({})(thelasttwowithareceiptonly)",
+                channel.join(","),
+                durable.join(","),
+                volatile.join(",")
+            ),
+        ]
     }
 }
 
@@ -344,17 +365,27 @@ impl AppendRun {
             None => 0,
         };
         let argv = &mut self.argv;
-        argv.push_flag(m.durable);
+        if !m.durable {
+            // Volatile: no retention, never closes; the frame has no seq,
+            // so its head and middle go as one argument.
+            argv.push_flag(false);
+            argv.push_u64(receipt_at as u64);
+            argv.push(m.id.as_bytes());
+            argv.push_with(|out| {
+                out.extend_from_slice(m.frame.head());
+                out.extend_from_slice(m.frame.middle());
+            });
+            argv.push(m.frame.tail());
+            if receipt_at != 0 {
+                push_fingerprint(argv, m.fingerprint);
+                argv.push_u64(m.receipt_ttl_ms);
+            }
+            return;
+        }
+        argv.push_flag(true);
         argv.push_u64(m.retention.max_len);
         argv.push_u64(max_age_ms(m.retention));
-        match m.fingerprint {
-            Some(fp) => {
-                let mut text = [0u8; 64];
-                hex::encode_to_slice(fp, &mut text).expect("64 hex digits for 32 bytes");
-                argv.push(&text);
-            }
-            None => argv.push(b""),
-        }
+        push_fingerprint(argv, m.fingerprint);
         argv.push_u64(m.receipt_ttl_ms);
         argv.push(m.frame.head());
         argv.push(m.frame.middle());

@@ -53,9 +53,9 @@ local function event_args(b)
 end
 -- Publish a volatile message (no seq, never closes) on its fan-out
 -- channel: the frame is not stored, so it is built inside the payload.
-local function publish_volatile(publish, fan, channel, sts, id, sepoch, head, middle, tail)
-  redis.call(publish, fan, 'v2 ' .. channel .. ' - ' .. sts .. ' ' .. id .. ' ' .. sepoch .. ' 0\n' .. head .. middle
-    .. sts .. tail)
+-- `prefix` is the frame up to its ts (its head and middle: no seq).
+local function publish_volatile(publish, fan, channel, sts, id, sepoch, prefix, tail)
+  redis.call(publish, fan, 'v2 ' .. channel .. ' - ' .. sts .. ' ' .. id .. ' ' .. sepoch .. ' 0\n' .. prefix .. sts .. tail)
 end
 -- The meta fields append_msg reads, in its order (one HMGET).
 local META_FIELDS = {'epoch', 'seq', 'ts', 'closed', 'oldest'}
@@ -156,7 +156,7 @@ local function append_msg(meta, log, a, m, now, now_s)
     redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' ' .. sseq .. ' ' .. sts .. ' ' .. a.id .. ' '
       .. sepoch .. ' ' .. closes .. '\n' .. frame)
   else
-    publish_volatile(a.publish, a.fan, a.channel, sts, a.id, sepoch, a.head, a.middle, a.tail)
+    publish_volatile(a.publish, a.fan, a.channel, sts, a.id, sepoch, a.head .. a.middle, a.tail)
   end
   return {sseq = sseq, sts = sts, sepoch = sepoch, lost = lost}
 end

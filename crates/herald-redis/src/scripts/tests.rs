@@ -83,12 +83,17 @@ fn gone_placeholders_are_filled() {
     assert!(!text.contains("${"), "a placeholder left in gone.lua: {text}");
 }
 
-/// One message of an `APPEND` run: its 11 arguments.
-fn message(durable: bool, max_len: &str) -> Vec<String> {
-    let durable = if durable { "1" } else { "0" };
-    [durable, max_len, "0", "", "1", "{\"seq\":", ",\"ts\":", "}", "m-1", "0", "0"]
-        .map(str::to_owned)
-        .to_vec()
+/// A durable message of an `APPEND` run: its 11 arguments.
+fn message(max_len: &str) -> Vec<String> {
+    ["1", max_len, "0", "", "1", "{\"seq\":", ",\"ts\":", "}", "m-1", "0", "0"].map(str::to_owned).to_vec()
+}
+
+/// A volatile message of an `APPEND` run (`receipt_at`, then its receipt's
+/// fingerprint and TTL if any).
+fn volatile(rest: &[&str]) -> Vec<String> {
+    let mut m = vec!["0".to_owned()];
+    m.extend(rest.iter().map(|s| s.to_string()));
+    m
 }
 
 /// Runs `APPEND` on channel `a` (a durable message) then `b` (`second`).
@@ -102,7 +107,7 @@ async fn append_two(
     }
     inv.arg("PUBLISH");
     inv.arg("e1").arg("chat:a").arg("a:fan").arg(1).arg(1);
-    for a in message(true, "0") {
+    for a in message("0") {
         inv.arg(a);
     }
     inv.arg("e1").arg("chat:b").arg("b:fan").arg(3).arg(1);
@@ -120,21 +125,28 @@ async fn append_checks_every_argument_it_reads_before_its_first_write() {
     // A durable message's max_len is passed on to XADD as text: only a
     // canonical count passes, and a bad one fails the run before `a` is
     // written.
+    let refused = async |con: &mut redis::aio::MultiplexedConnection, second: Vec<String>, what: &str| {
+        let err = append_two(con, second).await.expect_err(what);
+        assert!(err.to_string().contains("bad arguments"), "{what}: {err}");
+        let exists: u32 = redis::cmd("EXISTS").arg("a:meta").arg("a:log").query_async(con).await.unwrap();
+        assert_eq!(exists, 0, "{what}: nothing written");
+    };
     for bad in ["00", "1e3", "-1", "", "x"] {
-        let err = append_two(&mut con, message(true, bad)).await.expect_err(bad);
-        assert!(err.to_string().contains("bad arguments"), "{bad}: {err}");
-        let exists: u32 =
-            redis::cmd("EXISTS").arg("a:meta").arg("a:log").query_async(&mut con).await.unwrap();
-        assert_eq!(exists, 0, "{bad}: nothing written");
+        refused(&mut con, message(bad), bad).await;
     }
-    // A volatile message never reads max_len.
-    let lines = append_two(&mut con, message(false, "junk")).await.unwrap();
+    // A volatile message: five arguments, seven with a receipt (its
+    // fingerprint and TTL); anything else is refused as a whole.
+    refused(&mut con, volatile(&["0", "m-2", "{\"ts\":"]), "short").await;
+    refused(&mut con, volatile(&["5", "m-2", "{\"ts\":", "}"]), "receipt without its TTL").await;
+    refused(&mut con, volatile(&["0", "", "{\"ts\":", "}"]), "no id").await;
+    refused(&mut con, volatile(&["0", "m-2", "{\"ts\":", "}", "extra"]), "an argument too many").await;
+    let lines = append_two(&mut con, volatile(&["0", "m-2", "{\"ts\":", "}"])).await.unwrap();
     let lines: Vec<&str> = lines.lines().collect();
     assert!(lines[0].starts_with("ok 1 "), "{lines:?}");
     assert!(lines[1].starts_with("ok - "), "{lines:?}");
     // And the limit applies: max_len 1 keeps one entry.
-    append_two(&mut con, message(true, "1")).await.unwrap();
-    append_two(&mut con, message(true, "1")).await.unwrap();
+    append_two(&mut con, message("1")).await.unwrap();
+    append_two(&mut con, message("1")).await.unwrap();
     let len: u32 = redis::cmd("XLEN").arg("b:log").query_async(&mut con).await.unwrap();
     assert_eq!(len, 1);
 }
