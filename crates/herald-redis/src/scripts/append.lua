@@ -61,57 +61,59 @@ while b <= n do
   for _ = 1, count do
     local line
     local durable = ARGV[b] == '1'
-    -- The receipt's key, fingerprint and TTL (an index into ARGV).
-    local rk, fp, ttl_at
+    -- The receipt's key, fingerprint and TTL (an index into ARGV), and the id.
+    local rk, fp, ttl_at, id
     if durable then
-      rk, fp, ttl_at = ARGV[b + 10], ARGV[b + 3], b + 4
+      rk, fp, ttl_at, id = ARGV[b + 10], ARGV[b + 3], b + 4, ARGV[b + 8]
     else
-      rk, fp, ttl_at = ARGV[b + 1], ARGV[b + 5], b + 6
+      rk, fp, ttl_at, id = ARGV[b + 1], ARGV[b + 5], b + 6, ARGV[b + 2]
     end
     local receipt = rk ~= '0' and KEYS[tonumber(rk)] or nil
     local r = receipt and redis.call('GET', receipt)
     if r then
-      local rfp, seq, id, ts, epoch = string.match(r, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+      local rfp, seq, rid, ts, epoch = string.match(r, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
       if not rfp then
         line = 'err malformed receipt'
       elseif rfp ~= fp then
         line = 'mismatch'
       else
-        line = 'dup ' .. seq .. ' ' .. id .. ' ' .. ts .. ' ' .. epoch
-      end
-    elseif not durable then
-      -- Volatile: the meta's epoch and closed flag are all it reads.
-      local v = redis.call('HMGET', meta, 'epoch', 'closed')
-      if v[2] == '1' then
-        line = 'closed'
-      else
-        local sepoch, id = v[1] or '-', ARGV[b + 2]
-        if sepoch == '' then sepoch = '-' end
-        publish_volatile(publish, fan, channel, now_s, id, sepoch, ARGV[b + 3], ARGV[b + 4])
-        if receipt then
-          redis.call('SET', receipt, fp .. ' - ' .. id .. ' ' .. now_s .. ' ' .. sepoch, 'PX',
-            fmt(tonumber(ARGV[ttl_at])))
-        end
-        line = 'ok - ' .. now_s .. ' ' .. sepoch .. ' 0'
+        line = 'dup ' .. seq .. ' ' .. rid .. ' ' .. ts .. ' ' .. epoch
       end
     else
-      local st = meta_of(meta)
-      if st[4] == '1' then
-        line = 'closed'
-      else
-        a.closes = ARGV[b + 9] == '1'
-        a.max_len, a.max_age = ARGV[b + 1], ARGV[b + 2] == '0' and 0 or tonumber(ARGV[b + 2])
-        a.head, a.middle, a.tail, a.id = ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 8]
-        local m = append_msg(meta, log, a, st, now, now_s)
-        if m.err then
-          line = 'err ' .. string.gsub(tostring(m.err.err or m.err), '\n', ' ')
+      -- What the message became (its seq, ts and epoch as text), unless
+      -- `line` already says why it was not appended.
+      local sseq, sts, sepoch, lost
+      if not durable then
+        -- Volatile: the meta's epoch and closed flag are all it reads.
+        local v = redis.call('HMGET', meta, 'epoch', 'closed')
+        if v[2] == '1' then
+          line = 'closed'
         else
-          if receipt then
-            redis.call('SET', receipt, fp .. ' ' .. m.sseq .. ' ' .. a.id .. ' ' .. m.sts .. ' ' .. m.sepoch,
-              'PX', fmt(tonumber(ARGV[ttl_at])))
-          end
-          line = 'ok ' .. m.sseq .. ' ' .. m.sts .. ' ' .. m.sepoch .. (m.lost == 1 and ' 1' or ' 0')
+          sseq, sts, sepoch, lost = '-', now_s, or_dash(v[1]), 0
+          publish_volatile(publish, fan, channel, sts, id, sepoch, ARGV[b + 3], ARGV[b + 4])
         end
+      else
+        local st = meta_of(meta)
+        if st[4] == '1' then
+          line = 'closed'
+        else
+          a.closes = ARGV[b + 9] == '1'
+          a.max_len, a.max_age = ARGV[b + 1], ARGV[b + 2] == '0' and 0 or tonumber(ARGV[b + 2])
+          a.head, a.middle, a.tail, a.id = ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], id
+          local m = append_msg(meta, log, a, st, now, now_s)
+          if m.err then
+            line = 'err ' .. string.gsub(tostring(m.err.err or m.err), '\n', ' ')
+          else
+            sseq, sts, sepoch, lost = m.sseq, m.sts, m.sepoch, m.lost
+          end
+        end
+      end
+      if sseq then
+        if receipt then
+          redis.call('SET', receipt, fp .. ' ' .. sseq .. ' ' .. id .. ' ' .. sts .. ' ' .. sepoch, 'PX',
+            fmt(tonumber(ARGV[ttl_at])))
+        end
+        line = 'ok ' .. sseq .. ' ' .. sts .. ' ' .. sepoch .. (lost == 1 and ' 1' or ' 0')
       end
     end
     out[#out + 1] = line

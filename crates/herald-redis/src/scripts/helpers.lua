@@ -1,5 +1,11 @@
 -- Helpers shared by the scripts, pasted after the shebang of each one.
 local function fmt(n) return string.format('%d', n) end
+-- An epoch as the scripts' replies and payloads carry it: '-' for none
+-- (nil, a missing field's false, or empty).
+local function or_dash(s)
+  if not s or s == '' then return '-' end
+  return s
+end
 -- Whether `s` is a count in canonical decimal (passed on to Redis as it
 -- is, and compared with '0' as text).
 local function is_count(s) return s == '0' or string.find(s, '^[1-9]%d*$') ~= nil end
@@ -148,8 +154,7 @@ local function append_msg(meta, log, a, m, now, now_s)
     epoch = m[1] or ''
     sts = now_s or fmt(ts)
   end
-  local sepoch = epoch
-  if sepoch == '' then sepoch = '-' end
+  local sepoch = or_dash(epoch)
   local closes = '0'
   if seq and a.closes then closes = '1' end
   if frame then
