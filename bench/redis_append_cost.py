@@ -5,14 +5,15 @@
 
 Assembles APPEND as the engine does (`#!lua`, helpers.lua, append.lua from
 crates/herald-redis/src/scripts), starts a private redis-server (no
-persistence) under `valgrind --tool=callgrind` on a free port, and sends N
-EVALSHA calls of M messages each (default 100 x 40), every message to
-another of 1,000 channels (point to point: one message per channel run),
-100-byte payloads, no idempotency key, after an untimed first message to
-every channel. Instrumentation is on only while the calls run, so the figure is Redis's instructions per message for
-reading the command, running the script and its commands, and writing
-the reply: repeatable where timings are not. Also prints the per-command
-counts Redis saw (INFO commandstats) for one message.
+persistence, a Unix socket in a temp dir) under `valgrind --tool=callgrind`,
+and sends N EVALSHA calls of M messages each (default 100 x 40), every
+message to another of 1,000 channels (point to point: one message per
+channel run), 100-byte payloads, no idempotency key, after an untimed first
+message to every channel. Instrumentation is on only while the calls run, so
+the figure is Redis's instructions per message for reading the command,
+running the script and its commands, and writing the reply: repeatable where
+timings are not. Also prints the per-command counts Redis saw (INFO
+commandstats) for one message.
 
 Needs redis-server and valgrind; nothing else (Python's standard library).
 """
@@ -39,8 +40,9 @@ def enc(args):
 
 
 class Conn:
-    def __init__(self, port):
-        self.s = socket.create_connection(("127.0.0.1", port))
+    def __init__(self, path):
+        self.s = socket.socket(socket.AF_UNIX)
+        self.s.connect(path)
         self.f = self.s.makefile("rb")
 
     def send(self, data):
@@ -82,27 +84,18 @@ def run_call(sha, k, per_call, durable):
     return enc(["EVALSHA", sha, str(len(keys))] + keys + argv)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def measure(script, per_call, calls, durable):
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "callgrind.out")
+        out, path = os.path.join(tmp, "callgrind.out"), os.path.join(tmp, "redis.sock")
         server = subprocess.Popen(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=" + out,
-             "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "redis-server", "--port", "0", "--unixsocket", path, "--save", "", "--appendonly", "no",
              "--dir", tmp],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for _ in range(300):
                 try:
-                    conn = Conn(port)
+                    conn = Conn(path)
                     conn.call("PING")
                     break
                 except OSError:
