@@ -9,8 +9,8 @@ if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then return bad() end
 -- Every argument is checked before the first write: a first pass that
 -- keeps nothing; the second reads the arguments again where they are.
 -- Only what a message's path reads is checked (a receipt's TTL only with
--- a receipt); a flag or a `receipt_at` of 0 is compared as text (tonumber,
--- a strtod, is the costly part of a message here).
+-- a receipt); a flag or a `receipt_at` of 0 is compared as text, not
+-- converted (tonumber is a strtod).
 local n, nkeys = #ARGV, #KEYS
 if n < 2 then return bad() end
 local b = 2
