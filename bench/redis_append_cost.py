@@ -2,6 +2,7 @@
 """Redis's own cost of the Redis engine's APPEND script, per message.
 
     bench/redis_append_cost.py [--messages-per-call M] [--calls N] [--mode volatile|durable|both]
+                               [--max-age-ms MS]
 
 Assembles APPEND as the engine does (`#!lua`, helpers.lua, append.lua from
 crates/herald-redis/src/scripts), starts a private redis-server (no
@@ -67,24 +68,24 @@ class Conn:
         return self.read()
 
 
-def run_call(sha, k, per_call, durable):
+def run_call(sha, k, per_call, durable, max_age_ms):
     keys, argv = [], ["PUBLISH"]
     for j in range(per_call):
         ch = (k * per_call + j) % 1000
         keys += ["herald:{chat:u%d}:meta" % ch, "herald:{chat:u%d}:log" % ch]
-        argv += ["e%d" % k, "chat:u%d" % ch, "herald:{chat:u%d}:fan" % ch, str(len(keys) - 1), "1"]
+        argv += ["c", "e%d" % k, "chat:u%d" % ch, "herald:{chat:u%d}:fan" % ch]
         head = '{"type":"message","channel":"chat:u%d"' % ch
         tail = ',"data":"%s"}' % ("x" * 100)
         msg_id = "m-%d-%d" % (k, j)
         if durable == "1":
-            argv += ["1", "1000", "0", "", "1", head + ',"seq":', ',"ts":', tail, msg_id, "0", "0"]
+            argv += ["1", "1000", str(max_age_ms), "", "1", head + ',"seq":', ',"ts":', tail, msg_id, "0", "0"]
         else:
-            # Volatile: receipt_at, id, the frame up to its ts, the rest.
+            # Volatile: no receipt, id, the frame up to its ts, the rest.
             argv += ["0", "0", msg_id, head + ',"ts":', tail]
     return enc(["EVALSHA", sha, str(len(keys))] + keys + argv)
 
 
-def measure(script, per_call, calls, durable):
+def measure(script, per_call, calls, durable, max_age_ms):
     with tempfile.TemporaryDirectory() as tmp:
         out, path = os.path.join(tmp, "callgrind.out"), os.path.join(tmp, "redis.sock")
         server = subprocess.Popen(
@@ -108,7 +109,7 @@ def measure(script, per_call, calls, durable):
             def send(first, count):
                 for start in range(first, first + count, window):
                     ks = range(start, min(first + count, start + window))
-                    conn.send(b"".join(run_call(sha, k, per_call, durable) for k in ks))
+                    conn.send(b"".join(run_call(sha, k, per_call, durable, max_age_ms) for k in ks))
                     for _ in ks:
                         conn.read()
 
@@ -150,15 +151,19 @@ def main():
     ap.add_argument("--messages-per-call", type=int, default=40)
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--mode", choices=["volatile", "durable", "both"], default="both")
+    ap.add_argument("--max-age-ms", type=int, default=0,
+                    help="durable messages' max_age (history_ttl); 0: none (the default namespace chat has 3 days)")
     a = ap.parse_args()
     with open(os.path.join(SCRIPTS, "helpers.lua")) as h, open(os.path.join(SCRIPTS, "append.lua")) as b:
         script = "#!lua\n" + h.read() + b.read()
     modes = ["volatile", "durable"] if a.mode == "both" else [a.mode]
     for mode in modes:
-        per_msg, counts = measure(script, a.messages_per_call, a.calls, "1" if mode == "durable" else "0")
+        per_msg, counts = measure(script, a.messages_per_call, a.calls, "1" if mode == "durable" else "0",
+                                 a.max_age_ms)
         commands = ", ".join("%s %.2f" % (k, v) for k, v in sorted(counts.items()) if k != "evalsha")
-        print("APPEND %-8s %d messages/call: %6.0f Redis instructions/message  (commands/message: %s)"
-              % (mode, a.messages_per_call, per_msg, commands), flush=True)
+        age = " max_age %d ms" % a.max_age_ms if mode == "durable" and a.max_age_ms else ""
+        print("APPEND %-8s%s %d messages/call: %6.0f Redis instructions/message  (commands/message: %s)"
+              % (mode, age, a.messages_per_call, per_msg, commands), flush=True)
 
 
 if __name__ == "__main__":

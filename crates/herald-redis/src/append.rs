@@ -210,7 +210,7 @@ impl EngineState {
         let mut run = Append { publish: self.publish_cmd() }.begin();
         let epoch = new_epoch();
         for (ch, members) in groups {
-            run.channel(AppendChannel { keys: &self.keys, channel: ch, epoch: &epoch, count: members.len() });
+            run.channel(AppendChannel { keys: &self.keys, channel: ch, epoch: &epoch });
             for &i in members {
                 let (req, id) = (&reqs[i], &ids[i]);
                 let tpl = FrameTemplate::new(req.kind, ch, req.durable, id, &req.data, req.meta.as_ref());

@@ -203,8 +203,9 @@ pub(crate) struct Append {
     pub publish: &'static str,
 }
 
-/// One channel of an `APPEND` run, followed by its `count` messages. Its
-/// keys (`meta`, `log`) and its `fan` are the channel's (`Keys`).
+/// One channel of an `APPEND` run, followed by its messages (one or
+/// more). Its keys (`meta`, `log`) and its `fan` are the channel's
+/// (`Keys`).
 pub(crate) struct AppendChannel<'a> {
     pub keys: &'a Keys,
     pub channel: &'a ChannelName,
@@ -212,7 +213,6 @@ pub(crate) struct AppendChannel<'a> {
     /// every channel in it: a channel takes a new epoch at most once per
     /// run).
     pub epoch: &'a str,
-    pub count: usize,
 }
 
 /// One message of an `APPEND` run.
@@ -227,8 +227,8 @@ pub(crate) struct AppendMessage<'a> {
     pub id: &'a str,
     /// Durable only: the channel's last message.
     pub closes: bool,
-    /// The dedup key: its receipt key (the channel's) is sent as a key,
-    /// and its index in `KEYS` as the message's `receipt_at` (`0`: none).
+    /// The dedup key: its receipt key (the channel's) is the next key, and
+    /// the message's `receipt` flag says so.
     pub receipt: Option<&'a str>,
 }
 
@@ -290,15 +290,15 @@ fn push_fingerprint(argv: &mut ArgBuf, fingerprint: Option<&[u8; 32]>) {
 pub(crate) struct AppendRun {
     keys: ArgBuf,
     argv: ArgBuf,
-    /// Messages the current channel still expects.
-    expected: usize,
+    /// Messages pushed for the current channel (`None` before the first).
+    messages: Option<usize>,
 }
 
 impl Append {
     pub fn begin(&self) -> AppendRun {
         let mut argv = ArgBuf::default();
         argv.push(self.publish.as_bytes());
-        AppendRun { keys: ArgBuf::default(), argv, expected: 0 }
+        AppendRun { keys: ArgBuf::default(), argv, messages: None }
     }
 
     #[cfg(test)]
@@ -322,10 +322,10 @@ impl Append {
             "tail",
             "id",
             "closes",
-            "receipt_at",
+            "receipt",
         ];
-        let volatile = ["0", "receipt_at", "id", "head_middle", "tail[", "fingerprint", "receipt_ttl_ms]"];
-        let channel = ["epoch", "channel", "fan", "meta_at", "count", "message..."];
+        let volatile = ["0", "receipt", "id", "head_middle", "tail[", "fingerprint", "receipt_ttl_ms]"];
+        let channel = ["c", "epoch", "channel", "fan", "message..."];
         vec![
             "publish".to_owned(),
             format!(
@@ -339,44 +339,41 @@ impl Append {
 }
 
 impl AppendRun {
-    /// Start the next channel: its `count` messages follow.
+    /// Start the next channel: one or more of its messages follow.
     pub fn channel(&mut self, c: AppendChannel<'_>) {
-        debug_assert_eq!(self.expected, 0, "the previous channel's messages were all pushed");
+        debug_assert_ne!(self.messages, Some(0), "the previous channel has a message");
         self.keys.push_with(|out| c.keys.write_channel_key(out, c.channel, "meta"));
         self.keys.push_with(|out| c.keys.write_channel_key(out, c.channel, "log"));
-        let meta_at = self.keys.len() - 1;
-        self.expected = c.count;
+        self.messages = Some(0);
+        self.argv.push(b"c");
         self.argv.push(c.epoch.as_bytes());
         self.argv.push(c.channel.as_str().as_bytes());
         self.argv.push_with(|out| c.keys.write_channel_key(out, c.channel, "fan"));
-        self.argv.push_u64(meta_at as u64);
-        self.argv.push_u64(c.count as u64);
     }
 
     /// The next message of the current channel (`channel` is that one).
     pub fn message(&mut self, keys: &Keys, channel: &ChannelName, m: AppendMessage<'_>) {
-        debug_assert!(self.expected > 0, "a message belongs to the channel before it");
-        self.expected -= 1;
-        let receipt_at = match m.receipt {
-            Some(key) => {
-                self.keys.push_with(|out| keys.write_receipt(out, channel, key));
-                self.keys.len()
-            }
-            None => 0,
+        let Some(messages) = self.messages.as_mut() else {
+            unreachable!("a message belongs to the channel before it");
         };
+        *messages += 1;
+        if let Some(key) = m.receipt {
+            self.keys.push_with(|out| keys.write_receipt(out, channel, key));
+        }
+        let receipt = m.receipt.is_some();
         let argv = &mut self.argv;
         if !m.durable {
             // Volatile: no retention, never closes; the frame has no seq,
             // so its head and middle go as one argument.
             argv.push_flag(false);
-            argv.push_u64(receipt_at as u64);
+            argv.push_flag(receipt);
             argv.push(m.id.as_bytes());
             argv.push_with(|out| {
                 out.extend_from_slice(m.frame.head());
                 out.extend_from_slice(m.frame.middle());
             });
             argv.push(m.frame.tail());
-            if receipt_at != 0 {
+            if receipt {
                 push_fingerprint(argv, m.fingerprint);
                 argv.push_u64(m.receipt_ttl_ms);
             }
@@ -392,12 +389,12 @@ impl AppendRun {
         argv.push(m.frame.tail());
         argv.push(m.id.as_bytes());
         argv.push_flag(m.closes);
-        argv.push_u64(receipt_at as u64);
+        argv.push_flag(receipt);
     }
 
     /// The run as one `EVALSHA` of `APPEND` (its keys, then its arguments).
     pub fn command(self) -> redis::Cmd {
-        debug_assert_eq!(self.expected, 0, "every channel's messages were pushed");
+        debug_assert!(self.messages.is_some_and(|n| n > 0), "a channel, and a message for each");
         let hash = super::APPEND.get_hash();
         let mut cmd = redis::Cmd::with_capacity(
             3 + self.keys.len() + self.argv.len(),

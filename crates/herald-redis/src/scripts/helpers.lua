@@ -64,16 +64,27 @@ local function publish_volatile(publish, fan, channel, sts, id, sepoch, prefix, 
   redis.call(publish, fan, 'v2 ' .. channel .. ' - ' .. sts .. ' ' .. id .. ' ' .. sepoch .. ' 0\n' .. prefix .. sts .. tail)
 end
 -- The meta fields append_msg reads, in its order (one HMGET).
-local META_FIELDS = {'epoch', 'seq', 'ts', 'closed', 'oldest'}
+local META_FIELDS = {'epoch', 'seq', 'ts', 'closed', 'oldest', 'exp'}
 local function meta_of(meta) return redis.call('HMGET', meta, unpack(META_FIELDS)) end
+-- XADD of one entry, id `<seq>-0`, trimmed to max_len (text; '0': no
+-- limit). pcall: the caller handles a stream ahead of the meta.
+local function xadd_entry(log, max_len, sseq, sts, id, frame)
+  if max_len ~= '0' then
+    return redis.pcall('XADD', log, 'MAXLEN', '=', max_len, sseq .. '-0', 't', sts, 'i', id, 'f', frame)
+  end
+  return redis.pcall('XADD', log, sseq .. '-0', 't', sts, 'i', id, 'f', frame)
+end
+-- How long past max_age a log may outlive its last append, so that its
+-- expiry is set again only once in that long (at most a minute).
+local function expiry_slack(max_age) return math.min(math.floor(max_age / 8), 60000) end
 -- Append one message to the channel and publish it on its fan-out channel:
 -- the common part of APPEND, ROOM_WRITE and SCHED_DELIVER. `a` holds
 -- durable, closes, epoch (a fresh one, used if the channel has none),
 -- max_len (text, as is_count checked it; '0': no limit), max_age, the frame's head, middle and tail, id, channel, fan,
 -- publish. `m` is the channel's meta as meta_of read it (before any write
 -- since), `now` the time in ms (one TIME per script run) and `now_s` the
--- same as text (or nil). Returns {sseq, sts (the ts as text), sepoch,
--- lost}, or {err = <error reply>} before any write of its own but
+-- same as text (or nil). Returns nil, sseq, sts (the ts as text), sepoch,
+-- lost; or an error reply (and nothing else) before any write of its own but
 -- ensure_meta's.
 --
 -- The meta's `oldest` is a lower bound of the ts of the log's first entry
@@ -84,34 +95,31 @@ local function append_msg(meta, log, a, m, now, now_s)
   local ts = now
   local epoch, seq, lost, frame, sts, sseq = '', nil, 0, nil, nil, '-'
   if a.durable then
-    local head, oldest
+    local head, oldest, was_oldest, was_epoch, new_exp
     if m[1] then
       epoch, head, oldest = m[1], tonumber(m[2] or '0'), tonumber(m[5] or '')
+      was_oldest, was_epoch = oldest, epoch
       local last_ts = tonumber(m[3] or '0')
       if last_ts > ts then ts = last_ts end
     else
       epoch, head, lost = ensure_meta(meta, log, a.epoch)
+      was_epoch = epoch
     end
     seq = head + 1
     if ts == now and now_s then sts = now_s else sts = fmt(ts) end
-    local function xadd()
-      sseq = fmt(seq)
-      frame = a.head .. sseq .. a.middle .. sts .. a.tail
-      if a.max_len ~= '0' then
-        return redis.pcall('XADD', log, 'MAXLEN', '=', a.max_len, sseq .. '-0', 't', sts, 'i', a.id,
-          'f', frame)
-      end
-      return redis.pcall('XADD', log, sseq .. '-0', 't', sts, 'i', a.id, 'f', frame)
-    end
-    local added = xadd()
+    sseq = fmt(seq)
+    frame = a.head .. sseq .. a.middle .. sts .. a.tail
+    local added = xadd_entry(log, a.max_len, sseq, sts, a.id, frame)
     if type(added) == 'table' and added.err then
       -- The stream is ahead of the meta (Redis lost part of the meta): go on
       -- after the stream's last seq, in a new epoch.
       local last = stream_last(log)
-      if not last or last < seq then return {err = added} end
+      if not last or last < seq then return added end
       seq, epoch, lost, oldest = last + 1, a.epoch, 1, nil
-      added = xadd()
-      if type(added) == 'table' and added.err then return {err = added} end
+      sseq = fmt(seq)
+      frame = a.head .. sseq .. a.middle .. sts .. a.tail
+      added = xadd_entry(log, a.max_len, sseq, sts, a.id, frame)
+      if type(added) == 'table' and added.err then return added end
     end
     if a.max_age > 0 then
       local cutoff = ts - a.max_age
@@ -139,15 +147,33 @@ local function append_msg(meta, log, a, m, now, now_s)
           end
         end
       end
-      -- A channel idle for max_age has nothing left to keep.
-      redis.call('PEXPIRE', log, fmt(a.max_age))
-    else
-      redis.call('PERSIST', log)
     end
-    if oldest then
-      redis.call('HSET', meta, 'epoch', epoch, 'seq', sseq, 'ts', sts, 'oldest', fmt(oldest))
+    -- A channel idle for max_age has nothing left to keep: the log expires
+    -- at `exp`, between max_age and max_age + expiry_slack(max_age) after
+    -- its last append. The meta's `exp` says when (absent: no expiry set);
+    -- it is trusted unless the meta was lost (`lost`).
+    local exp = m[6]
+    if lost ~= 0 then exp = nil end
+    if a.max_age > 0 then
+      if not exp or tonumber(exp) - now < a.max_age then
+        new_exp = fmt(now + a.max_age + expiry_slack(a.max_age))
+        redis.call('PEXPIREAT', log, new_exp)
+      end
+    elseif exp ~= false then
+      redis.call('PERSIST', log)
+      redis.call('HDEL', meta, 'exp')
+    end
+    -- Only what changed: the epoch and `oldest` rarely do.
+    if epoch ~= was_epoch then
+      redis.call('HSET', meta, 'epoch', epoch)
+    end
+    if new_exp then
+      redis.call('HSET', meta, 'exp', new_exp)
+    end
+    if oldest and oldest ~= was_oldest then
+      redis.call('HSET', meta, 'seq', sseq, 'ts', sts, 'oldest', fmt(oldest))
     else
-      redis.call('HSET', meta, 'epoch', epoch, 'seq', sseq, 'ts', sts)
+      redis.call('HSET', meta, 'seq', sseq, 'ts', sts)
     end
     if a.closes then redis.call('HSET', meta, 'closed', '1') end
   else
@@ -163,5 +189,5 @@ local function append_msg(meta, log, a, m, now, now_s)
   else
     publish_volatile(a.publish, a.fan, a.channel, sts, a.id, sepoch, a.head .. a.middle, a.tail)
   end
-  return {sseq = sseq, sts = sts, sepoch = sepoch, lost = lost}
+  return nil, sseq, sts, sepoch, lost
 end

@@ -14,12 +14,12 @@ local m = meta_of(KEYS[1])
 if m[4] == '1' then return {'closed'} end
 local closing = ARGV[4] == '1'
 ev.durable, ev.closes = true, closing
-local r = append_msg(KEYS[1], KEYS[2], ev, m, ms_now())
-if r.err then return r.err end
+local err, sseq, sts, sepoch, lost = append_msg(KEYS[1], KEYS[2], ev, m, ms_now())
+if err then return err end
 redis.call('HSET', KEYS[3], 'version', ARGV[2], 'record', ARGV[3])
 if closing then
   -- No leave is announced for these: the final event says it all. The
   -- token counter stays.
   redis.call('DEL', KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
 end
-return {'ok', r.sseq, r.sts, r.sepoch, r.lost}
+return {'ok', sseq, sts, sepoch, lost}

@@ -9,9 +9,9 @@ if not cur or string.match(cur, '^(%d+) ') ~= ARGV[2] then return {'stale'} end
 local m = meta_of(KEYS[1])
 if m[4] == '1' then return {'closed'} end
 ev.durable, ev.closes = ARGV[3] == '1', false
-local r = append_msg(KEYS[1], KEYS[2], ev, m, ms_now())
-if r.err then return r.err end
+local err, sseq, sts, sepoch, lost = append_msg(KEYS[1], KEYS[2], ev, m, ms_now())
+if err then return err end
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[5], ARGV[1])
-return {'ok', r.sseq, r.sts, r.sepoch, r.lost}
+return {'ok', sseq, sts, sepoch, lost}

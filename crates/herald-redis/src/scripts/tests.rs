@@ -88,8 +88,8 @@ fn message(max_len: &str) -> Vec<String> {
     ["1", max_len, "0", "", "1", "{\"seq\":", ",\"ts\":", "}", "m-1", "0", "0"].map(str::to_owned).to_vec()
 }
 
-/// A volatile message of an `APPEND` run (`receipt_at`, then its receipt's
-/// fingerprint and TTL if any).
+/// A volatile message of an `APPEND` run (its `receipt` flag, then the
+/// rest: id, frame parts, and the receipt's fingerprint and TTL if any).
 fn volatile(rest: &[&str]) -> Vec<String> {
     let mut m = vec!["0".to_owned()];
     m.extend(rest.iter().map(|s| s.to_string()));
@@ -101,17 +101,25 @@ async fn append_two(
     con: &mut redis::aio::MultiplexedConnection,
     second: Vec<String>,
 ) -> redis::RedisResult<String> {
+    let mut argv = vec!["PUBLISH".to_owned()];
+    argv.extend(["c", "e1", "chat:a", "a:fan"].map(str::to_owned));
+    argv.extend(message("0"));
+    argv.extend(["c", "e1", "chat:b", "b:fan"].map(str::to_owned));
+    argv.extend(second);
+    append_raw(con, &["a:meta", "a:log", "b:meta", "b:log"], &argv).await
+}
+
+/// Runs `APPEND` with these keys and arguments as they are.
+async fn append_raw(
+    con: &mut redis::aio::MultiplexedConnection,
+    keys: &[&str],
+    argv: &[String],
+) -> redis::RedisResult<String> {
     let mut inv = super::APPEND.prepare_invoke();
-    for k in ["a:meta", "a:log", "b:meta", "b:log"] {
-        inv.key(k);
+    for k in keys {
+        inv.key(*k);
     }
-    inv.arg("PUBLISH");
-    inv.arg("e1").arg("chat:a").arg("a:fan").arg(1).arg(1);
-    for a in message("0") {
-        inv.arg(a);
-    }
-    inv.arg("e1").arg("chat:b").arg("b:fan").arg(3).arg(1);
-    for a in second {
+    for a in argv {
         inv.arg(a);
     }
     inv.invoke_async(con).await
@@ -137,7 +145,8 @@ async fn append_checks_every_argument_it_reads_before_its_first_write() {
     // A volatile message: five arguments, seven with a receipt (its
     // fingerprint and TTL); anything else is refused as a whole.
     refused(&mut con, volatile(&["0", "m-2", "{\"ts\":"]), "short").await;
-    refused(&mut con, volatile(&["5", "m-2", "{\"ts\":", "}"]), "receipt without its TTL").await;
+    refused(&mut con, volatile(&["1", "m-2", "{\"ts\":", "}"]), "receipt without its TTL").await;
+    refused(&mut con, volatile(&["2", "m-2", "{\"ts\":", "}"]), "a receipt flag not 0 or 1").await;
     refused(&mut con, volatile(&["0", "", "{\"ts\":", "}"]), "no id").await;
     refused(&mut con, volatile(&["0", "m-2", "{\"ts\":", "}", "extra"]), "an argument too many").await;
     let lines = append_two(&mut con, volatile(&["0", "m-2", "{\"ts\":", "}"])).await.unwrap();
@@ -149,4 +158,113 @@ async fn append_checks_every_argument_it_reads_before_its_first_write() {
     append_two(&mut con, message("1")).await.unwrap();
     let len: u32 = redis::cmd("XLEN").arg("b:log").query_async(&mut con).await.unwrap();
     assert_eq!(len, 1);
+}
+
+#[tokio::test]
+async fn append_takes_every_key_in_order_exactly_once() {
+    let redis = crate::testing::RedisServer::start();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let channel = |name: &str| ["c", "e1", name, "fan"].map(str::to_owned).to_vec();
+    let keyed = |fp: &str| {
+        let mut m = message("0");
+        m[3] = fp.to_owned();
+        m[10] = "1".to_owned();
+        m
+    };
+    let args = |items: Vec<Vec<String>>| {
+        let mut argv = vec!["PUBLISH".to_owned()];
+        argv.extend(items.into_iter().flatten());
+        argv
+    };
+    let refused = [
+        ("a key left over", vec!["m", "l", "extra"], args(vec![channel("x"), message("0")])),
+        ("a key missing", vec!["m"], args(vec![channel("x"), message("0")])),
+        ("a receipt key missing", vec!["m", "l"], args(vec![channel("x"), keyed("f")])),
+        ("a message before any channel", vec!["m", "l"], args(vec![message("0"), channel("x")])),
+        (
+            "a channel without messages",
+            vec!["m", "l", "m2", "l2"],
+            args(vec![channel("x"), channel("y"), message("0")]),
+        ),
+        (
+            "a last channel without messages",
+            vec!["m", "l", "m2", "l2"],
+            args(vec![channel("x"), message("0"), channel("y")]),
+        ),
+        ("no channel", vec![], args(vec![])),
+    ];
+    for (what, keys, argv) in refused {
+        let err = append_raw(&mut con, &keys, &argv).await.expect_err(what);
+        assert!(err.to_string().contains("bad arguments"), "{what}: {err}");
+    }
+    let exists: u32 = redis::cmd("EXISTS").arg("m").arg("l").arg("m2").query_async(&mut con).await.unwrap();
+    assert_eq!(exists, 0, "nothing written");
+    // Two channels, the second's messages keyed: each receipt is the next
+    // key, after its channel's meta and log.
+    let keys = ["m", "l", "m2", "l2", "r1", "r2"];
+    let argv = args(vec![channel("x"), message("0"), channel("y"), keyed("f1"), keyed("f2")]);
+    let lines = append_raw(&mut con, &keys, &argv).await.unwrap();
+    let lines: Vec<&str> = lines.lines().collect();
+    assert!(
+        lines[0].starts_with("ok 1 ") && lines[1].starts_with("ok 1 ") && lines[2].starts_with("ok 2 "),
+        "{lines:?}"
+    );
+    let receipts: Vec<String> = redis::cmd("MGET").arg("r1").arg("r2").query_async(&mut con).await.unwrap();
+    assert!(receipts[0].starts_with("f1 1 ") && receipts[1].starts_with("f2 2 "), "{receipts:?}");
+}
+
+#[tokio::test]
+async fn append_sets_the_logs_expiry_only_when_less_than_max_age_is_left() {
+    let redis = crate::testing::RedisServer::start();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let aged = |max_age: &str| {
+        let mut m = message("0");
+        m[2] = max_age.to_owned();
+        m
+    };
+    let append = async |con: &mut redis::aio::MultiplexedConnection, m: Vec<String>| {
+        let mut argv = vec!["PUBLISH".to_owned()];
+        argv.extend(["c", "e1", "chat:a", "a:fan"].map(str::to_owned));
+        argv.extend(m);
+        append_raw(con, &["a:meta", "a:log"], &argv).await.unwrap()
+    };
+    let expiry = async |con: &mut redis::aio::MultiplexedConnection| -> (i64, Option<i64>) {
+        let at: i64 = redis::cmd("PEXPIRETIME").arg("a:log").query_async(con).await.unwrap();
+        let exp: Option<i64> = redis::cmd("HGET").arg("a:meta").arg("exp").query_async(con).await.unwrap();
+        (at, exp)
+    };
+    // max_age 800 s: the log expires at max_age plus a minute's slack
+    // (an eighth of max_age, at most a minute), and the meta says when.
+    let before = now_ms(&mut con).await;
+    append(&mut con, aged("800000")).await;
+    let (at, exp) = expiry(&mut con).await;
+    assert_eq!(Some(at), exp);
+    assert!(at >= before + 860_000 && at <= now_ms(&mut con).await + 860_000, "{at} vs {before}");
+    // Well within the slack: the expiry stays where it is.
+    append(&mut con, aged("800000")).await;
+    assert_eq!(expiry(&mut con).await, (at, exp));
+    // A longer max_age: less than it is left, so the expiry is set again.
+    append(&mut con, aged("900000")).await;
+    let (later, exp) = expiry(&mut con).await;
+    assert!(later > at && Some(later) == exp, "{later} vs {at}");
+    // No max_age: the expiry goes, and the meta forgets it.
+    append(&mut con, aged("0")).await;
+    assert_eq!(expiry(&mut con).await, (-1, None));
+    append(&mut con, aged("0")).await;
+    assert_eq!(expiry(&mut con).await, (-1, None));
+    // A log whose meta was lost: its expiry is not trusted, but set.
+    append(&mut con, aged("800000")).await;
+    let _: () = redis::cmd("DEL").arg("a:meta").query_async(&mut con).await.unwrap();
+    let _: () = redis::cmd("PERSIST").arg("a:log").query_async(&mut con).await.unwrap();
+    let _: () = redis::cmd("PEXPIRE").arg("a:log").arg(5_000_000).query_async(&mut con).await.unwrap();
+    append(&mut con, aged("0")).await;
+    assert_eq!(expiry(&mut con).await, (-1, None));
+}
+
+/// Redis's clock, in ms.
+async fn now_ms(con: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let (s, us): (i64, i64) = redis::cmd("TIME").query_async(con).await.unwrap();
+    s * 1000 + us / 1000
 }
