@@ -2,11 +2,11 @@
 """Redis's own cost of the Redis engine's APPEND script, per message.
 
     bench/redis_append_cost.py [--messages-per-call M] [--calls N] [--mode volatile|durable|both]
-                               [--max-age-ms MS]
+                               [--max-age-ms MS] [--aof]
 
 Assembles APPEND as the engine does (`#!lua`, helpers.lua, append.lua from
 crates/herald-redis/src/scripts), starts a private redis-server (no
-persistence, a Unix socket in a temp dir) under `valgrind --tool=callgrind`,
+persistence unless --aof, a Unix socket in a temp dir) under `valgrind --tool=callgrind`,
 and sends N EVALSHA calls of M messages each (default 100 x 40), every
 message to another of 1,000 channels (point to point: one message per
 channel run), 100-byte payloads, no idempotency key, after an untimed first
@@ -85,13 +85,13 @@ def run_call(sha, k, per_call, durable, max_age_ms):
     return enc(["EVALSHA", sha, str(len(keys))] + keys + argv)
 
 
-def measure(script, per_call, calls, durable, max_age_ms):
+def measure(script, per_call, calls, durable, max_age_ms, aof):
     with tempfile.TemporaryDirectory() as tmp:
         out, path = os.path.join(tmp, "callgrind.out"), os.path.join(tmp, "redis.sock")
         server = subprocess.Popen(
             ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=" + out,
-             "redis-server", "--port", "0", "--unixsocket", path, "--save", "", "--appendonly", "no",
-             "--dir", tmp],
+             "redis-server", "--port", "0", "--unixsocket", path, "--save", "", "--dir", tmp]
+            + (["--appendonly", "yes", "--appendfsync", "always"] if aof else ["--appendonly", "no"]),
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             for _ in range(300):
@@ -153,15 +153,18 @@ def main():
     ap.add_argument("--mode", choices=["volatile", "durable", "both"], default="both")
     ap.add_argument("--max-age-ms", type=int, default=0,
                     help="durable messages' max_age (history_ttl); 0: none (the default namespace chat has 3 days)")
+    ap.add_argument("--aof", action="store_true",
+                    help="Redis with appendonly yes, appendfsync always (the writes' propagation counted too)")
     a = ap.parse_args()
     with open(os.path.join(SCRIPTS, "helpers.lua")) as h, open(os.path.join(SCRIPTS, "append.lua")) as b:
         script = "#!lua\n" + h.read() + b.read()
     modes = ["volatile", "durable"] if a.mode == "both" else [a.mode]
     for mode in modes:
         per_msg, counts = measure(script, a.messages_per_call, a.calls, "1" if mode == "durable" else "0",
-                                 a.max_age_ms)
+                                 a.max_age_ms, a.aof)
         commands = ", ".join("%s %.2f" % (k, v) for k, v in sorted(counts.items()) if k != "evalsha")
         age = " max_age %d ms" % a.max_age_ms if mode == "durable" and a.max_age_ms else ""
+        age += " AOF always" if a.aof else ""
         print("APPEND %-8s%s %d messages/call: %6.0f Redis instructions/message  (commands/message: %s)"
               % (mode, age, a.messages_per_call, per_msg, commands), flush=True)
 

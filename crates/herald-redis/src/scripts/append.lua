@@ -8,6 +8,8 @@ local function bad() return redis.error_reply('ERR herald append: bad arguments'
 -- more). Its keys are its meta and log, then the receipt key of each of
 -- its messages whose `receipt` is 1, in order: the keys are taken in
 -- order, and every key must be used exactly once.
+-- As locals: a global is a table lookup at every use.
+local ARGV, KEYS = ARGV, KEYS
 local publish = ARGV[1]
 if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then return bad() end
 -- Every argument is checked before the first write: a first pass that
@@ -56,6 +58,8 @@ local now_s = fmt(now)
 local out = {}
 -- append_msg's arguments, one table refilled for every durable message.
 local a = {publish = publish, durable = true}
+-- The last max_age converted, as text and as a number.
+local max_age_s, max_age = '0', 0
 b, k = 2, 1
 local meta, log
 while b <= n do
@@ -107,7 +111,13 @@ while b <= n do
           line = 'closed'
         else
           a.closes = ARGV[b + 9] == '1'
-          a.max_len, a.max_age = ARGV[b + 1], ARGV[b + 2] == '0' and 0 or tonumber(ARGV[b + 2])
+          -- max_age as a number, converted once for a run of equal ones
+          -- (Lua's strings are interned: equal text is the same string).
+          if ARGV[b + 2] ~= max_age_s then
+            max_age_s = ARGV[b + 2]
+            max_age = tonumber(max_age_s)
+          end
+          a.max_len, a.max_age = ARGV[b + 1], max_age
           a.head, a.middle, a.tail, a.id = ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], id
           local err
           err, sseq, sts, sepoch, lost = append_msg(meta, log, a, st, now, now_s)

@@ -64,8 +64,7 @@ local function publish_volatile(publish, fan, channel, sts, id, sepoch, prefix, 
   redis.call(publish, fan, 'v2 ' .. channel .. ' - ' .. sts .. ' ' .. id .. ' ' .. sepoch .. ' 0\n' .. prefix .. sts .. tail)
 end
 -- The meta fields append_msg reads, in its order (one HMGET).
-local META_FIELDS = {'epoch', 'seq', 'ts', 'closed', 'oldest', 'exp'}
-local function meta_of(meta) return redis.call('HMGET', meta, unpack(META_FIELDS)) end
+local function meta_of(meta) return redis.call('HMGET', meta, 'epoch', 'seq', 'ts', 'closed', 'oldest', 'exp') end
 -- XADD of one entry, id `<seq>-0`, trimmed to max_len (text; '0': no
 -- limit). pcall: the caller handles a stream ahead of the meta.
 local function xadd_entry(log, max_len, sseq, sts, id, frame)
