@@ -78,7 +78,7 @@ def run_call(sha, k, per_call, durable, max_age_ms):
         tail = ',"data":"%s"}' % ("x" * 100)
         msg_id = "m-%d-%d" % (k, j)
         if durable == "1":
-            argv += ["1", "1000", str(max_age_ms), "", "1", head + ',"seq":', ',"ts":', tail, msg_id, "0", "0"]
+            argv += ["1", "1000", str(max_age_ms), head + ',"seq":', ',"ts":', tail, msg_id, "0", "0"]
         else:
             # Volatile: no receipt, id, the frame up to its ts, the rest.
             argv += ["0", "0", msg_id, head + ',"ts":', tail]

@@ -220,12 +220,10 @@ impl EngineState {
                     AppendMessage {
                         durable: req.durable,
                         retention: &req.retention,
-                        fingerprint: req.dedup.as_ref().map(|d| &d.fingerprint),
-                        receipt_ttl_ms: req.dedup.as_ref().map_or(1, |d| ms(d.ttl)),
                         frame: &tpl,
                         id,
                         closes: req.durable && req.closes,
-                        receipt: req.dedup.as_ref().map(|d| &*d.key),
+                        dedup: req.dedup.as_ref(),
                     },
                 );
             }

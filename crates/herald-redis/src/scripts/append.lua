@@ -1,6 +1,6 @@
 -- KEYS: (meta, log, receipt...)...
 -- ARGV: publish, (c, epoch, channel, fan, message...)...; a message is durable:
---   (1, max_len, max_age_ms, fingerprint, receipt_ttl_ms, head, middle, tail, id, closes, receipt)
+--   (1, max_len, max_age_ms, head, middle, tail, id, closes, receipt[, fingerprint, receipt_ttl_ms])
 --   or volatile: (0, receipt, id, head_middle, tail[, fingerprint, receipt_ttl_ms])
 --   (the last two with a receipt only)
 local function bad() return redis.error_reply('ERR herald append: bad arguments') end
@@ -29,14 +29,14 @@ while b <= n do
     if not messages or (kind ~= '1' and kind ~= '0') then return bad() end
     local durable = kind == '1'
     -- The message's arguments (see the header).
-    local receipt = durable and ARGV[b + 10] or ARGV[b + 1]
+    local receipt = durable and ARGV[b + 8] or ARGV[b + 1]
     if receipt ~= '1' and receipt ~= '0' then return bad() end
-    local w = durable and 11 or (receipt == '0' and 5 or 7)
+    local w = (durable and 9 or 5) + (receipt == '1' and 2 or 0)
     if b + w - 1 > n then return bad() end
     local ttl, id
     if durable then
-      ttl, id = ARGV[b + 4], ARGV[b + 8]
-      if not is_count(ARGV[b + 1]) or not is_count(ARGV[b + 2]) or (ARGV[b + 9] ~= '1' and ARGV[b + 9] ~= '0') then
+      ttl, id = ARGV[b + 10], ARGV[b + 6]
+      if not is_count(ARGV[b + 1]) or not is_count(ARGV[b + 2]) or (ARGV[b + 7] ~= '1' and ARGV[b + 7] ~= '0') then
         return bad()
       end
     else
@@ -74,7 +74,7 @@ while b <= n do
     -- Whether it has a receipt, its fingerprint and TTL, and the id.
     local rflag, fp, ttl, id
     if durable then
-      rflag, fp, ttl, id = ARGV[b + 10], ARGV[b + 3], ARGV[b + 4], ARGV[b + 8]
+      rflag, fp, ttl, id = ARGV[b + 8], ARGV[b + 9], ARGV[b + 10], ARGV[b + 6]
     else
       rflag, fp, ttl, id = ARGV[b + 1], ARGV[b + 5], ARGV[b + 6], ARGV[b + 2]
     end
@@ -110,7 +110,7 @@ while b <= n do
         if st[4] == '1' then
           line = 'closed'
         else
-          a.closes = ARGV[b + 9] == '1'
+          a.closes = ARGV[b + 7] == '1'
           -- max_age as a number, converted once for a run of equal ones
           -- (Lua's strings are interned: equal text is the same string).
           if ARGV[b + 2] ~= max_age_s then
@@ -118,7 +118,7 @@ while b <= n do
             max_age = tonumber(max_age_s)
           end
           a.max_len, a.max_age = ARGV[b + 1], max_age
-          a.head, a.middle, a.tail, a.id = ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], id
+          a.head, a.middle, a.tail, a.id = ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], id
           local err
           err, sseq, sts, sepoch, lost = append_msg(meta, log, a, st, now, now_s)
           if err then
@@ -134,7 +134,7 @@ while b <= n do
       end
     end
     out[#out + 1] = line
-    b = b + (durable and 11 or (receipt and 7 or 5))
+    b = b + (durable and 9 or 5) + (receipt and 2 or 0)
   end
 end
 return table.concat(out, '\n')

@@ -9,7 +9,7 @@
 //! Arguments borrow what the caller already holds (frames, ids, channel
 //! names): an invocation copies each argument once, as it would anyway.
 
-use herald_core::Retention;
+use herald_core::{Dedup, Retention};
 use herald_proto::ChannelName;
 use redis::{RedisWrite, ScriptInvocation, ToRedisArgs};
 
@@ -219,17 +219,15 @@ pub(crate) struct AppendChannel<'a> {
 pub(crate) struct AppendMessage<'a> {
     pub durable: bool,
     pub retention: &'a Retention,
-    /// Written as hex; empty without dedup.
-    pub fingerprint: Option<&'a [u8; 32]>,
-    pub receipt_ttl_ms: u64,
     /// The frame around its seq and ts.
     pub frame: &'a FrameTemplate,
     pub id: &'a str,
     /// Durable only: the channel's last message.
     pub closes: bool,
-    /// The dedup key: its receipt key (the channel's) is the next key, and
-    /// the message's `receipt` flag says so.
-    pub receipt: Option<&'a str>,
+    /// With dedup: its receipt key (the channel's) is the next key, the
+    /// message's `receipt` flag says so, and its fingerprint (as hex) and
+    /// the receipt's TTL follow the message's other arguments.
+    pub dedup: Option<&'a Dedup>,
 }
 
 /// Arguments written one after another into one buffer.
@@ -274,16 +272,13 @@ impl ArgBuf {
     }
 }
 
-/// A message's fingerprint as 64 hex digits; empty without dedup.
-fn push_fingerprint(argv: &mut ArgBuf, fingerprint: Option<&[u8; 32]>) {
-    match fingerprint {
-        Some(fp) => {
-            let mut text = [0u8; 64];
-            hex::encode_to_slice(fp, &mut text).expect("64 hex digits for 32 bytes");
-            argv.push(&text);
-        }
-        None => argv.push(b""),
-    }
+/// A receipt's arguments: the message's fingerprint as 64 hex digits and
+/// the receipt's TTL in ms.
+fn push_receipt(argv: &mut ArgBuf, dedup: &Dedup) {
+    let mut text = [0u8; 64];
+    hex::encode_to_slice(dedup.fingerprint, &mut text).expect("64 hex digits for 32 bytes");
+    argv.push(&text);
+    argv.push_u64(ms(dedup.ttl));
 }
 
 /// An `APPEND` command being built.
@@ -315,14 +310,14 @@ impl Append {
             "1",
             "max_len",
             "max_age_ms",
-            "fingerprint",
-            "receipt_ttl_ms",
             "head",
             "middle",
             "tail",
             "id",
             "closes",
-            "receipt",
+            "receipt[",
+            "fingerprint",
+            "receipt_ttl_ms]",
         ];
         let volatile = ["0", "receipt", "id", "head_middle", "tail[", "fingerprint", "receipt_ttl_ms]"];
         let channel = ["c", "epoch", "channel", "fan", "message..."];
@@ -357,10 +352,10 @@ impl AppendRun {
             unreachable!("a message belongs to the channel before it");
         };
         *messages += 1;
-        if let Some(key) = m.receipt {
-            self.keys.push_with(|out| keys.write_receipt(out, channel, key));
+        if let Some(d) = m.dedup {
+            self.keys.push_with(|out| keys.write_receipt(out, channel, &d.key));
         }
-        let receipt = m.receipt.is_some();
+        let receipt = m.dedup.is_some();
         let argv = &mut self.argv;
         if !m.durable {
             // Volatile: no retention, never closes; the frame has no seq,
@@ -373,23 +368,20 @@ impl AppendRun {
                 out.extend_from_slice(m.frame.middle());
             });
             argv.push(m.frame.tail());
-            if receipt {
-                push_fingerprint(argv, m.fingerprint);
-                argv.push_u64(m.receipt_ttl_ms);
-            }
-            return;
+        } else {
+            argv.push_flag(true);
+            argv.push_u64(m.retention.max_len);
+            argv.push_u64(max_age_ms(m.retention));
+            argv.push(m.frame.head());
+            argv.push(m.frame.middle());
+            argv.push(m.frame.tail());
+            argv.push(m.id.as_bytes());
+            argv.push_flag(m.closes);
+            argv.push_flag(receipt);
         }
-        argv.push_flag(true);
-        argv.push_u64(m.retention.max_len);
-        argv.push_u64(max_age_ms(m.retention));
-        push_fingerprint(argv, m.fingerprint);
-        argv.push_u64(m.receipt_ttl_ms);
-        argv.push(m.frame.head());
-        argv.push(m.frame.middle());
-        argv.push(m.frame.tail());
-        argv.push(m.id.as_bytes());
-        argv.push_flag(m.closes);
-        argv.push_flag(receipt);
+        if let Some(d) = m.dedup {
+            push_receipt(argv, d);
+        }
     }
 
     /// The run as one `EVALSHA` of `APPEND` (its keys, then its arguments).

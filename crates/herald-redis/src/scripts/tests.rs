@@ -83,9 +83,10 @@ fn gone_placeholders_are_filled() {
     assert!(!text.contains("${"), "a placeholder left in gone.lua: {text}");
 }
 
-/// A durable message of an `APPEND` run: its 11 arguments.
+/// A durable message of an `APPEND` run without a receipt: its 9
+/// arguments.
 fn message(max_len: &str) -> Vec<String> {
-    ["1", max_len, "0", "", "1", "{\"seq\":", ",\"ts\":", "}", "m-1", "0", "0"].map(str::to_owned).to_vec()
+    ["1", max_len, "0", "{\"seq\":", ",\"ts\":", "}", "m-1", "0", "0"].map(str::to_owned).to_vec()
 }
 
 /// A volatile message of an `APPEND` run (its `receipt` flag, then the
@@ -168,8 +169,8 @@ async fn append_takes_every_key_in_order_exactly_once() {
     let channel = |name: &str| ["c", "e1", name, "fan"].map(str::to_owned).to_vec();
     let keyed = |fp: &str| {
         let mut m = message("0");
-        m[3] = fp.to_owned();
-        m[10] = "1".to_owned();
+        m[8] = "1".to_owned();
+        m.extend([fp.to_owned(), "60000".to_owned()]);
         m
     };
     let args = |items: Vec<Vec<String>>| {
@@ -193,6 +194,24 @@ async fn append_takes_every_key_in_order_exactly_once() {
             args(vec![channel("x"), message("0"), channel("y")]),
         ),
         ("no channel", vec![], args(vec![])),
+        (
+            "a receipt without its fingerprint and TTL",
+            vec!["m", "l", "r"],
+            args(vec![channel("x"), {
+                let mut m = message("0");
+                m[8] = "1".to_owned();
+                m
+            }]),
+        ),
+        (
+            "a receipt's TTL of 0",
+            vec!["m", "l", "r"],
+            args(vec![channel("x"), {
+                let mut m = keyed("f");
+                m[10] = "0".to_owned();
+                m
+            }]),
+        ),
     ];
     for (what, keys, argv) in refused {
         let err = append_raw(&mut con, &keys, &argv).await.expect_err(what);
