@@ -26,14 +26,21 @@ end
 -- The channel's epoch and head. Creates the meta of a channel never seen,
 -- in a new epoch. lost = 1 when the meta was missing but the stream was
 -- not: Redis lost the meta; the log goes on after its last seq, in a new
--- epoch, so clients holding old seqs resync.
+-- epoch, so clients holding old seqs resync. The new meta's `exp` is the
+-- stream's expiry as Redis has it (absent: none), so appends go on
+-- trusting `exp` whoever recreated the meta.
 local function ensure_meta(meta, log, new_epoch)
   local m = redis.call('HMGET', meta, 'epoch', 'seq')
   if m[1] then return m[1], tonumber(m[2] or '0'), 0 end
   local head, lost = 0, 0
   local last = stream_last(log)
   if last then head, lost = last, 1 end
-  redis.call('HSET', meta, 'epoch', new_epoch, 'seq', fmt(head))
+  local ttl = last and redis.call('PTTL', log) or -1
+  if ttl >= 0 then
+    redis.call('HSET', meta, 'epoch', new_epoch, 'seq', fmt(head), 'exp', fmt(ms_now() + ttl))
+  else
+    redis.call('HSET', meta, 'epoch', new_epoch, 'seq', fmt(head))
+  end
   return new_epoch, head, lost
 end
 local function first_of(log, head)
