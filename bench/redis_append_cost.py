@@ -69,19 +69,20 @@ class Conn:
 
 
 def run_call(sha, k, per_call, durable, max_age_ms):
-    keys, argv = [], ["PUBLISH"]
+    keys, argv = [], ["PUBLISH", "e%d" % k]
     for j in range(per_call):
         ch = (k * per_call + j) % 1000
         keys += ["herald:{chat:u%d}:meta" % ch, "herald:{chat:u%d}:log" % ch]
-        argv += ["c", "e%d" % k, "chat:u%d" % ch, "herald:{chat:u%d}:fan" % ch]
+        argv += ["c", "chat:u%d" % ch, "herald:{chat:u%d}:fan" % ch]
         head = '{"type":"message","channel":"chat:u%d"' % ch
         tail = ',"data":"%s"}' % ("x" * 100)
         msg_id = "m-%d-%d" % (k, j)
         if durable == "1":
-            argv += ["1", "1000", str(max_age_ms), head + ',"seq":', ',"ts":', tail, msg_id, "0", "0"]
+            # Durable, no receipt: the script builds the middle from the id.
+            argv += ["d", "1000", str(max_age_ms), head + ',"seq":', msg_id, tail]
         else:
-            # Volatile: no receipt, id, the frame up to its ts, the rest.
-            argv += ["0", "0", msg_id, head + ',"ts":', tail]
+            # Volatile, no receipt: id, the frame up to its ts, the rest.
+            argv += ["v", msg_id, head + ',"id":"' + msg_id + '","ts":', tail]
     return enc(["EVALSHA", sha, str(len(keys))] + keys + argv)
 
 

@@ -207,10 +207,10 @@ impl EngineState {
         reqs: &[AppendRequest],
         ids: &[String],
     ) -> redis::Cmd {
-        let mut run = Append { publish: self.publish_cmd() }.begin();
         let epoch = new_epoch();
+        let mut run = Append { publish: self.publish_cmd(), epoch: &epoch }.begin();
         for (ch, members) in groups {
-            run.channel(AppendChannel { keys: &self.keys, channel: ch, epoch: &epoch });
+            run.channel(AppendChannel { keys: &self.keys, channel: ch });
             for &i in members {
                 let (req, id) = (&reqs[i], &ids[i]);
                 let tpl = FrameTemplate::new(req.kind, ch, req.durable, id, &req.data, req.meta.as_ref());

@@ -63,6 +63,18 @@ impl FrameTemplate {
         &self.frame[self.tail_at..]
     }
 
+    /// Whether the middle is `,"id":"<id>","ts":`, as `APPEND` builds a
+    /// durable frame's middle from its id (the id, a UUID, needs no JSON
+    /// escaping).
+    pub fn middle_is_id(&self, id: &str) -> bool {
+        let m = self.middle();
+        let (prefix, suffix) = (b",\"id\":\"", b"\",\"ts\":");
+        m.len() == prefix.len() + id.len() + suffix.len()
+            && m.starts_with(prefix)
+            && m.ends_with(suffix)
+            && &m[prefix.len()..m.len() - suffix.len()] == id.as_bytes()
+    }
+
     /// What the script produces (for tests and volatile fallbacks).
     #[cfg(test)]
     pub fn render(&self, seq: Option<u64>, ts: u64) -> Vec<u8> {
@@ -94,6 +106,8 @@ mod tests {
                 for (seq, ts) in [(1u64, 0u64), (0, 1), (42, 1_700_000_000_123), (u64::MAX, u64::MAX)] {
                     for kind in [FrameKind::Message, FrameKind::Room, FrameKind::Join, FrameKind::Leave] {
                         let t = FrameTemplate::new(kind, &ch, true, id, &data, meta);
+                        assert!(t.middle_is_id(id), "{kind:?}: {:?}", String::from_utf8_lossy(t.middle()));
+                        assert!(!t.middle_is_id("0190b2a1-7c3e-7000-8000-000000000002"));
                         assert_eq!(
                             t.render(Some(seq), ts),
                             encode_frame(kind, &ch, Some(seq), id, ts, &data, meta)

@@ -199,8 +199,12 @@ impl Event<'_> {
 /// one `EVALSHA` command: its `KEYS` and `ARGV` each go into one buffer as
 /// they are built (no allocation per argument, keys and hex written in
 /// place), and are copied into the command once.
-pub(crate) struct Append {
+pub(crate) struct Append<'a> {
     pub publish: &'static str,
+    /// A fresh epoch, used by a channel that has none (one per run serves
+    /// every channel in it: a channel takes a new epoch at most once per
+    /// run).
+    pub epoch: &'a str,
 }
 
 /// One channel of an `APPEND` run, followed by its messages (one or
@@ -209,10 +213,6 @@ pub(crate) struct Append {
 pub(crate) struct AppendChannel<'a> {
     pub keys: &'a Keys,
     pub channel: &'a ChannelName,
-    /// A fresh epoch, used if the channel has none (one per run serves
-    /// every channel in it: a channel takes a new epoch at most once per
-    /// run).
-    pub epoch: &'a str,
 }
 
 /// One message of an `APPEND` run.
@@ -245,11 +245,6 @@ impl ArgBuf {
 
     fn push_u64(&mut self, n: u64) {
         self.push(itoa::Buffer::new().format(n).as_bytes());
-    }
-
-    /// `1` or `0`, as the scripts read a flag.
-    fn push_flag(&mut self, b: bool) {
-        self.push(if b { b"1" } else { b"0" });
     }
 
     /// One argument, written by `f` at the end of the buffer.
@@ -289,10 +284,11 @@ pub(crate) struct AppendRun {
     messages: Option<usize>,
 }
 
-impl Append {
+impl Append<'_> {
     pub fn begin(&self) -> AppendRun {
         let mut argv = ArgBuf::default();
         argv.push(self.publish.as_bytes());
+        argv.push(self.epoch.as_bytes());
         AppendRun { keys: ArgBuf::default(), argv, messages: None }
     }
 
@@ -306,23 +302,13 @@ impl Append {
 
     #[cfg(test)]
     pub(crate) fn argv() -> Vec<String> {
-        let durable = [
-            "1",
-            "max_len",
-            "max_age_ms",
-            "head",
-            "middle",
-            "tail",
-            "id",
-            "closes",
-            "receipt[",
-            "fingerprint",
-            "receipt_ttl_ms]",
-        ];
-        let volatile = ["0", "receipt", "id", "head_middle", "tail[", "fingerprint", "receipt_ttl_ms]"];
-        let channel = ["c", "epoch", "channel", "fan", "message..."];
+        let durable =
+            ["d[c][r]", "max_len", "max_age_ms", "head", "id", "tail[", "fingerprint", "receipt_ttl_ms]"];
+        let volatile = ["v[r]", "id", "head_middle", "tail[", "fingerprint", "receipt_ttl_ms]"];
+        let channel = ["c", "channel", "fan", "message..."];
         vec![
             "publish".to_owned(),
+            "epoch".to_owned(),
             format!(
                 "({})...;amessageisdurable:({})orvolatile:({})(thelasttwowithareceiptonly)",
                 channel.join(","),
@@ -341,7 +327,6 @@ impl AppendRun {
         self.keys.push_with(|out| c.keys.write_channel_key(out, c.channel, "log"));
         self.messages = Some(0);
         self.argv.push(b"c");
-        self.argv.push(c.epoch.as_bytes());
         self.argv.push(c.channel.as_str().as_bytes());
         self.argv.push_with(|out| c.keys.write_channel_key(out, c.channel, "fan"));
     }
@@ -360,8 +345,7 @@ impl AppendRun {
         if !m.durable {
             // Volatile: no retention, never closes; the frame has no seq,
             // so its head and middle go as one argument.
-            argv.push_flag(false);
-            argv.push_flag(receipt);
+            argv.push(if receipt { b"vr" } else { b"v" });
             argv.push(m.id.as_bytes());
             argv.push_with(|out| {
                 out.extend_from_slice(m.frame.head());
@@ -369,15 +353,19 @@ impl AppendRun {
             });
             argv.push(m.frame.tail());
         } else {
-            argv.push_flag(true);
+            // The script builds the frame's middle from the id.
+            debug_assert!(m.frame.middle_is_id(m.id), "a durable frame's middle is its id and the ts's key");
+            argv.push(match (m.closes, receipt) {
+                (false, false) => b"d",
+                (true, false) => b"dc",
+                (false, true) => b"dr",
+                (true, true) => b"dcr",
+            });
             argv.push_u64(m.retention.max_len);
             argv.push_u64(max_age_ms(m.retention));
             argv.push(m.frame.head());
-            argv.push(m.frame.middle());
-            argv.push(m.frame.tail());
             argv.push(m.id.as_bytes());
-            argv.push_flag(m.closes);
-            argv.push_flag(receipt);
+            argv.push(m.frame.tail());
         }
         if let Some(d) = m.dedup {
             push_receipt(argv, d);

@@ -80,13 +80,21 @@ local function xadd_entry(log, max_len, sseq, sts, id, frame)
   end
   return redis.pcall('XADD', log, sseq .. '-0', 't', sts, 'i', id, 'f', frame)
 end
+-- A durable message's frame: its head, seq, middle, ts and tail; without
+-- `a.middle`, the middle is the id's `,"id":"<id>","ts":`.
+local function frame_of(a, sseq, sts)
+  local middle = a.middle
+  if middle then return a.head .. sseq .. middle .. sts .. a.tail end
+  return a.head .. sseq .. ',"id":"' .. a.id .. '","ts":' .. sts .. a.tail
+end
 -- How long past max_age a log may outlive its last append, so that its
 -- expiry is set again only once in that long (at most a minute).
 local function expiry_slack(max_age) return math.min(math.floor(max_age / 8), 60000) end
 -- Append one message to the channel and publish it on its fan-out channel:
 -- the common part of APPEND, ROOM_WRITE and SCHED_DELIVER. `a` holds
 -- durable, closes, epoch (a fresh one, used if the channel has none),
--- max_len (text, as is_count checked it; '0': no limit), max_age, the frame's head, middle and tail, id, channel, fan,
+-- max_len (text, as is_count checked it; '0': no limit), max_age, the
+-- frame's head, middle (nil: see frame_of) and tail, id, channel, fan,
 -- publish. `m` is the channel's meta as meta_of read it (before any write
 -- since), `now` the time in ms (one TIME per script run) and `now_s` the
 -- same as text (or nil). Returns nil, sseq, sts (the ts as text), sepoch,
@@ -114,7 +122,7 @@ local function append_msg(meta, log, a, m, now, now_s)
     seq = head + 1
     if ts == now and now_s then sts = now_s else sts = fmt(ts) end
     sseq = fmt(seq)
-    frame = a.head .. sseq .. a.middle .. sts .. a.tail
+    frame = frame_of(a, sseq, sts)
     local added = xadd_entry(log, a.max_len, sseq, sts, a.id, frame)
     if type(added) == 'table' and added.err then
       -- The stream is ahead of the meta (Redis lost part of the meta): go on
@@ -123,7 +131,7 @@ local function append_msg(meta, log, a, m, now, now_s)
       if not last or last < seq then return added end
       seq, epoch, lost, oldest = last + 1, a.epoch, 1, nil
       sseq = fmt(seq)
-      frame = a.head .. sseq .. a.middle .. sts .. a.tail
+      frame = frame_of(a, sseq, sts)
       added = xadd_entry(log, a.max_len, sseq, sts, a.id, frame)
       if type(added) == 'table' and added.err then return added end
     end

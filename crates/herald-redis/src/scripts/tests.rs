@@ -83,18 +83,16 @@ fn gone_placeholders_are_filled() {
     assert!(!text.contains("${"), "a placeholder left in gone.lua: {text}");
 }
 
-/// A durable message of an `APPEND` run without a receipt: its 9
-/// arguments.
+/// A durable message of an `APPEND` run without a receipt: its 6
+/// arguments (kind, max_len, max_age_ms, head, id, tail).
 fn message(max_len: &str) -> Vec<String> {
-    ["1", max_len, "0", "{\"seq\":", ",\"ts\":", "}", "m-1", "0", "0"].map(str::to_owned).to_vec()
+    ["d", max_len, "0", "{\"seq\":", "m-1", "}"].map(str::to_owned).to_vec()
 }
 
-/// A volatile message of an `APPEND` run (its `receipt` flag, then the
-/// rest: id, frame parts, and the receipt's fingerprint and TTL if any).
-fn volatile(rest: &[&str]) -> Vec<String> {
-    let mut m = vec!["0".to_owned()];
-    m.extend(rest.iter().map(|s| s.to_string()));
-    m
+/// A volatile message of an `APPEND` run (its kind, id, frame parts, and
+/// the receipt's fingerprint and TTL if any), as given.
+fn volatile(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
 }
 
 /// Runs `APPEND` on channel `a` (a durable message) then `b` (`second`).
@@ -102,10 +100,10 @@ async fn append_two(
     con: &mut redis::aio::MultiplexedConnection,
     second: Vec<String>,
 ) -> redis::RedisResult<String> {
-    let mut argv = vec!["PUBLISH".to_owned()];
-    argv.extend(["c", "e1", "chat:a", "a:fan"].map(str::to_owned));
+    let mut argv = vec!["PUBLISH".to_owned(), "e1".to_owned()];
+    argv.extend(["c", "chat:a", "a:fan"].map(str::to_owned));
     argv.extend(message("0"));
-    argv.extend(["c", "e1", "chat:b", "b:fan"].map(str::to_owned));
+    argv.extend(["c", "chat:b", "b:fan"].map(str::to_owned));
     argv.extend(second);
     append_raw(con, &["a:meta", "a:log", "b:meta", "b:log"], &argv).await
 }
@@ -143,14 +141,19 @@ async fn append_checks_every_argument_it_reads_before_its_first_write() {
     for bad in ["00", "1e3", "-1", "", "x"] {
         refused(&mut con, message(bad), bad).await;
     }
-    // A volatile message: five arguments, seven with a receipt (its
+    // A volatile message: four arguments, six with a receipt (its
     // fingerprint and TTL); anything else is refused as a whole.
-    refused(&mut con, volatile(&["0", "m-2", "{\"ts\":"]), "short").await;
-    refused(&mut con, volatile(&["1", "m-2", "{\"ts\":", "}"]), "receipt without its TTL").await;
-    refused(&mut con, volatile(&["2", "m-2", "{\"ts\":", "}"]), "a receipt flag not 0 or 1").await;
-    refused(&mut con, volatile(&["0", "", "{\"ts\":", "}"]), "no id").await;
-    refused(&mut con, volatile(&["0", "m-2", "{\"ts\":", "}", "extra"]), "an argument too many").await;
-    let lines = append_two(&mut con, volatile(&["0", "m-2", "{\"ts\":", "}"])).await.unwrap();
+    refused(&mut con, volatile(&["v", "m-2", "{\"ts\":"]), "short").await;
+    refused(&mut con, volatile(&["vr", "m-2", "{\"ts\":", "}"]), "receipt without its TTL").await;
+    for kind in ["vx", "vc", "0", "1", "D", ""] {
+        refused(&mut con, volatile(&[kind, "m-2", "{\"ts\":", "}"]), kind).await;
+    }
+    refused(&mut con, volatile(&["v", "", "{\"ts\":", "}"]), "no id").await;
+    refused(&mut con, volatile(&["v", "m-2", "{\"ts\":", "}", "extra"]), "an argument too many").await;
+    let mut no_id = message("0");
+    no_id[4] = String::new();
+    refused(&mut con, no_id, "a durable message without an id").await;
+    let lines = append_two(&mut con, volatile(&["v", "m-2", "{\"ts\":", "}"])).await.unwrap();
     let lines: Vec<&str> = lines.lines().collect();
     assert!(lines[0].starts_with("ok 1 "), "{lines:?}");
     assert!(lines[1].starts_with("ok - "), "{lines:?}");
@@ -166,15 +169,15 @@ async fn append_takes_every_key_in_order_exactly_once() {
     let redis = crate::testing::RedisServer::start();
     let client = redis::Client::open(redis.url()).unwrap();
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
-    let channel = |name: &str| ["c", "e1", name, "fan"].map(str::to_owned).to_vec();
+    let channel = |name: &str| ["c", name, "fan"].map(str::to_owned).to_vec();
     let keyed = |fp: &str| {
         let mut m = message("0");
-        m[8] = "1".to_owned();
+        m[0] = "dr".to_owned();
         m.extend([fp.to_owned(), "60000".to_owned()]);
         m
     };
     let args = |items: Vec<Vec<String>>| {
-        let mut argv = vec!["PUBLISH".to_owned()];
+        let mut argv = vec!["PUBLISH".to_owned(), "e1".to_owned()];
         argv.extend(items.into_iter().flatten());
         argv
     };
@@ -194,12 +197,17 @@ async fn append_takes_every_key_in_order_exactly_once() {
             args(vec![channel("x"), message("0"), channel("y")]),
         ),
         ("no channel", vec![], args(vec![])),
+        ("no epoch", vec!["m", "l"], {
+            let mut argv = args(vec![channel("x"), message("0")]);
+            argv[1] = String::new();
+            argv
+        }),
         (
             "a receipt without its fingerprint and TTL",
             vec!["m", "l", "r"],
             args(vec![channel("x"), {
                 let mut m = message("0");
-                m[8] = "1".to_owned();
+                m[0] = "dr".to_owned();
                 m
             }]),
         ),
@@ -208,7 +216,7 @@ async fn append_takes_every_key_in_order_exactly_once() {
             vec!["m", "l", "r"],
             args(vec![channel("x"), {
                 let mut m = keyed("f");
-                m[10] = "0".to_owned();
+                m[7] = "0".to_owned();
                 m
             }]),
         ),
@@ -244,8 +252,8 @@ async fn append_sets_the_logs_expiry_only_when_less_than_max_age_is_left() {
         m
     };
     let append = async |con: &mut redis::aio::MultiplexedConnection, m: Vec<String>| {
-        let mut argv = vec!["PUBLISH".to_owned()];
-        argv.extend(["c", "e1", "chat:a", "a:fan"].map(str::to_owned));
+        let mut argv = vec!["PUBLISH".to_owned(), "e1".to_owned()];
+        argv.extend(["c", "chat:a", "a:fan"].map(str::to_owned));
         argv.extend(m);
         append_raw(con, &["a:meta", "a:log"], &argv).await.unwrap()
     };
