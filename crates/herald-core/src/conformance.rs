@@ -56,7 +56,8 @@ pub use rooms::{
 };
 pub use schedules::{
     a_later_claim_fences_off_an_earlier_one, cancelled_schedules_are_never_delivered,
-    schedule_dedup_returns_the_original_receipt, schedules_are_claimed_in_order_and_delivered_once,
+    delivered_schedules_are_fanned_out_with_their_frames, schedule_dedup_returns_the_original_receipt,
+    schedules_are_claimed_in_order_and_delivered_once,
 };
 
 /// How long a scenario waits for fan-out before it fails.
@@ -887,6 +888,7 @@ macro_rules! with_conformance_scenarios {
             schedule_dedup_returns_the_original_receipt,
             cancelled_schedules_are_never_delivered,
             a_later_claim_fences_off_an_earlier_one,
+            delivered_schedules_are_fanned_out_with_their_frames,
             ownership_is_exclusive_and_fenced,
             bans_and_revocations_keep_the_later_time,
             broadcasts_reach_the_sink_and_node_entries_are_leased,

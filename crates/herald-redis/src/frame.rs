@@ -63,16 +63,18 @@ impl FrameTemplate {
         &self.frame[self.tail_at..]
     }
 
-    /// Whether the middle is `,"id":"<id>","ts":`, as `APPEND` builds a
-    /// durable frame's middle from its id (the id, a UUID, needs no JSON
-    /// escaping).
-    pub fn middle_is_id(&self, id: &str) -> bool {
+    /// Whether the middle is what the scripts put there, so only the head
+    /// and the tail go to Redis: none without a seq, else
+    /// `,"id":"<id>","ts":` (the id, a UUID, needs no JSON escaping; see
+    /// `frame_of` in helpers.lua).
+    pub fn middle_is_built_from(&self, id: &str) -> bool {
         let m = self.middle();
         let (prefix, suffix) = (b",\"id\":\"", b"\",\"ts\":");
-        m.len() == prefix.len() + id.len() + suffix.len()
-            && m.starts_with(prefix)
-            && m.ends_with(suffix)
-            && &m[prefix.len()..m.len() - suffix.len()] == id.as_bytes()
+        m.is_empty()
+            || (m.len() == prefix.len() + id.len() + suffix.len()
+                && m.starts_with(prefix)
+                && m.ends_with(suffix)
+                && &m[prefix.len()..m.len() - suffix.len()] == id.as_bytes())
     }
 
     /// What the script produces (for tests and volatile fallbacks).
@@ -106,13 +108,18 @@ mod tests {
                 for (seq, ts) in [(1u64, 0u64), (0, 1), (42, 1_700_000_000_123), (u64::MAX, u64::MAX)] {
                     for kind in [FrameKind::Message, FrameKind::Room, FrameKind::Join, FrameKind::Leave] {
                         let t = FrameTemplate::new(kind, &ch, true, id, &data, meta);
-                        assert!(t.middle_is_id(id), "{kind:?}: {:?}", String::from_utf8_lossy(t.middle()));
-                        assert!(!t.middle_is_id("0190b2a1-7c3e-7000-8000-000000000002"));
+                        assert!(
+                            t.middle_is_built_from(id),
+                            "{kind:?}: {:?}",
+                            String::from_utf8_lossy(t.middle())
+                        );
+                        assert!(!t.middle_is_built_from("0190b2a1-7c3e-7000-8000-000000000002"));
                         assert_eq!(
                             t.render(Some(seq), ts),
                             encode_frame(kind, &ch, Some(seq), id, ts, &data, meta)
                         );
                         let v = FrameTemplate::new(kind, &ch, false, id, &data, meta);
+                        assert!(v.middle().is_empty() && v.middle_is_built_from(id));
                         assert_eq!(v.render(None, ts), encode_frame(kind, &ch, None, id, ts, &data, meta));
                     }
                 }

@@ -6,7 +6,9 @@ use herald_proto::{ChannelName, MessageView};
 use serde_json::value::RawValue;
 
 use super::{now_ms, request, Fixture, LONG_TTL};
-use crate::engine::{Claim, Delivered, EngineError, Schedule, ScheduleReceipt, ScheduleRequest};
+use crate::engine::{
+    AppendRequest, Claim, Delivered, EngineError, Schedule, ScheduleReceipt, ScheduleRequest,
+};
 
 fn sched(channel: &ChannelName, deliver_at: u64, data: &str) -> ScheduleRequest {
     ScheduleRequest {
@@ -141,4 +143,36 @@ pub async fn a_later_claim_fences_off_an_earlier_one(fx: &Fixture) {
     assert!(matches!(deliver(fx, &old[0]).await, Delivered::Stale), "the stale claim appends nothing");
     assert!(matches!(deliver(fx, &new[0]).await, Delivered::Appended(_)));
     assert_eq!(fx.engine.position(&ch).await.expect("position").head, 1);
+}
+
+/// A delivered schedule's frame, durable or volatile, is the one the
+/// receipt describes: fanned out with its seq (none when volatile), id, ts
+/// and data, and a durable one stored as it was fanned out.
+pub async fn delivered_schedules_are_fanned_out_with_their_frames(fx: &Fixture) {
+    let ch = fx.channel("sched-frames");
+    fx.watch(&ch).await;
+    let t = now_ms();
+    add(fx, sched(&ch, t - 2000, r#"{"n":1}"#)).await;
+    add(fx, sched(&ch, t - 1000, r#"{"n":2}"#)).await;
+    let claims = claim(fx, Duration::from_secs(60)).await;
+    assert_eq!(claims.len(), 2);
+    let mut receipts = Vec::new();
+    for (c, durable) in claims.iter().zip([true, false]) {
+        let req = AppendRequest { durable, ..request(&c.schedule.channel, c.schedule.data.get()) };
+        match fx.engine.schedule_deliver(c, req).await.expect("deliver") {
+            Delivered::Appended(r) => receipts.push(r),
+            other => panic!("not appended: {other:?}"),
+        }
+    }
+    let got = fx.sink.wait_for(&ch, 2).await;
+    for ((m, r), data) in got.iter().zip(&receipts).zip([r#"{"n":1}"#, r#"{"n":2}"#]) {
+        let view = MessageView::parse(&m.frame).expect("frame");
+        assert_eq!((view.seq, view.id.as_deref(), view.ts), (r.seq, Some(&*r.id), Some(r.ts)));
+        assert_eq!(view.channel.as_deref(), Some(ch.as_str()));
+        assert_eq!(view.data.expect("data").get(), data);
+    }
+    assert_eq!((receipts[0].seq, receipts[1].seq), (Some(1), None));
+    let stored = fx.engine.read(&ch, 0, 10).await.expect("read").messages;
+    assert_eq!(stored.len(), 1, "the volatile delivery is not stored");
+    assert_eq!(stored[0].frame, got[0].frame, "stored as fanned out");
 }

@@ -1,19 +1,21 @@
 -- KEYS: (meta, log, receipt...)...
 -- ARGV: publish, epoch, (c, channel, fan, message...)...; a message is durable:
 --   (d[c][r], max_len, max_age_ms, head, id, tail[, fingerprint, receipt_ttl_ms])
---   or volatile: (v[r], id, head_middle, tail[, fingerprint, receipt_ttl_ms])
+--   or volatile: (v[r], id, head, tail[, fingerprint, receipt_ttl_ms])
 --   (the last two with a receipt only)
 local function bad() return redis.error_reply('ERR herald append: bad arguments') end
 -- `epoch` is a fresh one, for a channel that has none. A message's kind
 -- says what it is: `d` durable or `v` volatile, then `c` if it closes its
 -- channel (durable only) and `r` if it has a receipt. A durable frame is
--- head .. seq .. ',"id":"' .. id .. '","ts":' .. ts .. tail; a volatile
--- one head_middle .. ts .. tail.
+-- head .. seq .. ',"id":"' .. id .. '","ts":' .. ts .. tail (frame_of); a
+-- volatile one (no seq) head .. ts .. tail.
 -- A channel is `c` and its two arguments, then its messages (one or
 -- more). Its keys are its meta and log, then the receipt key of each of
 -- its messages with a receipt, in order: the keys are taken in order, and
 -- every key must be used exactly once.
--- Each kind's durable, closes and receipt (a table lookup per message).
+-- What each kind says, by the indexes below (one table lookup per
+-- message; an array index is cheaper than a field name).
+local DURABLE, CLOSES, RECEIPT = 1, 2, 3
 local KINDS = {
   d = {true, false, false}, dc = {true, true, false}, dr = {true, false, true}, dcr = {true, true, true},
   v = {false, false, false}, vr = {false, false, true},
@@ -41,7 +43,7 @@ while b <= n do
   else
     local f = KINDS[kind]
     if not messages or not f then return bad() end
-    local durable, receipt = f[1], f[3]
+    local durable, receipt = f[DURABLE], f[RECEIPT]
     local w = width(durable, receipt)
     if b + w - 1 > n then return bad() end
     if durable then
@@ -63,8 +65,7 @@ local now_s = fmt(now)
 -- One line per message, in order: a flat reply the node reads without a
 -- value per field.
 local out = {}
--- append_msg's arguments, one table refilled for every durable message
--- (no `middle`: frame_of builds it from the id).
+-- append_msg's arguments, one table refilled for every durable message.
 local a = {publish = publish, durable = true, epoch = ARGV[2]}
 -- The last max_age converted, as text and as a number.
 local max_age_s, max_age = '0', 0
@@ -79,12 +80,12 @@ while b <= n do
     local channel, fan = a.channel, a.fan
     local line
     local f = KINDS[ARGV[b]]
-    local durable = f[1]
-    local w = width(durable, f[3])
+    local durable = f[DURABLE]
+    local w = width(durable, f[RECEIPT])
     local id = durable and ARGV[b + 4] or ARGV[b + 1]
     -- With a receipt: its key, the fingerprint and the TTL.
     local receipt, fp, ttl
-    if f[3] then
+    if f[RECEIPT] then
       receipt, k = KEYS[k], k + 1
       fp, ttl = ARGV[b + w - 2], ARGV[b + w - 1]
     end
@@ -116,7 +117,7 @@ while b <= n do
         if st[4] == '1' then
           line = 'closed'
         else
-          a.closes = f[2]
+          a.closes = f[CLOSES]
           -- max_age as a number, converted once for a run of equal ones
           -- (Lua's strings are interned: equal text is the same string).
           if ARGV[b + 2] ~= max_age_s then

@@ -2,9 +2,10 @@
 //! script's `KEYS` then its `ARGV`, named, and [`ScriptArgs::invocation`]
 //! pushes them in the script's order (the order of the fields; a message's
 //! `retention` is its `max_len, max_age_ms` and its `frame` the template's
-//! `head, middle, tail`). Each `.lua`
-//! file starts with a header naming its `KEYS` and `ARGV` in order; a unit
-//! test checks every header against these structs.
+//! `head, tail`: the scripts build the middle from the id, see
+//! `FrameTemplate::middle_is_built_from`). Each `.lua` file starts with a
+//! header naming its `KEYS` and `ARGV` in order; a unit test checks every
+//! header against these structs.
 //!
 //! Arguments borrow what the caller already holds (frames, ids, channel
 //! names): an invocation copies each argument once, as it would anyway.
@@ -171,11 +172,11 @@ pub(crate) struct Event<'a> {
 
 impl Event<'_> {
     fn push(&self, inv: &mut ScriptInvocation<'static>) {
+        debug_assert!(self.frame.middle_is_built_from(self.id), "the scripts build the frame's middle");
         inv.arg(&self.epoch)
             .arg(self.retention.max_len)
             .arg(max_age_ms(self.retention))
             .arg(self.frame.head())
-            .arg(self.frame.middle())
             .arg(self.frame.tail())
             .arg(self.id)
             .arg(self.channel)
@@ -184,8 +185,8 @@ impl Event<'_> {
     }
 
     #[cfg(test)]
-    fn names() -> [&'static str; 10] {
-        ["epoch", "max_len", "max_age_ms", "head", "middle", "tail", "id", "channel", "fan", "publish"]
+    fn names() -> [&'static str; 9] {
+        ["epoch", "max_len", "max_age_ms", "head", "tail", "id", "channel", "fan", "publish"]
     }
 }
 
@@ -304,7 +305,7 @@ impl Append<'_> {
     pub(crate) fn argv() -> Vec<String> {
         let durable =
             ["d[c][r]", "max_len", "max_age_ms", "head", "id", "tail[", "fingerprint", "receipt_ttl_ms]"];
-        let volatile = ["v[r]", "id", "head_middle", "tail[", "fingerprint", "receipt_ttl_ms]"];
+        let volatile = ["v[r]", "id", "head", "tail[", "fingerprint", "receipt_ttl_ms]"];
         let channel = ["c", "channel", "fan", "message..."];
         vec![
             "publish".to_owned(),
@@ -341,20 +342,16 @@ impl AppendRun {
             self.keys.push_with(|out| keys.write_receipt(out, channel, &d.key));
         }
         let receipt = m.dedup.is_some();
+        debug_assert!(m.frame.middle_is_built_from(m.id), "the script builds the frame's middle");
         let argv = &mut self.argv;
         if !m.durable {
             // Volatile: no retention, never closes; the frame has no seq,
-            // so its head and middle go as one argument.
+            // so its head runs up to its ts.
             argv.push(if receipt { b"vr" } else { b"v" });
             argv.push(m.id.as_bytes());
-            argv.push_with(|out| {
-                out.extend_from_slice(m.frame.head());
-                out.extend_from_slice(m.frame.middle());
-            });
+            argv.push(m.frame.head());
             argv.push(m.frame.tail());
         } else {
-            // The script builds the frame's middle from the id.
-            debug_assert!(m.frame.middle_is_id(m.id), "a durable frame's middle is its id and the ts's key");
             argv.push(match (m.closes, receipt) {
                 (false, false) => b"d",
                 (true, false) => b"dc",

@@ -51,24 +51,26 @@ end
 local function is_closed(meta) return redis.call('HGET', meta, 'closed') == '1' end
 -- The arguments of the one message ROOM_WRITE and SCHED_DELIVER append
 -- (`Event` in args.rs), from ARGV[b]: epoch, max_len, max_age_ms, head,
--- middle, tail, id, channel, fan, publish. Returns them as append_msg's
--- table (durable and closes left to the caller), or nil when malformed.
+-- tail, id, channel, fan, publish (a durable frame's middle is built from
+-- the id, see frame_of; a volatile frame's head runs up to its ts).
+-- Returns them as append_msg's table (durable and closes left to the
+-- caller), or nil when malformed.
 local function event_args(b)
   local max_len, max_age = ARGV[b + 1], tonumber(ARGV[b + 2])
-  if not is_count(max_len) or not max_age or max_age < 0 or ARGV[b + 6] == ''
-     or (ARGV[b + 9] ~= 'PUBLISH' and ARGV[b + 9] ~= 'SPUBLISH') then
+  if not is_count(max_len) or not max_age or max_age < 0 or ARGV[b + 5] == ''
+     or (ARGV[b + 8] ~= 'PUBLISH' and ARGV[b + 8] ~= 'SPUBLISH') then
     return nil
   end
   return {
-    epoch = ARGV[b], max_len = max_len, max_age = max_age, head = ARGV[b + 3], middle = ARGV[b + 4],
-    tail = ARGV[b + 5], id = ARGV[b + 6], channel = ARGV[b + 7], fan = ARGV[b + 8], publish = ARGV[b + 9],
+    epoch = ARGV[b], max_len = max_len, max_age = max_age, head = ARGV[b + 3], tail = ARGV[b + 4],
+    id = ARGV[b + 5], channel = ARGV[b + 6], fan = ARGV[b + 7], publish = ARGV[b + 8],
   }
 end
 -- Publish a volatile message (no seq, never closes) on its fan-out
 -- channel: the frame is not stored, so it is built inside the payload.
--- `prefix` is the frame up to its ts (its head and middle: no seq).
-local function publish_volatile(publish, fan, channel, sts, id, sepoch, prefix, tail)
-  redis.call(publish, fan, 'v2 ' .. channel .. ' - ' .. sts .. ' ' .. id .. ' ' .. sepoch .. ' 0\n' .. prefix .. sts .. tail)
+-- `head` is the frame up to its ts (it has no seq).
+local function publish_volatile(publish, fan, channel, sts, id, sepoch, head, tail)
+  redis.call(publish, fan, 'v2 ' .. channel .. ' - ' .. sts .. ' ' .. id .. ' ' .. sepoch .. ' 0\n' .. head .. sts .. tail)
 end
 -- The meta fields append_msg reads, in its order (one HMGET).
 local function meta_of(meta) return redis.call('HMGET', meta, 'epoch', 'seq', 'ts', 'closed', 'oldest', 'exp') end
@@ -80,11 +82,9 @@ local function xadd_entry(log, max_len, sseq, sts, id, frame)
   end
   return redis.pcall('XADD', log, sseq .. '-0', 't', sts, 'i', id, 'f', frame)
 end
--- A durable message's frame: its head, seq, middle, ts and tail; without
--- `a.middle`, the middle is the id's `,"id":"<id>","ts":`.
+-- A durable message's frame: its head, seq, the middle (`,"id":"<id>","ts":`,
+-- built from the id, which needs no JSON escaping), ts and tail.
 local function frame_of(a, sseq, sts)
-  local middle = a.middle
-  if middle then return a.head .. sseq .. middle .. sts .. a.tail end
   return a.head .. sseq .. ',"id":"' .. a.id .. '","ts":' .. sts .. a.tail
 end
 -- How long past max_age a log may outlive its last append, so that its
@@ -94,8 +94,8 @@ local function expiry_slack(max_age) return math.min(math.floor(max_age / 8), 60
 -- the common part of APPEND, ROOM_WRITE and SCHED_DELIVER. `a` holds
 -- durable, closes, epoch (a fresh one, used if the channel has none),
 -- max_len (text, as is_count checked it; '0': no limit), max_age, the
--- frame's head, middle (nil: see frame_of) and tail, id, channel, fan,
--- publish. `m` is the channel's meta as meta_of read it (before any write
+-- frame's head (a volatile one's up to its ts) and tail, id, channel,
+-- fan, publish. `m` is the channel's meta as meta_of read it (before any write
 -- since), `now` the time in ms (one TIME per script run) and `now_s` the
 -- same as text (or nil). Returns nil, sseq, sts (the ts as text), sepoch,
 -- lost; or an error reply (and nothing else) before any write of its own but
@@ -201,7 +201,7 @@ local function append_msg(meta, log, a, m, now, now_s)
     redis.call(a.publish, a.fan, 'v2 ' .. a.channel .. ' ' .. sseq .. ' ' .. sts .. ' ' .. a.id .. ' '
       .. sepoch .. ' ' .. closes .. '\n' .. frame)
   else
-    publish_volatile(a.publish, a.fan, a.channel, sts, a.id, sepoch, a.head .. a.middle, a.tail)
+    publish_volatile(a.publish, a.fan, a.channel, sts, a.id, sepoch, a.head, a.tail)
   end
   return nil, sseq, sts, sepoch, lost
 end

@@ -1,7 +1,7 @@
 -- KEYS: meta, log, room, presence, presence_exp, presence_keys, presence_gone,
 --   presence_gone_exp
 -- ARGV: expected_version, version, record, closing,
---   epoch, max_len, max_age_ms, head, middle, tail, id, channel, fan, publish
+--   epoch, max_len, max_age_ms, head, tail, id, channel, fan, publish
 local ev = event_args(5)
 if not ev or not tonumber(ARGV[2]) or ARGV[3] == '' or (ARGV[4] ~= '1' and ARGV[4] ~= '0') then
   return redis.error_reply('ERR herald room write: bad arguments')

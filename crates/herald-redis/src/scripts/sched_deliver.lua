@@ -1,6 +1,6 @@
 -- KEYS: meta, log, sched, sched_idx, claims
 -- ARGV: id, token, durable,
---   epoch, max_len, max_age_ms, head, middle, tail, id, channel, fan, publish
+--   epoch, max_len, max_age_ms, head, tail, id, channel, fan, publish
 local ev = event_args(4)
 if not ev then return redis.error_reply('ERR herald deliver: bad arguments') end
 if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 0 then return {'stale'} end
