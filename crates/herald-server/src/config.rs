@@ -287,6 +287,10 @@ pub struct WebSocketConfig {
     /// (pipelined: queued or with the engine). At the bound the
     /// connection's socket is not read until a batch is answered.
     pub max_publishes_in_flight: usize,
+    /// Bytes of `data` of the publishes one connection has read and not yet
+    /// answered. Reading stops once they reach it, so it is exceeded by at
+    /// most one publish.
+    pub max_publish_bytes_in_flight: usize,
     /// Frames queued for one connection before it is a slow consumer.
     pub outbox_capacity: usize,
     /// Bytes of frames queued for one connection (its outbox, the batch it
@@ -308,6 +312,7 @@ impl Default for WebSocketConfig {
             max_message_bytes: 64 * 1024,
             max_subscriptions: 256,
             max_publishes_in_flight: 256,
+            max_publish_bytes_in_flight: 4 * 1024 * 1024,
             outbox_capacity: 1024,
             outbox_bytes: 4 * 1024 * 1024,
             total_outbox_bytes: 256 * 1024 * 1024,

@@ -73,6 +73,37 @@ async fn pipelined_publishes_keep_frame_order_with_a_small_in_flight_bound() {
 }
 
 #[tokio::test]
+async fn the_bytes_in_flight_bound_stops_reading_once_reached() {
+    let srv = TestServer::start_with(|c| {
+        pipelining(c);
+        // Far above the frames sent: only the bytes bound applies.
+        c.websocket.max_publishes_in_flight = 10_000;
+        c.websocket.max_publish_bytes_in_flight = 1_000;
+    })
+    .await;
+    let mut publisher = srv.connect("writer").await;
+    const N: u64 = 120;
+    // Each `data` is a 400-character string (402 bytes of JSON): reading
+    // stops at the third, so at most three are in flight at any time.
+    let filler = "x".repeat(400);
+    let before = srv.engine.stats();
+    for i in 0..N {
+        let frame = json!({ "type": "publish", "req": i + 1, "channel": "chat:bytes", "data": filler });
+        publisher.send(&frame).await.expect("send publish");
+    }
+    for i in 0..N {
+        let r = next_reply(&mut publisher).await;
+        assert_eq!((r.kind.as_str(), r.req, r.seq), ("ok", Some(i + 1), Some(i + 1)), "{r:?}");
+    }
+    let after = srv.engine.stats();
+    assert_eq!(after.appends - before.appends, N);
+    // Only this connection writes, one batch with the engine at a time:
+    // every group commit carried at most the three in flight.
+    let commits = after.batches - before.batches;
+    assert!(commits >= N / 3, "{commits} group commits for {N} publishes of which at most 3 were in flight");
+}
+
+#[tokio::test]
 async fn a_storage_failure_mid_pipeline_never_reorders() {
     let srv = TestServer::start_with(pipelining).await;
     let mut c = srv.connect("writer").await;

@@ -34,6 +34,9 @@ fn rejects_unknown_keys_and_bad_limits() {
     c.websocket.total_outbox_bytes = c.websocket.outbox_bytes;
     assert!(c.validate().unwrap_err().contains("total_outbox_bytes"));
     let mut c = Config::default();
+    c.websocket.max_publish_bytes_in_flight = 0;
+    assert!(c.validate().unwrap_err().contains("max_publish_bytes_in_flight"));
+    let mut c = Config::default();
     c.rate_limits.close_percent = 0;
     assert!(c.validate().unwrap_err().contains("rate_limits.close_percent"));
     let c = Config { api_keys: vec!["short".into()], ..Default::default() };

@@ -60,6 +60,9 @@ impl Config {
         if ws.max_publishes_in_flight == 0 {
             return Err("websocket.max_publishes_in_flight must be at least 1".into());
         }
+        if ws.max_publish_bytes_in_flight == 0 {
+            return Err("websocket.max_publish_bytes_in_flight must be at least 1".into());
+        }
         if ws.outbox_capacity < 16 {
             return Err("websocket.outbox_capacity must be at least 16".into());
         }

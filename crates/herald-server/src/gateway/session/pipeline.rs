@@ -17,8 +17,11 @@
 //!   is durable, or its `error`), in frame order; one refused publish does
 //!   not affect the others;
 //! - at most `websocket.max_publishes_in_flight` publishes are queued or with
-//!   the engine; at the bound the socket is not read (back-pressure: TCP
-//!   slows the publisher down, nothing is buffered beyond it);
+//!   the engine, and reading stops once their `data` reaches
+//!   `websocket.max_publish_bytes_in_flight` bytes (so it exceeds that by at
+//!   most one publish's); at either bound the socket is not read
+//!   (back-pressure: TCP slows the publisher down, nothing is buffered
+//!   beyond it);
 //! - any other frame first waits until every earlier publish is answered,
 //!   so it sees their effects (frames act in the order they were sent);
 //!   so does the peer's close frame (the publishes sent before it are
@@ -53,6 +56,29 @@ pub(super) struct Queued {
     pub publish: Result<Publish, ApiError>,
 }
 
+impl Queued {
+    /// What it counts against `max_publish_bytes_in_flight`: its `data`
+    /// (a refused publish holds none).
+    fn bytes(&self) -> usize {
+        self.publish.as_ref().map_or(0, |p| p.data.get().len())
+    }
+}
+
+/// Publishes read and not yet answered, counted against the connection's
+/// bounds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Load {
+    pub publishes: usize,
+    /// Their `data`, in bytes.
+    pub bytes: usize,
+}
+
+impl Load {
+    fn add(self, other: Load) -> Load {
+        Load { publishes: self.publishes + other.publishes, bytes: self.bytes + other.bytes }
+    }
+}
+
 /// A publish's answer, ready to be sent.
 pub(super) struct Answer {
     req: Option<u64>,
@@ -66,16 +92,29 @@ pub(super) type InEngine = Pin<Box<dyn Future<Output = Vec<Answer>> + Send>>;
 /// The connection's pipeline.
 #[derive(Default)]
 pub(super) struct Pipeline {
-    pub queued: Vec<Queued>,
+    queued: Vec<Queued>,
+    /// What `queued` holds.
+    queued_load: Load,
     /// The batch with the engine (its answers kept once it is done, until
-    /// the session takes them) and how many publishes it carries.
-    pub in_engine: Option<(MaybeDone<InEngine>, usize)>,
+    /// the session takes them) and what it carries.
+    in_engine: Option<(MaybeDone<InEngine>, Load)>,
 }
 
 impl Pipeline {
     /// Publishes queued or with the engine.
-    pub fn len(&self) -> usize {
-        self.queued.len() + self.in_engine.as_ref().map_or(0, |(_, n)| *n)
+    pub fn load(&self) -> Load {
+        self.queued_load.add(self.in_engine.as_ref().map_or(Load::default(), |(_, l)| *l))
+    }
+
+    /// Queue one publish frame (the batch starts in `Session::start_batch`).
+    fn push(&mut self, q: Queued) {
+        self.queued_load = self.queued_load.add(Load { publishes: 1, bytes: q.bytes() });
+        self.queued.push(q);
+    }
+
+    /// The queued frames, as the next batch, and what they carry.
+    fn take_queued(&mut self) -> (Vec<Queued>, Load) {
+        (std::mem::take(&mut self.queued), std::mem::take(&mut self.queued_load))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -108,15 +147,17 @@ fn kick(pipeline: &mut Pipeline, cx: &mut Context<'_>) {
 const ANSWER_SIZE_HINT: usize = 112;
 
 impl Session {
-    /// Whether the socket may be read: the pipeline has room for one more
-    /// publish.
+    /// Whether the socket may be read: the pipeline is below both of its
+    /// bounds.
     pub(super) fn may_read(&self) -> bool {
-        self.pipeline.len() < self.state.config().websocket.max_publishes_in_flight
+        let ws = &self.state.config().websocket;
+        let load = self.pipeline.load();
+        load.publishes < ws.max_publishes_in_flight && load.bytes < ws.max_publish_bytes_in_flight
     }
 
     /// Queue one publish frame (the batch starts in `start_batch`).
     pub(super) fn queue_publish(&mut self, q: Queued) {
-        self.pipeline.queued.push(q);
+        self.pipeline.push(q);
     }
 
     /// Hand the queued publishes to the engine as one batch, unless a batch
@@ -125,7 +166,7 @@ impl Session {
         if self.pipeline.in_engine.is_some() || self.pipeline.queued.is_empty() {
             return;
         }
-        let queued = std::mem::take(&mut self.pipeline.queued);
+        let (queued, load) = self.pipeline.take_queued();
         let n = queued.len();
         let state = self.state.clone();
         let user = self.identity.sub.clone();
@@ -155,7 +196,7 @@ impl Session {
                 .collect()
         }
         .instrument(span);
-        self.pipeline.in_engine = Some((maybe_done(Box::pin(fut) as InEngine), n));
+        self.pipeline.in_engine = Some((maybe_done(Box::pin(fut) as InEngine), load));
     }
 
     /// Start the next batch, then send this batch's answers in one write:
