@@ -18,11 +18,17 @@ pub const DEFAULT_CONNECTIONS: usize = 2;
 pub const DEFAULT_HEAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// Life of the node's lease key; it is refreshed every third of it.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
-/// Pub/sub messages buffered between the connection and the fan-out task.
-/// When it is full, messages are dropped and every watched channel is
-/// checked against its head (the log has them), so the bound costs reads,
-/// never messages.
-pub const DEFAULT_FANOUT_QUEUE: usize = 16_384;
+/// Pub/sub messages buffered between the connection and the fan-out task,
+/// at most (and at most [`DEFAULT_FANOUT_QUEUE_BYTES`] of them). When one
+/// more does not fit it is dropped and every watched channel is checked
+/// against its head: a durable message is then read from the log, a
+/// volatile one is lost.
+pub const DEFAULT_FANOUT_QUEUE: usize = 65_536;
+/// Bytes of those messages (their channel names and payloads), at most.
+pub const DEFAULT_FANOUT_QUEUE_BYTES: usize = 64 * 1024 * 1024;
+/// The least `fanout_queue` and `fanout_queue_bytes` accepted.
+const MIN_FANOUT_QUEUE: usize = 16;
+const MIN_FANOUT_QUEUE_BYTES: usize = 64 * 1024;
 /// Gap fills and head checks running at once.
 pub const DEFAULT_FILL_CONCURRENCY: usize = 16;
 /// Messages one gap-fill read asks for.
@@ -62,6 +68,10 @@ pub struct RedisSettings {
     /// Nodes serving the same channels share it; separate deployments on
     /// one Redis use different ones.
     pub key_prefix: String,
+    /// Pub/sub messages queued on this node for its fan-out, at most.
+    pub fanout_queue: usize,
+    /// Bytes of those messages, at most.
+    pub fanout_queue_bytes: usize,
 }
 
 impl Default for RedisSettings {
@@ -74,6 +84,8 @@ impl Default for RedisSettings {
             node_lease_ttl: DEFAULT_LEASE_TTL,
             node_id: None,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            fanout_queue: DEFAULT_FANOUT_QUEUE,
+            fanout_queue_bytes: DEFAULT_FANOUT_QUEUE_BYTES,
         }
     }
 }
@@ -91,6 +103,12 @@ impl RedisSettings {
         }
         if self.node_lease_ttl < Duration::from_secs(1) {
             return Err("redis.node_lease_ttl must be at least 1s".into());
+        }
+        if self.fanout_queue < MIN_FANOUT_QUEUE {
+            return Err(format!("redis.fanout_queue must be at least {MIN_FANOUT_QUEUE}"));
+        }
+        if self.fanout_queue_bytes < MIN_FANOUT_QUEUE_BYTES {
+            return Err(format!("redis.fanout_queue_bytes must be at least {MIN_FANOUT_QUEUE_BYTES}"));
         }
         Ok(())
     }
@@ -113,7 +131,10 @@ pub struct RedisConfig {
     /// Nodes that share channels must share it; deployments (or tests) on
     /// one Redis that must not see each other use different ones.
     pub key_prefix: String,
+    /// See [`DEFAULT_FANOUT_QUEUE`].
     pub fanout_queue: usize,
+    /// See [`DEFAULT_FANOUT_QUEUE_BYTES`].
+    pub fanout_queue_bytes: usize,
     pub fill_concurrency: usize,
 }
 
@@ -130,6 +151,7 @@ impl RedisConfig {
             node_id: None,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             fanout_queue: DEFAULT_FANOUT_QUEUE,
+            fanout_queue_bytes: DEFAULT_FANOUT_QUEUE_BYTES,
             fill_concurrency: DEFAULT_FILL_CONCURRENCY,
         }
     }
@@ -145,6 +167,8 @@ impl RedisConfig {
             lease_ttl: settings.node_lease_ttl,
             node_id: settings.node_id.clone(),
             key_prefix: settings.key_prefix.clone(),
+            fanout_queue: settings.fanout_queue,
+            fanout_queue_bytes: settings.fanout_queue_bytes,
             ..Self::new(&settings.url)
         }
     }
@@ -170,8 +194,11 @@ impl RedisConfig {
         if self.lease_ttl < Duration::from_millis(300) {
             return bad("redis lease_ttl must be at least 300ms");
         }
-        if self.fanout_queue < 16 || self.fill_concurrency == 0 {
-            return bad("redis fanout_queue must be at least 16 and fill_concurrency at least 1");
+        if self.fanout_queue < MIN_FANOUT_QUEUE || self.fanout_queue_bytes < MIN_FANOUT_QUEUE_BYTES {
+            return bad("redis.fanout_queue must be at least 16 and redis.fanout_queue_bytes at least 65536");
+        }
+        if self.fill_concurrency == 0 {
+            return bad("redis fill_concurrency must be at least 1");
         }
         if let Some(id) = &self.node_id {
             if id.is_empty() || id.len() > 128 || id.chars().any(|c| c.is_control() || c == '{' || c == '}') {
@@ -201,12 +228,14 @@ mod tests {
             command_timeout: Duration::from_millis(500),
             node_id: Some("n1".into()),
             url: "redis://a:1, redis://b:2".into(),
+            fanout_queue: 100,
+            fanout_queue_bytes: 1 << 20,
             ..RedisSettings::default()
         };
         let c = RedisConfig::with_settings(&s);
         assert!(c.is_cluster());
         assert_eq!((c.command_timeout, c.connect_timeout), (s.command_timeout, s.command_timeout));
-        assert_eq!((c.node_id.as_deref(), c.fanout_queue), (Some("n1"), DEFAULT_FANOUT_QUEUE));
+        assert_eq!((c.node_id.as_deref(), c.fanout_queue, c.fanout_queue_bytes), (Some("n1"), 100, 1 << 20));
         c.validate().unwrap();
         let d = RedisConfig::with_settings(&RedisSettings::default());
         let n = RedisConfig::new(DEFAULT_URL);
@@ -218,5 +247,14 @@ mod tests {
         assert_eq!(bad.validate(), Err("redis.connections must be 1..=64".to_owned()));
         let bad = RedisSettings { node_lease_ttl: Duration::from_millis(900), ..RedisSettings::default() };
         assert!(bad.validate().unwrap_err().contains("redis.node_lease_ttl"));
+        let bad = RedisSettings { fanout_queue: 15, ..RedisSettings::default() };
+        assert!(bad.validate().unwrap_err().contains("redis.fanout_queue "));
+        let bad = RedisSettings { fanout_queue_bytes: 1000, ..RedisSettings::default() };
+        assert!(bad.validate().unwrap_err().contains("redis.fanout_queue_bytes"));
+        let d = RedisSettings::default();
+        assert_eq!(
+            (d.fanout_queue, d.fanout_queue_bytes),
+            (DEFAULT_FANOUT_QUEUE, DEFAULT_FANOUT_QUEUE_BYTES)
+        );
     }
 }

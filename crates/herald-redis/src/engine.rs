@@ -1,6 +1,6 @@
 //! [`RedisEngine`]: the handle the server holds.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,12 +45,12 @@ impl RedisEngine {
         config.validate()?;
         let redis = Redis::connect(&config).await?;
         let (push_tx, push_rx) = mpsc::channel(config.fanout_queue);
-        let overflow = Arc::new(AtomicBool::new(false));
-        let sender = fanout::push_sender(push_tx, overflow.clone());
+        let load = Arc::new(fanout::PushLoad::new(config.fanout_queue_bytes));
+        let sender = fanout::push_sender(push_tx, load.clone());
         let push: Arc<dyn redis::aio::AsyncPushSender> = Arc::new(sender);
         let pubsub = open_conn(&config, ProtocolVersion::RESP3, Some(push.clone())).await?;
         let keys = Keys::new(&config.key_prefix);
-        let fanout = Fanout::new(pubsub, push, keys.clone(), &config, overflow);
+        let fanout = Fanout::new(pubsub, push, keys.clone(), &config, load);
         // A sweeper's claim outlives its two round trips per channel.
         let sweep_claim_ms = state::ms(config.command_timeout * 3);
         let inner = Arc::new(EngineState::new(redis, fanout, keys.clone(), sweep_claim_ms));

@@ -39,7 +39,7 @@
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -82,8 +82,8 @@ pub(crate) struct Fanout {
     concurrency: usize,
     interval: Duration,
     timeout: Duration,
-    /// Set by the push sender when the queue was full.
-    overflow: Arc<AtomicBool>,
+    /// The push queue's bytes and the pushes it dropped.
+    load: Arc<PushLoad>,
     pub cancel: CancellationToken,
     pub tasks: TaskTracker,
 }
@@ -162,7 +162,7 @@ impl Fanout {
         push: Arc<dyn AsyncPushSender>,
         keys: Keys,
         config: &crate::RedisConfig,
-        overflow: Arc<AtomicBool>,
+        load: Arc<PushLoad>,
     ) -> Self {
         Self {
             feeds: Mutex::new(Watches::new()),
@@ -177,7 +177,7 @@ impl Fanout {
             concurrency: config.fill_concurrency,
             interval: config.head_check_interval,
             timeout: config.command_timeout,
-            overflow,
+            load,
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
         }
@@ -302,16 +302,67 @@ pub(crate) async fn unwatch(inner: &Arc<EngineState>, ch: &ChannelName) {
     }
 }
 
-/// The push sender given to the pub/sub connection: never blocks; when the
-/// queue is full the message is dropped and `overflow` set (every channel
-/// is then checked against the log).
+/// The push queue's bound in bytes (its channel bounds the count), and the
+/// pushes dropped since the fan-out task last looked.
+pub(crate) struct PushLoad {
+    bytes: AtomicUsize,
+    max_bytes: usize,
+    dropped: AtomicU64,
+}
+
+impl PushLoad {
+    pub fn new(max_bytes: usize) -> Self {
+        Self { bytes: AtomicUsize::new(0), max_bytes, dropped: AtomicU64::new(0) }
+    }
+
+    /// Count `n` more bytes queued, unless they do not fit (a push always
+    /// fits into an empty queue, whatever its size).
+    fn charge(&self, n: usize) -> bool {
+        self.bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
+                (b == 0 || b + n <= self.max_bytes).then_some(b + n)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, n: usize) {
+        self.bytes.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    fn drop_one(&self) {
+        self.dropped.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The pushes dropped since the last call.
+    fn take_dropped(&self) -> u64 {
+        self.dropped.swap(0, Ordering::AcqRel)
+    }
+}
+
+/// What a push counts against the queue's bytes: its channel name and
+/// payload.
+fn push_bytes(info: &PushInfo) -> usize {
+    info.data.iter().map(|v| if let Value::BulkString(b) = v { b.len() } else { 0 }).sum()
+}
+
+/// The push sender given to the pub/sub connection: never blocks; a push
+/// that does not fit the queue (its count or its bytes) is dropped and
+/// counted (every channel is then checked against the log).
 pub(crate) fn push_sender(
     tx: mpsc::Sender<PushInfo>,
-    overflow: Arc<AtomicBool>,
+    load: Arc<PushLoad>,
 ) -> impl Fn(PushInfo) -> Result<(), ()> + Send + Sync + 'static {
     move |info| {
-        if let Err(mpsc::error::TrySendError::Full(_)) = tx.try_send(info) {
-            overflow.store(true, Ordering::Release);
+        let n = push_bytes(&info);
+        if !load.charge(n) {
+            load.drop_one();
+            return Ok(());
+        }
+        if let Err(e) = tx.try_send(info) {
+            load.release(n);
+            if let mpsc::error::TrySendError::Full(_) = e {
+                load.drop_one();
+            }
         }
         Ok(())
     }
@@ -338,11 +389,13 @@ pub(crate) async fn run_dispatcher(inner: Arc<EngineState>, mut rx: mpsc::Receiv
         if taken == 0 {
             return;
         }
-        if fan.overflow.swap(false, Ordering::AcqRel) {
-            inner.counters.fanout_queue_full.bump();
-            tracing::warn!("fan-out queue full: pub/sub messages dropped; checking every channel");
+        let dropped = fan.load.take_dropped();
+        if dropped > 0 {
+            inner.counters.fanout_queue_full.add(dropped);
+            tracing::warn!(dropped, "fan-out queue full: pub/sub messages dropped; checking every channel");
             mark_all_suspect(&inner);
         }
+        let bytes: usize = pushes.iter().map(push_bytes).sum();
         for push in pushes.drain(..) {
             match push.kind {
                 PushKind::Message | PushKind::SMessage => {
@@ -379,6 +432,7 @@ pub(crate) async fn run_dispatcher(inner: Arc<EngineState>, mut rx: mpsc::Receiv
         if let Some((ch, payloads)) = run.take() {
             on_messages(&inner, &ch, payloads);
         }
+        fan.load.release(bytes);
     }
 }
 
@@ -683,5 +737,51 @@ async fn check(inner: &Arc<EngineState>, feed: &Arc<ChannelFeed>, last: Seq) {
                 spawn_repair(inner, feed);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pushed message of `payload` bytes on a 14-byte channel name.
+    fn message(payload: usize) -> PushInfo {
+        PushInfo {
+            kind: PushKind::Message,
+            data: vec![Value::BulkString(b"herald:{c}:fan".to_vec()), Value::BulkString(vec![b'x'; payload])],
+        }
+    }
+
+    #[test]
+    fn the_push_queue_drops_what_exceeds_its_bytes_or_its_count() {
+        let (tx, mut rx) = mpsc::channel(4);
+        let load = Arc::new(PushLoad::new(1_000));
+        let send = push_sender(tx, load.clone());
+        // 314 bytes each: three fit in 1,000, the fourth does not.
+        for _ in 0..4 {
+            send(message(300)).unwrap();
+        }
+        assert_eq!((rx.len(), load.take_dropped()), (3, 1));
+        assert_eq!(load.take_dropped(), 0, "counted once");
+        // What the fan-out task took and released makes room again.
+        let taken = rx.try_recv().unwrap();
+        load.release(push_bytes(&taken));
+        send(message(300)).unwrap();
+        assert_eq!((rx.len(), load.take_dropped()), (3, 0));
+        // The count: small pushes fill the channel's four slots.
+        while let Ok(p) = rx.try_recv() {
+            load.release(push_bytes(&p));
+        }
+        for _ in 0..5 {
+            send(message(10)).unwrap();
+        }
+        assert_eq!((rx.len(), load.take_dropped()), (4, 1));
+        while let Ok(p) = rx.try_recv() {
+            load.release(push_bytes(&p));
+        }
+        // A push above the bytes bound goes into an empty queue only.
+        send(message(5_000)).unwrap();
+        send(message(10)).unwrap();
+        assert_eq!((rx.len(), load.take_dropped()), (1, 1));
     }
 }

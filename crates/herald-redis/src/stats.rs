@@ -30,9 +30,10 @@ herald_core::engine_counters! {
         fanout_gaps => "fanout_gaps": "Gap fills started (seq jump, head check, resubscribe)",
         /// Disconnections of the pub/sub connection.
         pubsub_disconnects => "pubsub_disconnects": "Disconnections of the pub/sub connection",
-        /// Pub/sub messages dropped because the fan-out queue was full (filled
-        /// from the log).
-        fanout_queue_full => "fanout_queue_full": "Pub/sub messages dropped for a full queue (then filled)",
+        /// Pub/sub messages dropped because the fan-out queue was full (its
+        /// count or its bytes): durable ones are then read from the log,
+        /// volatile ones are lost.
+        fanout_queue_full => "fanout_queue_full": "Pub/sub messages dropped for a full fan-out queue (durable ones then read from the log)",
         /// Redis lost data that this node can tell (a channel's meta missing
         /// while its log exists, a log behind or different from what was
         /// already delivered): a new epoch was started.
