@@ -15,6 +15,7 @@ pub mod engine;
 pub mod feed;
 pub mod namespace;
 pub mod presence;
+mod queued_bytes;
 pub mod room;
 
 #[cfg(feature = "conformance")]
@@ -30,4 +31,5 @@ pub use engine::{Admission, Ban, Control, ControlSink, NodeView};
 pub use engine::{Claim, Delivered, Schedule, ScheduleReceipt, ScheduleRequest, Schedules};
 pub use namespace::{Delivery, NamespaceOptions, Namespaces, StartAt, UnknownNamespace};
 pub use presence::{member_key, FenceToken, Joined, Lease, Member, Rejoined, Renewed, GONE_CAP, GONE_MEMORY};
+pub use queued_bytes::QueuedLen;
 pub use room::{IllegalTransition, Room, RoomReason, RoomStatus};

@@ -39,13 +39,13 @@
 
 use std::collections::HashSet;
 use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
 use herald_core::feed::{Feed, HeadCheck, Offered, Step, Watches};
-use herald_core::{EngineError, Epoch, Message, Seq};
+use herald_core::{EngineError, Epoch, Message, QueuedLen, Seq};
 use herald_proto::ChannelName;
 use redis::aio::AsyncPushSender;
 use redis::{ProtocolVersion, PushInfo, PushKind, Value};
@@ -302,31 +302,17 @@ pub(crate) async fn unwatch(inner: &Arc<EngineState>, ch: &ChannelName) {
     }
 }
 
-/// The push queue's bound in bytes (its channel bounds the count), and the
-/// pushes dropped since the fan-out task last looked.
+/// The push queue's bytes against its bound (its channel bounds the
+/// count), and the pushes dropped since the fan-out task last looked.
 pub(crate) struct PushLoad {
-    bytes: AtomicUsize,
+    bytes: QueuedLen,
     max_bytes: usize,
     dropped: AtomicU64,
 }
 
 impl PushLoad {
     pub fn new(max_bytes: usize) -> Self {
-        Self { bytes: AtomicUsize::new(0), max_bytes, dropped: AtomicU64::new(0) }
-    }
-
-    /// Count `n` more bytes queued, unless they do not fit (a push always
-    /// fits into an empty queue, whatever its size).
-    fn charge(&self, n: usize) -> bool {
-        self.bytes
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| {
-                (b == 0 || b + n <= self.max_bytes).then_some(b + n)
-            })
-            .is_ok()
-    }
-
-    fn release(&self, n: usize) {
-        self.bytes.fetch_sub(n, Ordering::AcqRel);
+        Self { bytes: QueuedLen::new(), max_bytes, dropped: AtomicU64::new(0) }
     }
 
     fn drop_one(&self) {
@@ -339,27 +325,37 @@ impl PushLoad {
     }
 }
 
-/// What a push counts against the queue's bytes: its channel name and
-/// payload.
-fn push_bytes(info: &PushInfo) -> usize {
-    info.data.iter().map(|v| if let Value::BulkString(b) = v { b.len() } else { 0 }).sum()
+/// A queued push and what it counts against the queue's bytes (its
+/// channel name and payload), given back when the fan-out task is done
+/// with it.
+pub(crate) struct Pushed {
+    info: PushInfo,
+    bytes: usize,
+}
+
+impl Pushed {
+    fn new(info: PushInfo) -> Self {
+        let bytes = info.data.iter().map(|v| if let Value::BulkString(b) = v { b.len() } else { 0 }).sum();
+        Self { info, bytes }
+    }
 }
 
 /// The push sender given to the pub/sub connection: never blocks; a push
 /// that does not fit the queue (its count or its bytes) is dropped and
 /// counted (every channel is then checked against the log).
 pub(crate) fn push_sender(
-    tx: mpsc::Sender<PushInfo>,
+    tx: mpsc::Sender<Pushed>,
     load: Arc<PushLoad>,
 ) -> impl Fn(PushInfo) -> Result<(), ()> + Send + Sync + 'static {
     move |info| {
-        let n = push_bytes(&info);
-        if !load.charge(n) {
+        let pushed = Pushed::new(info);
+        let n = pushed.bytes;
+        if !load.bytes.try_add(n, load.max_bytes) {
             load.drop_one();
             return Ok(());
         }
-        if let Err(e) = tx.try_send(info) {
-            load.release(n);
+        if let Err(e) = tx.try_send(pushed) {
+            load.bytes.sub(n);
             if let mpsc::error::TrySendError::Full(_) = e {
                 load.drop_one();
             }
@@ -375,7 +371,7 @@ const DISPATCH_BATCH: usize = 256;
 /// queued at one wake are taken together, and consecutive messages of one
 /// channel are offered under one hold of its feed's lock and handed to the
 /// sink as one batch (each subscriber's queue gets them in one go).
-pub(crate) async fn run_dispatcher(inner: Arc<EngineState>, mut rx: mpsc::Receiver<PushInfo>) {
+pub(crate) async fn run_dispatcher(inner: Arc<EngineState>, mut rx: mpsc::Receiver<Pushed>) {
     let fan = &inner.fanout;
     let mut pushes = Vec::with_capacity(DISPATCH_BATCH);
     // The current run: one channel's messages, in push order.
@@ -395,8 +391,9 @@ pub(crate) async fn run_dispatcher(inner: Arc<EngineState>, mut rx: mpsc::Receiv
             tracing::warn!(dropped, "fan-out queue full: pub/sub messages dropped; checking every channel");
             mark_all_suspect(&inner);
         }
-        let bytes: usize = pushes.iter().map(push_bytes).sum();
-        for push in pushes.drain(..) {
+        let mut bytes = 0;
+        for Pushed { info: push, bytes: n } in pushes.drain(..) {
+            bytes += n;
             match push.kind {
                 PushKind::Message | PushKind::SMessage => {
                     let mut data = push.data.into_iter();
@@ -432,7 +429,7 @@ pub(crate) async fn run_dispatcher(inner: Arc<EngineState>, mut rx: mpsc::Receiv
         if let Some((ch, payloads)) = run.take() {
             on_messages(&inner, &ch, payloads);
         }
-        fan.load.release(bytes);
+        fan.load.bytes.sub(bytes);
     }
 }
 
@@ -752,6 +749,13 @@ mod tests {
         }
     }
 
+    /// Take everything queued, giving its bytes back as the fan-out task does.
+    fn take_all(rx: &mut mpsc::Receiver<Pushed>, load: &PushLoad) {
+        while let Ok(p) = rx.try_recv() {
+            load.bytes.sub(p.bytes);
+        }
+    }
+
     #[test]
     fn the_push_queue_drops_what_exceeds_its_bytes_or_its_count() {
         let (tx, mut rx) = mpsc::channel(4);
@@ -761,24 +765,21 @@ mod tests {
         for _ in 0..4 {
             send(message(300)).unwrap();
         }
-        assert_eq!((rx.len(), load.take_dropped()), (3, 1));
+        assert_eq!((rx.len(), load.take_dropped(), load.bytes.get()), (3, 1, 942));
         assert_eq!(load.take_dropped(), 0, "counted once");
-        // What the fan-out task took and released makes room again.
+        // What the fan-out task took and gave back makes room again.
         let taken = rx.try_recv().unwrap();
-        load.release(push_bytes(&taken));
+        load.bytes.sub(taken.bytes);
         send(message(300)).unwrap();
         assert_eq!((rx.len(), load.take_dropped()), (3, 0));
-        // The count: small pushes fill the channel's four slots.
-        while let Ok(p) = rx.try_recv() {
-            load.release(push_bytes(&p));
-        }
+        // The count: small pushes fill the channel's four slots; the one
+        // refused by the channel leaves no bytes behind.
+        take_all(&mut rx, &load);
         for _ in 0..5 {
             send(message(10)).unwrap();
         }
-        assert_eq!((rx.len(), load.take_dropped()), (4, 1));
-        while let Ok(p) = rx.try_recv() {
-            load.release(push_bytes(&p));
-        }
+        assert_eq!((rx.len(), load.take_dropped(), load.bytes.get()), (4, 1, 4 * 24));
+        take_all(&mut rx, &load);
         // A push above the bytes bound goes into an empty queue only.
         send(message(5_000)).unwrap();
         send(message(10)).unwrap();

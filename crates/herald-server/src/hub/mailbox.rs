@@ -2,11 +2,12 @@
 //! of a session, and all they can do to it (see [`Mailbox`]).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use futures_util::task::{ArcWake, AtomicWaker};
+use herald_core::QueuedLen;
 
 use super::Outgoing;
 
@@ -85,7 +86,7 @@ const STOP_BACKEND: u8 = 8;
 ///   shared with other connections), plus the batch or catch-up page its
 ///   session is writing. The hub adds, the session subtracts what it wrote.
 pub struct Mailbox {
-    queued: AtomicUsize,
+    pub queued: QueuedLen,
     /// `STOP_*` bits: why the session must end, once set never cleared.
     stop: AtomicU8,
     /// The socket's read side woke the session since the session last
@@ -122,7 +123,7 @@ impl Mailbox {
     /// A connection whose outbox holds at most `capacity` messages.
     pub fn new(capacity: usize) -> Self {
         Self {
-            queued: AtomicUsize::new(0),
+            queued: QueuedLen::new(),
             stop: AtomicU8::new(0),
             // The first poll of the read side goes through.
             read_signalled: AtomicBool::new(true),
@@ -281,29 +282,6 @@ impl Mailbox {
     pub fn close_outbox(&self) {
         let queued = self.outbox.lock().expect("outbox lock poisoned").take();
         drop(queued);
-    }
-
-    /// Add `len` if the count stays within `limit`, or holds nothing yet (a
-    /// frame larger than the bound still reaches a connection that keeps up).
-    pub fn try_add(&self, len: usize, limit: usize) -> bool {
-        self.queued
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
-                (q == 0 || q + len <= limit).then_some(q + len)
-            })
-            .is_ok()
-    }
-
-    /// Add `len` unconditionally (the caller checked the room).
-    pub fn add(&self, len: usize) {
-        self.queued.fetch_add(len, Ordering::AcqRel);
-    }
-
-    pub fn sub(&self, len: usize) {
-        self.queued.fetch_sub(len, Ordering::AcqRel);
-    }
-
-    pub fn get(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
     }
 }
 

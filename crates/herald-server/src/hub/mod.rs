@@ -285,19 +285,19 @@ impl Hub {
             return self.at_ceiling(conn, out);
         }
         let len = out.msg.frame.len();
-        if !conn.mailbox.try_add(len, self.conn_bytes) {
+        if !conn.mailbox.queued.try_add(len, self.conn_bytes) {
             self.metrics.outbox_full_bytes.inc();
             return self.refuse(conn, &out.msg);
         }
         match conn.mailbox.push(out.clone()) {
             Ok(()) => {}
             Err(PushError::Full) => {
-                conn.mailbox.sub(len);
+                conn.mailbox.queued.sub(len);
                 self.metrics.outbox_full_frames.inc();
                 self.refuse(conn, &out.msg);
             }
             // The session is exiting; its cleanup removes this entry.
-            Err(PushError::Closed) => conn.mailbox.sub(len),
+            Err(PushError::Closed) => conn.mailbox.queued.sub(len),
         }
     }
 

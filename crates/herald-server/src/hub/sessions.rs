@@ -268,7 +268,7 @@ impl Hub {
         for shard in &self.shards {
             let map = shard.read().expect("hub lock poisoned");
             for conn in map.values().flatten() {
-                let held = conn.mailbox.get();
+                let held = conn.mailbox.queued.get();
                 if held > 0 {
                     holders.entry(conn.id).or_insert_with(|| (held, conn.mailbox.clone()));
                 }

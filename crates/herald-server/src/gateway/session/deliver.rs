@@ -89,7 +89,7 @@ impl Session {
 
     /// What the last flush wrote no longer counts against the byte bounds.
     fn release_held(&mut self) {
-        self.handle.mailbox.sub(std::mem::take(&mut self.held.bytes));
+        self.handle.mailbox.queued.sub(std::mem::take(&mut self.held.bytes));
         self.held.batch = Vec::new();
         self.held.page = None;
     }
@@ -284,7 +284,7 @@ impl Session {
         }
         let websocket = &self.state.config().websocket;
         let queued = &self.state.hub.queued;
-        let used = self.handle.mailbox.get();
+        let used = self.handle.mailbox.queued.get();
         let room = websocket.outbox_bytes.saturating_sub(used).min(queued.room());
         let mut bytes = 0;
         let mut fits = 0;
@@ -301,7 +301,7 @@ impl Session {
             return None;
         }
         let charge = queued.try_charge(bytes)?;
-        self.handle.mailbox.add(bytes);
+        self.handle.mailbox.queued.add(bytes);
         self.held.bytes += bytes;
         self.held.page = Some(charge);
         Some(fits)
