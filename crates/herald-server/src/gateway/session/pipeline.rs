@@ -66,17 +66,11 @@ impl Queued {
 
 /// Publishes read and not yet answered, counted against the connection's
 /// bounds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Load {
     pub publishes: usize,
     /// Their `data`, in bytes.
     pub bytes: usize,
-}
-
-impl Load {
-    fn add(self, other: Load) -> Load {
-        Load { publishes: self.publishes + other.publishes, bytes: self.bytes + other.bytes }
-    }
 }
 
 /// A publish's answer, ready to be sent.
@@ -93,8 +87,9 @@ pub(super) type InEngine = Pin<Box<dyn Future<Output = Vec<Answer>> + Send>>;
 #[derive(Default)]
 pub(super) struct Pipeline {
     queued: Vec<Queued>,
-    /// What `queued` holds.
-    queued_load: Load,
+    /// The `data` bytes of `queued`, kept as frames are queued (`may_read`
+    /// asks before every frame read).
+    queued_bytes: usize,
     /// The batch with the engine (its answers kept once it is done, until
     /// the session takes them) and what it carries.
     in_engine: Option<(MaybeDone<InEngine>, Load)>,
@@ -103,18 +98,20 @@ pub(super) struct Pipeline {
 impl Pipeline {
     /// Publishes queued or with the engine.
     pub fn load(&self) -> Load {
-        self.queued_load.add(self.in_engine.as_ref().map_or(Load::default(), |(_, l)| *l))
+        let engine = self.in_engine.as_ref().map_or(Load::default(), |(_, l)| *l);
+        Load { publishes: self.queued.len() + engine.publishes, bytes: self.queued_bytes + engine.bytes }
     }
 
     /// Queue one publish frame (the batch starts in `Session::start_batch`).
     fn push(&mut self, q: Queued) {
-        self.queued_load = self.queued_load.add(Load { publishes: 1, bytes: q.bytes() });
+        self.queued_bytes += q.bytes();
         self.queued.push(q);
     }
 
     /// The queued frames, as the next batch, and what they carry.
     fn take_queued(&mut self) -> (Vec<Queued>, Load) {
-        (std::mem::take(&mut self.queued), std::mem::take(&mut self.queued_load))
+        let load = Load { publishes: self.queued.len(), bytes: std::mem::take(&mut self.queued_bytes) };
+        (std::mem::take(&mut self.queued), load)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -167,7 +164,7 @@ impl Session {
             return;
         }
         let (queued, load) = self.pipeline.take_queued();
-        let n = queued.len();
+        let n = load.publishes;
         let state = self.state.clone();
         let user = self.identity.sub.clone();
         let device = self.identity.device.clone();
