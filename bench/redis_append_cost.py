@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Redis's own cost of the Redis engine's APPEND script, per message.
+"""Redis's own cost of the Redis engine's append scripts, per message.
 
-    bench/redis_append_cost.py [--messages-per-call M] [--calls N] [--mode volatile|durable|both]
-                               [--max-age-ms MS] [--aof]
+    bench/redis_append_cost.py [--messages-per-call M] [--calls N]
+                               [--mode volatile|durable|both|append-volatile] [--max-age-ms MS] [--aof]
 
-Assembles APPEND as the engine does (`#!lua`, helpers.lua, append.lua from
-crates/herald-redis/src/scripts), starts a private redis-server (no
+Assembles the script as the engine does (`#!lua`, helpers.lua, then
+append.lua or volatile.lua from crates/herald-redis/src/scripts): `durable`
+runs APPEND, `volatile` VOLATILE (the engine's script for volatile messages
+without an idempotency key), `append-volatile` the same volatile messages
+through APPEND (where the engine sends volatile messages with a key). It starts a private redis-server (no
 persistence unless --aof, a Unix socket in a temp dir) under `valgrind --tool=callgrind`,
 and sends N EVALSHA calls of M messages each (default 100 x 40), every
 message to another of 1,000 channels (point to point: one message per
@@ -68,16 +71,22 @@ class Conn:
         return self.read()
 
 
-def run_call(sha, k, per_call, durable, max_age_ms):
-    keys, argv = [], ["PUBLISH", "e%d" % k]
+def run_call(sha, k, per_call, mode, max_age_ms):
+    keys, argv = [], ["PUBLISH"] if mode == "volatile" else ["PUBLISH", "e%d" % k]
     for j in range(per_call):
         ch = (k * per_call + j) % 1000
-        keys += ["herald:{chat:u%d}:meta" % ch, "herald:{chat:u%d}:log" % ch]
-        argv += ["c", "chat:u%d" % ch, "herald:{chat:u%d}:fan" % ch]
         head = '{"type":"message","channel":"chat:u%d"' % ch
         tail = ',"data":"%s"}' % ("x" * 100)
         msg_id = "m-%d-%d" % (k, j)
-        if durable == "1":
+        if mode == "volatile":
+            # VOLATILE: the meta key; channel, fan, id, the frame around its ts.
+            keys.append("herald:{chat:u%d}:meta" % ch)
+            argv += ["chat:u%d" % ch, "herald:{chat:u%d}:fan" % ch, msg_id,
+                     head + ',"id":"' + msg_id + '","ts":', tail]
+            continue
+        keys += ["herald:{chat:u%d}:meta" % ch, "herald:{chat:u%d}:log" % ch]
+        argv += ["c", "chat:u%d" % ch, "herald:{chat:u%d}:fan" % ch]
+        if mode == "durable":
             # Durable, no receipt: the script builds the middle from the id.
             argv += ["d", "1000", str(max_age_ms), head + ',"seq":', msg_id, tail]
         else:
@@ -86,7 +95,7 @@ def run_call(sha, k, per_call, durable, max_age_ms):
     return enc(["EVALSHA", sha, str(len(keys))] + keys + argv)
 
 
-def measure(script, per_call, calls, durable, max_age_ms, aof):
+def measure(script, per_call, calls, mode, max_age_ms, aof):
     with tempfile.TemporaryDirectory() as tmp:
         out, path = os.path.join(tmp, "callgrind.out"), os.path.join(tmp, "redis.sock")
         server = subprocess.Popen(
@@ -110,7 +119,7 @@ def measure(script, per_call, calls, durable, max_age_ms, aof):
             def send(first, count):
                 for start in range(first, first + count, window):
                     ks = range(start, min(first + count, start + window))
-                    conn.send(b"".join(run_call(sha, k, per_call, durable, max_age_ms) for k in ks))
+                    conn.send(b"".join(run_call(sha, k, per_call, mode, max_age_ms) for k in ks))
                     for _ in ks:
                         conn.read()
 
@@ -151,23 +160,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages-per-call", type=int, default=40)
     ap.add_argument("--calls", type=int, default=100)
-    ap.add_argument("--mode", choices=["volatile", "durable", "both"], default="both")
+    ap.add_argument("--mode", choices=["volatile", "durable", "both", "append-volatile"], default="both")
     ap.add_argument("--max-age-ms", type=int, default=0,
                     help="durable messages' max_age (history_ttl); 0: none (the default namespace chat has 3 days)")
     ap.add_argument("--aof", action="store_true",
                     help="Redis with appendonly yes, appendfsync always (the writes' propagation counted too)")
     a = ap.parse_args()
-    with open(os.path.join(SCRIPTS, "helpers.lua")) as h, open(os.path.join(SCRIPTS, "append.lua")) as b:
-        script = "#!lua\n" + h.read() + b.read()
+    def script(name):
+        with open(os.path.join(SCRIPTS, "helpers.lua")) as h, open(os.path.join(SCRIPTS, name)) as b:
+            return "#!lua\n" + h.read() + b.read()
     modes = ["volatile", "durable"] if a.mode == "both" else [a.mode]
     for mode in modes:
-        per_msg, counts = measure(script, a.messages_per_call, a.calls, "1" if mode == "durable" else "0",
-                                 a.max_age_ms, a.aof)
+        name = "VOLATILE" if mode == "volatile" else "APPEND"
+        per_msg, counts = measure(script(name.lower() + ".lua"), a.messages_per_call, a.calls, mode,
+                                  a.max_age_ms, a.aof)
         commands = ", ".join("%s %.2f" % (k, v) for k, v in sorted(counts.items()) if k != "evalsha")
         age = " max_age %d ms" % a.max_age_ms if mode == "durable" and a.max_age_ms else ""
         age += " AOF always" if a.aof else ""
-        print("APPEND %-8s%s %d messages/call: %6.0f Redis instructions/message  (commands/message: %s)"
-              % (mode, age, a.messages_per_call, per_msg, commands), flush=True)
+        print("%-8s %-15s%s %d messages/call: %6.0f Redis instructions/message  (commands/message: %s)"
+              % (name, mode, age, a.messages_per_call, per_msg, commands), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 //! The append path (`Log::append`, `Log::append_batch`): the dedup keys
-//! claimed for their channels, then `APPEND` script runs of whole channels
-//! (`scripts/append.lua`; several channels a run on a single instance, one
-//! on a cluster), the runs in one pipeline. The hot path: each
+//! claimed for their channels, then script runs of whole channels
+//! (`scripts/append.lua`, or `scripts/volatile.lua` for a run of volatile
+//! messages without a key; several channels a run on a single instance,
+//! one on a cluster), the runs in one pipeline. The hot path: each
 //! message's arguments are written into its run's `EVALSHA` as they are
 //! built, borrowing its frame template and id.
 
@@ -11,12 +12,12 @@ use std::sync::Arc;
 
 use herald_core::{AppendRequest, EngineError, Epoch, Receipt};
 use herald_proto::ChannelName;
-use redis::Value;
+use redis::{Script, Value};
 
 use crate::conn::Conn;
 use crate::frame::FrameTemplate;
 use crate::reply::{Appended, Reply};
-use crate::scripts::{Append, AppendChannel, AppendMessage, APPEND};
+use crate::scripts::{Append, AppendChannel, AppendMessage, VolatileRun, APPEND, VOLATILE};
 use crate::state::{ms, new_epoch, new_id, EngineState};
 
 /// Most messages in one `APPEND` run of several channels (single instance).
@@ -63,7 +64,7 @@ impl EngineState {
         // The runs: each holds whole channels, so a retry after `NOSCRIPT`
         // cannot reorder a channel's messages.
         let runs = self.plan_runs(&groups);
-        let cmds: Vec<redis::Cmd> =
+        let cmds: Vec<(redis::Cmd, &'static Script)> =
             runs.iter().map(|run| self.append_command(&groups[run.clone()], &reqs, &ids)).collect();
         let replies = self.run_appends(cmds).await;
         for (run, reply) in runs.into_iter().zip(replies) {
@@ -199,14 +200,28 @@ impl EngineState {
         runs
     }
 
-    /// The `APPEND` run of some channels' messages (each with `members`,
-    /// indexes into `reqs`, in batch order), as one `EVALSHA`.
+    /// The run of some channels' messages (each with `members`, indexes
+    /// into `reqs`, in batch order), as one `EVALSHA`, and its script:
+    /// `VOLATILE` when every message is volatile without a key, else
+    /// `APPEND`.
     fn append_command(
         &self,
         groups: &[(ChannelName, Vec<usize>)],
         reqs: &[AppendRequest],
         ids: &[String],
-    ) -> redis::Cmd {
+    ) -> (redis::Cmd, &'static Script) {
+        let plain_volatile = |i: usize| !reqs[i].durable && reqs[i].dedup.is_none();
+        if groups.iter().all(|(_, members)| members.iter().all(|&i| plain_volatile(i))) {
+            let mut run = VolatileRun::begin(self.publish_cmd());
+            for (ch, members) in groups {
+                for &i in members {
+                    let (req, id) = (&reqs[i], &ids[i]);
+                    let tpl = FrameTemplate::new(req.kind, ch, false, id, &req.data, req.meta.as_ref());
+                    run.message(&self.keys, ch, &tpl, id);
+                }
+            }
+            return (run.command(), &VOLATILE);
+        }
         let epoch = new_epoch();
         let mut run = Append { publish: self.publish_cmd(), epoch: &epoch }.begin();
         for (ch, members) in groups {
@@ -228,26 +243,29 @@ impl EngineState {
                 );
             }
         }
-        run.command()
+        (run.command(), &APPEND)
     }
 
-    /// Run the `APPEND` commands, one reply (or error) each, in order.
+    /// Run the append commands (each with its script), one reply (or
+    /// error) each, in order.
     /// A single instance: one pipeline on one connection; a script Redis
     /// does not have cached (`NOSCRIPT`, after a restart or a failover) is
     /// loaded and that command run again (each is the whole of its
     /// channel's part of the batch, so nothing runs out of order).
-    async fn run_appends(&self, cmds: Vec<redis::Cmd>) -> Vec<Result<Value, EngineError>> {
+    async fn run_appends(&self, cmds: Vec<(redis::Cmd, &'static Script)>) -> Vec<Result<Value, EngineError>> {
         if self.redis.cluster || cmds.len() <= 1 {
-            let calls = cmds.iter().map(|cmd| {
-                self.redis.call("append", move |mut c| async move { eval_append(cmd, &mut c).await })
+            let calls = cmds.iter().map(|(cmd, script)| {
+                self.redis.call("append", move |mut c| async move { eval_append(cmd, script, &mut c).await })
             });
             return futures_util::future::join_all(calls).await;
         }
         let n = cmds.len();
         let mut pipe = redis::Pipeline::with_capacity(n);
         pipe.ignore_errors();
-        for cmd in cmds {
+        let mut scripts = Vec::with_capacity(n);
+        for (cmd, script) in cmds {
             pipe.add_command(cmd);
+            scripts.push(script);
         }
         let pipe = &pipe;
         let replies: Result<Vec<Value>, EngineError> =
@@ -262,11 +280,13 @@ impl EngineState {
             Err(e) => return (0..n).map(|_| Err(e.clone())).collect(),
         };
         let mut out = Vec::with_capacity(n);
-        for (cmd, reply) in pipe.cmd_iter().zip(replies) {
+        for ((cmd, script), reply) in pipe.cmd_iter().zip(scripts).zip(replies) {
             out.push(match reply {
                 // Another error reply is read as one by `Reply::new`.
                 Value::ServerError(e) if e.kind() == Some(redis::ServerErrorKind::NoScript) => {
-                    self.redis.call("append", |mut c| async move { eval_append(cmd, &mut c).await }).await
+                    self.redis
+                        .call("append", |mut c| async move { eval_append(cmd, script, &mut c).await })
+                        .await
                 }
                 v => Ok(v),
             });
@@ -301,12 +321,12 @@ impl EngineState {
     }
 }
 
-/// Run an `APPEND` command; a script Redis does not have cached
+/// Run an append command of `script`; a script Redis does not have cached
 /// (`NOSCRIPT`) is loaded and the command run again.
-async fn eval_append(cmd: &redis::Cmd, c: &mut Conn) -> redis::RedisResult<Value> {
+async fn eval_append(cmd: &redis::Cmd, script: &Script, c: &mut Conn) -> redis::RedisResult<Value> {
     match cmd.query_async(c).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            APPEND.load_async(c).await?;
+            script.load_async(c).await?;
             cmd.query_async(c).await
         }
         r => r,

@@ -23,7 +23,9 @@
 //! the receipt with its TTL, and the fan-out `PUBLISH` (`SPUBLISH` on a
 //! cluster). Arguments are validated before the first write. Volatile
 //! appends (`durable: false`) get no seq and no log entry: only the
-//! receipt, with a key, and the fan-out. A batch (`Log::append_batch`)
+//! receipt, with a key, and the fan-out; a run of volatile appends
+//! without a key goes through `scripts/volatile.lua` (`VOLATILE`), which
+//! does the same with fewer arguments and less Lua. A batch (`Log::append_batch`)
 //! claims its keys in one pipeline and runs `APPEND` with whole channels,
 //! each channel's messages in order: on a single instance several channels
 //! in a run, on a cluster one (a script's keys share a slot); the runs in

@@ -372,20 +372,72 @@ impl AppendRun {
     /// The run as one `EVALSHA` of `APPEND` (its keys, then its arguments).
     pub fn command(self) -> redis::Cmd {
         debug_assert!(self.messages.is_some_and(|n| n > 0), "a channel, and a message for each");
-        let hash = super::APPEND.get_hash();
-        let mut cmd = redis::Cmd::with_capacity(
-            3 + self.keys.len() + self.argv.len(),
-            16 + hash.len() + self.keys.data.len() + self.argv.data.len(),
-        );
-        cmd.arg("EVALSHA").arg(hash).arg(self.keys.len());
-        for k in self.keys.iter() {
-            cmd.arg(k);
-        }
-        for a in self.argv.iter() {
-            cmd.arg(a);
-        }
-        cmd
+        evalsha(super::APPEND.get_hash(), &self.keys, &self.argv)
     }
+}
+
+/// A `VOLATILE` run: volatile messages without a receipt, of one or more
+/// channels (on a cluster, one), a channel's messages one after another,
+/// written straight into one `EVALSHA` as [`AppendRun`] is.
+pub(crate) struct VolatileRun {
+    keys: ArgBuf,
+    argv: ArgBuf,
+}
+
+impl VolatileRun {
+    pub fn begin(publish: &'static str) -> Self {
+        let mut argv = ArgBuf::default();
+        argv.push(publish.as_bytes());
+        Self { keys: ArgBuf::default(), argv }
+    }
+
+    /// The next message: its channel's meta key, then its channel, fan-out
+    /// channel, id and the frame around its ts.
+    pub fn message(&mut self, keys: &Keys, channel: &ChannelName, frame: &FrameTemplate, id: &str) {
+        self.keys.push_with(|out| keys.write_channel_key(out, channel, "meta"));
+        let argv = &mut self.argv;
+        argv.push(channel.as_str().as_bytes());
+        argv.push_with(|out| keys.write_channel_key(out, channel, "fan"));
+        argv.push(id.as_bytes());
+        argv.push(frame.head());
+        argv.push(frame.tail());
+    }
+
+    /// The run as one `EVALSHA` of `VOLATILE`.
+    pub fn command(self) -> redis::Cmd {
+        debug_assert!(self.keys.len() > 0, "a message");
+        evalsha(super::VOLATILE.get_hash(), &self.keys, &self.argv)
+    }
+
+    #[cfg(test)]
+    pub(crate) const SOURCE: &'static str = include_str!("volatile.lua");
+
+    #[cfg(test)]
+    pub(crate) fn keys() -> Vec<String> {
+        vec!["meta...".to_owned()]
+    }
+
+    #[cfg(test)]
+    pub(crate) fn argv() -> Vec<String> {
+        vec!["publish".to_owned(), "(channel,fan,id,head,tail)...".to_owned()]
+    }
+}
+
+/// One `EVALSHA` of the script `hash` with these keys and arguments,
+/// copied into the command once.
+fn evalsha(hash: &str, keys: &ArgBuf, argv: &ArgBuf) -> redis::Cmd {
+    let mut cmd = redis::Cmd::with_capacity(
+        3 + keys.len() + argv.len(),
+        16 + hash.len() + keys.data.len() + argv.data.len(),
+    );
+    cmd.arg("EVALSHA").arg(hash).arg(keys.len());
+    for k in keys.iter() {
+        cmd.arg(k);
+    }
+    for a in argv.iter() {
+        cmd.arg(a);
+    }
+    cmd
 }
 
 script_args! {

@@ -99,6 +99,19 @@ fn bare(shebang: &str, body: &str) -> Script {
 /// payload is `v2 <channel> <seq|-> <ts> <id> <epoch|-> <closes 0|1>\n<frame>`.
 pub(crate) static APPEND: LazyLock<Script> = LazyLock::new(|| script(include_str!("append.lua")));
 
+/// Publish a run of volatile messages without a receipt, of one or more
+/// channels, in the order given: `APPEND`'s volatile path without what
+/// such a message does not need (no log, no receipt), so Redis reads five
+/// arguments and one key a message and a channel's meta once for its
+/// messages in the run. Each message is what `APPEND` would make of it:
+/// the same checks (refused when its channel is closed), the same
+/// payload on the fan-out channel, the same line in the reply (`ok - <ts>
+/// <epoch|-> 0` or `closed`). Every argument is checked before the first
+/// publish.
+///
+/// Arguments: [`VolatileRun`].
+pub(crate) static VOLATILE: LazyLock<Script> = LazyLock::new(|| script(include_str!("volatile.lua")));
+
 /// Position and (with `limit > 0`) a page of the log, in one snapshot.
 ///
 /// Arguments: [`Read`]. Returns `{epoch, head, first, lost, entries, closed}`,

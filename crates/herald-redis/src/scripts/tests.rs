@@ -40,6 +40,7 @@ fn checked<S: ScriptArgs>(name: &str) {
 #[test]
 fn lua_headers_match_the_argument_structs() {
     check("Append", Append::SOURCE, Append::keys(), Append::argv());
+    check("VolatileRun", VolatileRun::SOURCE, VolatileRun::keys(), VolatileRun::argv());
     checked::<Read>("Read");
     checked::<Check>("Check");
     checked::<BumpEpoch>("BumpEpoch");
@@ -74,7 +75,7 @@ fn every_lua_file_has_an_argument_struct() {
         .filter_map(|e| e.unwrap().file_name().into_string().ok())
         .filter(|n| n.ends_with(".lua"))
         .count();
-    assert_eq!(files, 25 + 2);
+    assert_eq!(files, 26 + 2);
 }
 
 #[test]
@@ -304,4 +305,130 @@ async fn append_sets_the_logs_expiry_only_when_less_than_max_age_is_left() {
 async fn now_ms(con: &mut redis::aio::MultiplexedConnection) -> i64 {
     let (s, us): (i64, i64) = redis::cmd("TIME").query_async(con).await.unwrap();
     s * 1000 + us / 1000
+}
+
+/// Runs `VOLATILE` with these keys and arguments as they are.
+async fn volatile_raw(
+    con: &mut redis::aio::MultiplexedConnection,
+    keys: &[&str],
+    argv: &[&str],
+) -> redis::RedisResult<String> {
+    let mut inv = super::VOLATILE.prepare_invoke();
+    for k in keys {
+        inv.key(*k);
+    }
+    for a in argv {
+        inv.arg(*a);
+    }
+    inv.invoke_async(con).await
+}
+
+/// The next pub/sub message's payload, as text.
+async fn next_payload(rx: &mut tokio::sync::mpsc::UnboundedReceiver<redis::PushInfo>) -> String {
+    loop {
+        let push = tokio::time::timeout(std::time::Duration::from_secs(5), rx.recv())
+            .await
+            .expect("a push within 5 s")
+            .expect("the connection is open");
+        if push.kind == redis::PushKind::Message {
+            let payload = push.data.last().expect("a payload");
+            return redis::from_redis_value::<String>(payload.clone()).unwrap();
+        }
+    }
+}
+
+/// A payload with its ts (the same Redis clock reading in both places)
+/// replaced by `T`, so that two runs' payloads compare.
+fn without_ts(payload: &str) -> String {
+    let ts = payload.split(' ').nth(3).expect("a ts field").to_owned();
+    payload.replace(&ts, "T")
+}
+
+#[tokio::test]
+async fn volatile_publishes_and_answers_what_append_would() {
+    let redis = crate::testing::RedisServer::start();
+    let client = redis::Client::open(redis.url() + "?protocol=resp3").unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let config = redis::AsyncConnectionConfig::new().set_push_sender(tx);
+    let mut sub = client.get_multiplexed_async_connection_with_config(&config).await.unwrap();
+    sub.subscribe(&["a:fan", "b:fan"]).await.unwrap();
+    let (head, tail) = ("{\"type\":\"message\",\"ts\":", ",\"data\":1}");
+
+    // Every argument is checked before the first publish.
+    let refused: [(&str, Vec<&str>, Vec<&str>); 5] = [
+        ("no message", vec![], vec!["PUBLISH"]),
+        ("another command", vec!["a:meta"], vec!["SET", "chat:a", "a:fan", "m-1", head, tail]),
+        ("an argument missing", vec!["a:meta"], vec!["PUBLISH", "chat:a", "a:fan", "m-1", head]),
+        (
+            "a key missing",
+            vec!["a:meta"],
+            vec!["PUBLISH", "chat:a", "a:fan", "m-1", head, tail, "chat:b", "b:fan", "m-2", head, tail],
+        ),
+        (
+            "no id",
+            vec!["a:meta", "b:meta"],
+            vec!["PUBLISH", "chat:a", "a:fan", "m-1", head, tail, "chat:b", "b:fan", "", head, tail],
+        ),
+    ];
+    for (what, keys, argv) in refused {
+        let err = volatile_raw(&mut con, &keys, &argv).await.expect_err(what);
+        assert!(err.to_string().contains("bad arguments"), "{what}: {err}");
+    }
+
+    // Channel `a` has a meta (a durable message made it), `b` none: each
+    // message's line and payload are APPEND's for the same message.
+    let mut argv = vec!["PUBLISH".to_owned(), "e1".to_owned()];
+    argv.extend(["c", "chat:a", "a:fan"].map(str::to_owned));
+    argv.extend(message("0"));
+    append_raw(&mut con, &["a:meta", "a:log"], &argv).await.unwrap();
+    let durable = next_payload(&mut rx).await;
+    assert!(durable.starts_with("v2 chat:a 1 "), "{durable}");
+    let epoch: String = redis::cmd("HGET").arg("a:meta").arg("epoch").query_async(&mut con).await.unwrap();
+    let mut by_append = Vec::new();
+    for (ch, fan, meta, log) in
+        [("chat:a", "a:fan", "a:meta", "a:log"), ("chat:b", "b:fan", "b:meta", "b:log")]
+    {
+        let mut argv = vec!["PUBLISH".to_owned(), "e2".to_owned()];
+        argv.extend(["c", ch, fan].map(str::to_owned));
+        argv.extend(volatile(&["v", "m-2", head, tail]));
+        let line = append_raw(&mut con, &[meta, log], &argv).await.unwrap();
+        by_append.push((line, next_payload(&mut rx).await));
+    }
+    let argv = ["PUBLISH", "chat:a", "a:fan", "m-2", head, tail, "chat:a", "a:fan", "m-2", head, tail];
+    let argv: Vec<&str> = argv.into_iter().chain(["chat:b", "b:fan", "m-2", head, tail]).collect();
+    let lines = volatile_raw(&mut con, &["a:meta", "a:meta", "b:meta"], &argv).await.unwrap();
+    let lines: Vec<&str> = lines.lines().collect();
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let mut payloads = Vec::new();
+    for _ in 0..3 {
+        payloads.push(next_payload(&mut rx).await);
+    }
+    let ts_of = |line: &str| line.split(' ').nth(2).unwrap().to_owned();
+    let same = |line: &str, appended: &str| {
+        line.replace(&ts_of(line), "T") == appended.replace(&ts_of(appended), "T")
+    };
+    assert!(same(lines[0], &by_append[0].0) && same(lines[1], &by_append[0].0), "{lines:?} vs {by_append:?}");
+    assert!(same(lines[2], &by_append[1].0), "{lines:?} vs {by_append:?}");
+    assert_eq!(lines[0], format!("ok - {} {epoch} 0", ts_of(lines[0])));
+    assert_eq!(lines[2], format!("ok - {} - 0", ts_of(lines[2])));
+    assert_eq!(without_ts(&payloads[0]), without_ts(&by_append[0].1));
+    assert_eq!(payloads[0], payloads[1]);
+    assert_eq!(without_ts(&payloads[2]), without_ts(&by_append[1].1));
+    assert!(
+        payloads[0].starts_with(&format!("v2 chat:a - {} m-2 {epoch} 0\n{head}", ts_of(lines[0]))),
+        "{}",
+        payloads[0]
+    );
+
+    // A closed channel refuses its messages and publishes nothing; the
+    // others of the run are published.
+    let _: () = redis::cmd("HSET").arg("a:meta").arg("closed").arg("1").query_async(&mut con).await.unwrap();
+    let argv = ["PUBLISH", "chat:a", "a:fan", "m-3", head, tail, "chat:b", "b:fan", "m-4", head, tail];
+    let lines = volatile_raw(&mut con, &["a:meta", "b:meta"], &argv).await.unwrap();
+    let lines: Vec<&str> = lines.lines().collect();
+    assert_eq!(lines[0], "closed");
+    assert!(lines[1].starts_with("ok - "), "{lines:?}");
+    let next = next_payload(&mut rx).await;
+    assert!(next.starts_with("v2 chat:b - ") && next.contains(" m-4 "), "{next}");
 }
