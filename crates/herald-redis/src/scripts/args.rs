@@ -22,15 +22,18 @@ use crate::state::ms;
 pub(crate) trait ScriptArgs {
     /// The script run with these arguments, pushed in its order.
     fn invocation(&self) -> ScriptInvocation<'static>;
+}
 
-    /// The script's `.lua` file, for the header check.
-    #[cfg(test)]
+/// What a script's header must say: the names of its arguments in the
+/// order its argument struct (or run builder) pushes them. Checked by a
+/// unit test against the `.lua` file.
+#[cfg(test)]
+pub(crate) trait ScriptHeader {
+    /// The script's `.lua` file.
     const SOURCE: &'static str;
     /// The names of the `KEYS`, in order (an optional key in brackets).
-    #[cfg(test)]
     fn keys() -> Vec<String>;
     /// The names of the `ARGV`, in order.
-    #[cfg(test)]
     fn argv() -> Vec<String>;
 }
 
@@ -128,16 +131,16 @@ macro_rules! script_args {
                 $(self.$group.push(&mut inv);)?
                 inv
             }
+        }
 
-            #[cfg(test)]
+        #[cfg(test)]
+        impl $(<$lt>)? ScriptHeader for $name $(<$lt>)? {
             const SOURCE: &'static str = include_str!($file);
 
-            #[cfg(test)]
             fn keys() -> Vec<String> {
                 [$(<$kty as Key>::names(stringify!($key))),*].concat()
             }
 
-            #[cfg(test)]
             fn argv() -> Vec<String> {
                 #[allow(unused_mut)]
                 let mut v: Vec<String> = vec![$(stringify!($arg).to_owned()),*];
@@ -292,17 +295,17 @@ impl Append<'_> {
         argv.push(self.epoch.as_bytes());
         AppendRun { keys: ArgBuf::default(), argv, messages: None }
     }
+}
 
-    #[cfg(test)]
-    pub(crate) const SOURCE: &'static str = include_str!("append.lua");
+#[cfg(test)]
+impl ScriptHeader for Append<'_> {
+    const SOURCE: &'static str = include_str!("append.lua");
 
-    #[cfg(test)]
-    pub(crate) fn keys() -> Vec<String> {
+    fn keys() -> Vec<String> {
         vec!["(meta,log,receipt...)...".to_owned()]
     }
 
-    #[cfg(test)]
-    pub(crate) fn argv() -> Vec<String> {
+    fn argv() -> Vec<String> {
         let durable =
             ["d[c][r]", "max_len", "max_age_ms", "head", "id", "tail[", "fingerprint", "receipt_ttl_ms]"];
         let volatile = ["v[r]", "id", "head", "tail[", "fingerprint", "receipt_ttl_ms]"];
@@ -408,17 +411,17 @@ impl VolatileRun {
         debug_assert!(self.keys.len() > 0, "a message");
         evalsha(super::VOLATILE.get_hash(), &self.keys, &self.argv)
     }
+}
 
-    #[cfg(test)]
-    pub(crate) const SOURCE: &'static str = include_str!("volatile.lua");
+#[cfg(test)]
+impl ScriptHeader for VolatileRun {
+    const SOURCE: &'static str = include_str!("volatile.lua");
 
-    #[cfg(test)]
-    pub(crate) fn keys() -> Vec<String> {
+    fn keys() -> Vec<String> {
         vec!["meta...".to_owned()]
     }
 
-    #[cfg(test)]
-    pub(crate) fn argv() -> Vec<String> {
+    fn argv() -> Vec<String> {
         vec!["publish".to_owned(), "(channel,fan,id,head,tail)...".to_owned()]
     }
 }
