@@ -387,6 +387,49 @@ impl<'a> AppendLine<'a> {
 mod tests {
     use super::*;
 
+    /// A run of volatile messages without a key goes through `VOLATILE`;
+    /// one with a keyed message through `APPEND`. On a fresh Redis a
+    /// script is cached only once the engine has run it.
+    #[tokio::test]
+    async fn plain_volatile_runs_use_the_volatile_script() {
+        use herald_core::{Dedup, Log, Retention};
+        let redis = crate::testing::RedisServer::start();
+        let engine = crate::testing::engine(&redis.url()).await;
+        let client = redis::Client::open(redis.url()).unwrap();
+        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        let cached = async |con: &mut redis::aio::MultiplexedConnection| -> Vec<bool> {
+            redis::cmd("SCRIPT")
+                .arg("EXISTS")
+                .arg(VOLATILE.get_hash())
+                .arg(APPEND.get_hash())
+                .query_async(con)
+                .await
+                .unwrap()
+        };
+        assert_eq!(cached(&mut con).await, [false, false]);
+        let message = |key: Option<&str>| {
+            let data = serde_json::value::RawValue::from_string("1".into()).unwrap();
+            let mut req = AppendRequest::message(
+                ChannelName::new("live:a").unwrap(),
+                data,
+                false,
+                Retention { max_len: 0, max_age: None },
+            );
+            req.dedup = key.map(|k| Dedup {
+                key: k.into(),
+                fingerprint: [7; 32],
+                ttl: std::time::Duration::from_secs(60),
+            });
+            req
+        };
+        let out = engine.append_batch(vec![message(None), message(None)]).await;
+        assert!(out.iter().all(|r| r.as_ref().is_ok_and(|r| r.seq.is_none())), "{out:?}");
+        assert_eq!(cached(&mut con).await, [true, false]);
+        let out = engine.append_batch(vec![message(None), message(Some("k1"))]).await;
+        assert!(out.iter().all(|r| r.is_ok()), "{out:?}");
+        assert_eq!(cached(&mut con).await, [true, true]);
+    }
+
     #[test]
     fn append_lines_are_read_field_by_field() {
         let ok = AppendLine::parse("ok 5 17 E 1").unwrap();
