@@ -103,8 +103,7 @@ async fn close_finishes_queued_appends_then_refuses() {
     assert_eq!(engine.health(), herald_core::Health::Unavailable("embedded store is closed".into()));
 }
 
-/// The journal's allocated bytes and the files' paths, every `*.jnl` under
-/// `dir`.
+/// Every journal (`*.jnl`) under `dir`, with the bytes allocated to it.
 fn journals(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
     use std::os::unix::fs::MetadataExt;
     let mut found = Vec::new();
