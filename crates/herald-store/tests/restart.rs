@@ -123,32 +123,24 @@ fn journals(dir: &std::path::Path) -> Vec<(std::path::PathBuf, u64)> {
 }
 
 /// The journal is preallocated as a hole; zeros are written ahead of its
-/// data (so an fsync writes data blocks, not the file's block map each
-/// time), and what is read back after a restart is the same.
+/// data, so an fsync writes data blocks and not the file's block map each
+/// time. (Every journal the other tests write has zeros ahead:
+/// `reopen_recovers_every_message_head_and_epoch` reads them back byte for
+/// byte and appends after them, crash.rs recovers over them after `kill -9`.)
 #[tokio::test]
-async fn the_journal_is_zeroed_ahead_of_its_data_and_reads_back() {
+async fn the_journal_is_zeroed_ahead_of_its_data() {
     let dir = tempfile::tempdir().unwrap();
     let ch = channel("chat:z");
     let engine = open(dir.path(), |_| {});
     for i in 1..=20 {
         engine.append(req(&ch, &i.to_string())).await.unwrap();
     }
-    let frames: Vec<_> =
-        engine.read(&ch, 0, 100).await.unwrap().messages.into_iter().map(|m| m.frame.clone()).collect();
     // 20 small appends are a few KiB of journal; at least the first 64 KiB
-    // chunk of zeros is allocated ahead of them.
+    // chunk of zeros is allocated ahead of them (a hole: only the data's
+    // blocks).
     let found = journals(dir.path());
     assert!(!found.is_empty(), "a journal under the data dir");
     let most = found.iter().map(|(_, a)| *a).max().unwrap();
     assert!(most >= 64 * 1024, "the active journal has zeros allocated ahead: {found:?}");
-    engine.close().await;
-    drop(engine);
-
-    let engine = open(dir.path(), |_| {});
-    let reread: Vec<_> =
-        engine.read(&ch, 0, 100).await.unwrap().messages.into_iter().map(|m| m.frame.clone()).collect();
-    assert_eq!((reread.len(), &reread), (20, &frames), "every frame, byte for byte");
-    engine.append(req(&ch, "21")).await.unwrap();
-    assert_eq!(engine.position(&ch).await.unwrap().head, 21, "appends continue after the zeros");
     engine.close().await;
 }

@@ -221,18 +221,18 @@ impl Writer {
     }
 
     /// Herald patch: once less than half a chunk of zeros is left ahead of
-    /// `pos` (the end of the data, all of it written to the file), write
-    /// the next chunk right after the data, within the preallocated size.
-    fn zero_ahead(&mut self, pos: u64) -> std::io::Result<()> {
+    /// the end of the data (all of it written to the file), write the next
+    /// chunk right after the data, within the preallocated size.
+    fn zero_ahead(&mut self) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         let Some(zeroed_to) = self.zeroed_to else { return Ok(()) };
+        let pos = self.file.get_mut().stream_position()?;
         let chunk = pos.clamp(ZERO_AHEAD_MIN, ZERO_AHEAD_MAX);
         if zeroed_to >= pos + chunk / 2 || pos >= PRE_ALLOCATED_BYTES {
             return Ok(());
         }
-        let from = zeroed_to.max(pos);
         let to = (pos + chunk).min(PRE_ALLOCATED_BYTES);
-        let mut at = from;
+        let mut at = zeroed_to.max(pos);
         while at < to {
             let n = (to - at).min(ZEROS.len() as u64) as usize;
             self.file.get_ref().write_all_at(&ZEROS[..n], at)?;
@@ -259,14 +259,8 @@ impl Writer {
             self.is_buffer_dirty = false;
             // The zeros only save work: a journal that cannot write them
             // (a full disk) goes on as upstream's, a hole ahead of its data.
-            if self.zeroed_to.is_some() {
-                let zeroed = match self.file.get_mut().stream_position() {
-                    Ok(pos) => self.zero_ahead(pos),
-                    Err(e) => Err(e),
-                };
-                if zeroed.is_err() {
-                    self.zeroed_to = None;
-                }
+            if self.zero_ahead().is_err() {
+                self.zeroed_to = None;
             }
         }
 
