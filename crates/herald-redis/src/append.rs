@@ -392,7 +392,7 @@ mod tests {
     /// script is cached only once the engine has run it.
     #[tokio::test]
     async fn plain_volatile_runs_use_the_volatile_script() {
-        use herald_core::{Dedup, Log, Retention};
+        use herald_core::{Dedup, Log};
         let redis = crate::testing::RedisServer::start();
         let engine = crate::testing::engine(&redis.url()).await;
         let client = redis::Client::open(redis.url()).unwrap();
@@ -407,20 +407,15 @@ mod tests {
                 .unwrap()
         };
         assert_eq!(cached(&mut con).await, [false, false]);
-        let message = |key: Option<&str>| {
-            let data = serde_json::value::RawValue::from_string("1".into()).unwrap();
-            let mut req = AppendRequest::message(
-                ChannelName::new("live:a").unwrap(),
-                data,
-                false,
-                Retention { max_len: 0, max_age: None },
-            );
-            req.dedup = key.map(|k| Dedup {
+        let channel = ChannelName::new("live:a").unwrap();
+        let message = |key: Option<&str>| AppendRequest {
+            durable: false,
+            dedup: key.map(|k| Dedup {
                 key: k.into(),
                 fingerprint: [7; 32],
                 ttl: std::time::Duration::from_secs(60),
-            });
-            req
+            }),
+            ..herald_core::conformance::request(&channel, "1")
         };
         let out = engine.append_batch(vec![message(None), message(None)]).await;
         assert!(out.iter().all(|r| r.as_ref().is_ok_and(|r| r.seq.is_none())), "{out:?}");
