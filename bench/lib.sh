@@ -42,6 +42,9 @@ NATS_A_WS_PORT=4281
 NATS_B_WS_PORT=4282
 # nginx-201, the HTTP ceiling.
 NGINX_PORT=${NGINX_PORT:-18804}
+# durable-201, the durable HTTP baseline (bench/setup.sh durable-201 builds it).
+DURABLE_201_PORT=${DURABLE_201_PORT:-18805}
+DURABLE_201=${DURABLE_201:-$ROOT/target/release/examples/durable_201}
 
 SERVER_PID=
 SERVER_PIDS=()
@@ -220,6 +223,15 @@ start_server() {
       spawn "$log" nginx -p "$SERVER_DIR" -c "$SERVER_DIR/nginx.conf"
       SERVER_PID=$SPAWNED
       TARGET=http://127.0.0.1:$NGINX_PORT
+      PEER_ARGS=(--peer http201)
+      wait_for curl -sf "$TARGET/version"
+      ;;
+    durable-201)
+      # The durable HTTP baseline: each request's body appended and fsynced
+      # (group commit) before its 201, nothing else.
+      spawn "$log" "$DURABLE_201" "127.0.0.1:$DURABLE_201_PORT" "$SERVER_DIR/durable-201.log"
+      SERVER_PID=$SPAWNED
+      TARGET=http://127.0.0.1:$DURABLE_201_PORT
       PEER_ARGS=(--peer http201)
       wait_for curl -sf "$TARGET/version"
       ;;

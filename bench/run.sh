@@ -28,6 +28,10 @@
 #   nginx-201, for publish only: the HTTP ceiling, Debian nginx answering
 #   Herald's publish requests with a fixed 201 (one process, keep-alive,
 #   no access log), driven by the same 64 publishers as Herald's row.
+#   durable-201, for publish only: the durable HTTP baseline
+#   (crates/herald-bench/examples/durable_201.rs, $DURABLE_201), each
+#   request's body appended to a file and fsynced (group commit) before its
+#   201, nothing else: what a durable answer leaves of the ceiling.
 # --suite compare: every scenario against every peer with HTTP publishers
 #   (servers "herald ws socketio socketioxide nats", scenarios "idle fanout
 #   p2p publish reconnect acked", --reps default 3).
@@ -137,7 +141,7 @@ if [ "$BUILD" = 1 ]; then
   # herald-chat and herald-live are the herald build; the two-node servers
   # need their Redis too.
   setup=$(echo "$SERVERS" | tr ' ' '\n' | sed -e 's/^herald-redis-.*/herald redis/' -e 's/^herald-.*/herald/' \
-    -e 's/^nats-cluster$/nats/' -e 's/^socketio-redis$/socketio redis/' -e 's/^nginx-201$/nginx/' |
+    -e 's/^nats-cluster$/nats/' -e 's/^socketio-redis$/socketio redis/' -e 's/^nginx-201$/nginx/' -e 's/^durable-201$/durable-201/' |
     tr ' ' '\n' | sort -u | tr '\n' ' ')
   # shellcheck disable=SC2086
   bash "$ROOT/bench/setup.sh" $setup >>"$LOG" 2>&1 || { echo "setup failed, see $LOG" >&2; exit 1; }
@@ -175,7 +179,7 @@ runs() {
       [ "$SUITE" = hot ] || return 1
       case $scenario in p2p|fanout) return 0 ;; *) return 1 ;; esac ;;
     # The HTTP ceiling answers publishes and nothing else.
-    nginx-201) [ "$scenario" = publish ]; return ;;
+    nginx-201|durable-201) [ "$scenario" = publish ]; return ;;
   esac
   case $SUITE/$scenario in
     */reconnect|*/acked) [ "$server" = herald ] ;;

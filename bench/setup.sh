@@ -45,6 +45,10 @@ for s in $servers; do
     nats) apt_install nats-server nats-server ;;
     redis) apt_install redis-server redis-server ;;
     nginx) apt_install nginx nginx ;;
+    durable-201)
+      echo "== building the durable HTTP baseline (release)"
+      cargo build --release -p herald-bench --example durable_201
+      ;;
     *)
       echo "unknown server: $s" >&2
       exit 2

@@ -17,7 +17,10 @@ on node B) get rows of their own and columns of their own: Herald on Redis
 (`herald redis chat:`, `herald redis live:`), `nats cluster`, `socketio
 redis`, with Herald-on-Redis/peer ratios. The `http201` peer (nginx
 answering 201: the HTTP ceiling) is the `nginx 201` column of the HTTP
-publish row, with Herald's share of it.
+publish row, with Herald's share of it; the same peer against
+`durable_201` (the durable HTTP baseline, known by its `/version`) is the
+`durable 201` column, with Herald's share of it and its own share of the
+ceiling.
 
 Runs that failed verification are counted, not used. Standard library only.
 """
@@ -146,7 +149,9 @@ def column(run):
     """The hot table's column of a run: Herald per namespace, peers by name."""
     cross = run.get("cross_node", False)
     if run["peer"] == "http201":
-        return "nginx 201"
+        # durable_201 says so at /version; nginx says its version.
+        server = (run.get("versions") or {}).get("server") or ""
+        return "durable 201" if server.startswith("durable_201") else "nginx 201"
     if run["peer"] != "herald":
         return CROSS_NODE_PEERS.get(run["peer"], run["peer"] + " 2-node") if cross else run["peer"]
     wire = {"centrifugo-protobuf": " protobuf", "centrifugo-json": " centrifugo json", "sse": " sse"}.get(
@@ -164,8 +169,11 @@ def ratio_pairs(columns):
             pairs += [(h, p) for p in CROSS_NODE_PEERS.values() if p in columns]
         elif "nats" in columns:
             pairs.append((h, "nats"))
-    if "herald chat:" in columns and "nginx 201" in columns:
-        pairs.append(("herald chat:", "nginx 201"))
+    for ceiling in ("nginx 201", "durable 201"):
+        if "herald chat:" in columns and ceiling in columns:
+            pairs.append(("herald chat:", ceiling))
+    if "durable 201" in columns and "nginx 201" in columns:
+        pairs.append(("durable 201", "nginx 201"))
     return pairs
 
 
@@ -250,7 +258,7 @@ def hot(path):
     runs = [json.loads(line) for line in open(path) if line.strip()]
     preferred = [
         "herald chat:", "herald live:", "nats", "ws", "socketio", "socketioxide",
-        "herald redis chat:", "herald redis live:", "nats cluster", "socketio redis", "nginx 201",
+        "herald redis chat:", "herald redis live:", "nats cluster", "socketio redis", "nginx 201", "durable 201",
     ]
     seen = list(OrderedDict.fromkeys(column(r) for r in runs))
     columns = [c for c in preferred if c in seen] + [c for c in seen if c not in preferred]
@@ -305,6 +313,10 @@ def hot(path):
     if "nginx 201" in columns:
         print("`nginx 201` is the HTTP ceiling: nginx answering the same requests with a fixed 201, "
               "doing nothing else; `herald chat:/nginx 201` is the share of it Herald reaches.")
+    if "durable 201" in columns:
+        print("`durable 201` is the durable HTTP baseline: each request's body appended to a file and fsynced "
+              "(group commit) before the same 201, doing nothing else; `herald chat:/durable 201` is the share "
+              "of it Herald reaches.")
     if failed:
         print()
         for (label, c), count in failed.items():
