@@ -3,18 +3,19 @@
 #
 #   bench/setup.sh            everything
 #   bench/setup.sh herald ws  only these (herald ws socketio socketioxide nats
-#                             redis nginx)
+#                             redis nginx durable-201)
 #
 # Node peers: `npm ci` from the committed package-lock.json (Node >= 20):
 # ws, socket.io, @socket.io/redis-adapter and the `redis` client.
 # socketioxide: its own Cargo project and Cargo.lock (not a workspace member).
 # NATS, Redis (the two-node servers' private redis-server) and nginx (the
 # HTTP ceiling): the Debian packages `nats-server`, `redis-server` and
-# `nginx`, installed with apt-get if missing.
+# `nginx`, installed with apt-get if missing. durable-201 (the durable HTTP
+# baseline): an example of herald-bench, built in release.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-servers=${*:-herald ws socketio socketioxide nats redis nginx}
+servers=${*:-herald ws socketio socketioxide nats redis nginx durable-201}
 
 # apt_install COMMAND PACKAGE: install the Debian package unless COMMAND exists.
 apt_install() {
