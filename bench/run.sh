@@ -141,7 +141,7 @@ if [ "$BUILD" = 1 ]; then
   # herald-chat and herald-live are the herald build; the two-node servers
   # need their Redis too.
   setup=$(echo "$SERVERS" | tr ' ' '\n' | sed -e 's/^herald-redis-.*/herald redis/' -e 's/^herald-.*/herald/' \
-    -e 's/^nats-cluster$/nats/' -e 's/^socketio-redis$/socketio redis/' -e 's/^nginx-201$/nginx/' -e 's/^durable-201$/durable-201/' |
+    -e 's/^nats-cluster$/nats/' -e 's/^socketio-redis$/socketio redis/' -e 's/^nginx-201$/nginx/' |
     tr ' ' '\n' | sort -u | tr '\n' ' ')
   # shellcheck disable=SC2086
   bash "$ROOT/bench/setup.sh" $setup >>"$LOG" 2>&1 || { echo "setup failed, see $LOG" >&2; exit 1; }

@@ -160,7 +160,8 @@ def column(run):
 
 
 def ratio_pairs(columns):
-    """(Herald column, peer column) pairs whose ratio the hot table prints."""
+    """(Herald column, peer column) pairs whose ratio the hot table prints,
+    and the durable HTTP baseline's share of the ceiling."""
     pairs = []
     for h in columns:
         if not h.startswith("herald"):
