@@ -454,8 +454,7 @@ mod fast {
                     match buf.get(end..end + 2) {
                         Some(b"\r\n") => Step::Done(Value::BulkString(buf[next..end].to_vec()), end + 2),
                         Some(_) => Step::Other,
-                        None if buf.len() >= end + 2 => Step::Other,
-                        // Ends inside the data or its CRLF (a lone `\r` checked later).
+                        // The buffer ends inside the data or its CRLF.
                         None => match buf.get(end) {
                             Some(b'\r') | None => Step::Incomplete,
                             Some(_) => Step::Other,
