@@ -112,6 +112,9 @@ mod engine;
 mod error;
 mod fanout;
 mod frame;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod keys;
 mod lease;
 mod presence;
