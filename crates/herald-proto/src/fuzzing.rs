@@ -272,33 +272,31 @@ fn served_as_published(channel: &ChannelName, data: &RawValue, meta: Option<&Met
     assert_eq!(read.messages[0].data.get(), data.get());
 }
 
+/// Run `harness` over the seeds and kept regression inputs of the fuzz
+/// target `target` (`fuzz/seeds/<target>`, `fuzz/regressions/<target>`),
+/// as `cargo test` replays them without the fuzzer; every crate's harness
+/// tests call it. Fails on a target without seeds, and names the input
+/// that panics.
+pub fn replay(target: &str, harness: fn(&[u8])) {
+    let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
+    let mut files = Vec::new();
+    for dir in ["seeds", "regressions"] {
+        if let Ok(entries) = std::fs::read_dir(fuzz.join(dir).join(target)) {
+            files.extend(entries.map(|e| e.expect("readable dir").path()).filter(|p| p.is_file()));
+        }
+    }
+    files.sort();
+    assert!(!files.is_empty(), "fuzz/seeds/{target} has seeds");
+    for f in files {
+        let bytes = std::fs::read(&f).expect("readable input");
+        let result = std::panic::catch_unwind(|| harness(&bytes));
+        assert!(result.is_ok(), "{} fails", f.display());
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::path::{Path, PathBuf};
-
-    /// The seeds and kept regression inputs of a fuzz target.
-    fn inputs(target: &str) -> Vec<PathBuf> {
-        let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
-        let mut out = Vec::new();
-        for dir in ["seeds", "regressions"] {
-            if let Ok(entries) = std::fs::read_dir(fuzz.join(dir).join(target)) {
-                out.extend(entries.map(|e| e.expect("readable dir").path()).filter(|p| p.is_file()));
-            }
-        }
-        out.sort();
-        out
-    }
-
-    fn replay(target: &str, harness: fn(&[u8])) {
-        let files = inputs(target);
-        assert!(!files.is_empty(), "fuzz/seeds/{target} has seeds");
-        for f in files {
-            let bytes = std::fs::read(&f).expect("readable input");
-            // A panic names the input that caused it.
-            let result = std::panic::catch_unwind(|| harness(&bytes));
-            assert!(result.is_ok(), "{} fails", f.display());
-        }
-    }
+    use super::replay;
 
     #[test]
     fn client_frame_inputs_pass() {

@@ -54,23 +54,8 @@ fn first_value(bytes: &[u8], read: usize) -> RedisResult<Option<Value>> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     #[test]
     fn resp_decode_inputs_pass() {
-        let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
-        let mut files = Vec::new();
-        for dir in ["seeds", "regressions"] {
-            if let Ok(entries) = std::fs::read_dir(fuzz.join(dir).join("resp_decode")) {
-                files.extend(entries.map(|e| e.expect("readable dir").path()).filter(|p| p.is_file()));
-            }
-        }
-        assert!(!files.is_empty(), "fuzz/seeds/resp_decode has seeds");
-        files.sort();
-        for f in files {
-            let bytes = std::fs::read(&f).expect("readable input");
-            let result = std::panic::catch_unwind(|| super::resp_decode(&bytes));
-            assert!(result.is_ok(), "{} fails", f.display());
-        }
+        herald_proto::fuzzing::replay("resp_decode", super::resp_decode);
     }
 }

@@ -83,23 +83,8 @@ fn subscriber_key(key: &str) {
 
 #[cfg(test)]
 mod tests {
-    use std::path::Path;
-
     #[test]
     fn store_codec_inputs_pass() {
-        let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz");
-        let mut files = Vec::new();
-        for dir in ["seeds", "regressions"] {
-            if let Ok(entries) = std::fs::read_dir(fuzz.join(dir).join("store_codec")) {
-                files.extend(entries.map(|e| e.expect("readable dir").path()).filter(|p| p.is_file()));
-            }
-        }
-        assert!(!files.is_empty(), "fuzz/seeds/store_codec has seeds");
-        files.sort();
-        for f in files {
-            let bytes = std::fs::read(&f).expect("readable input");
-            let result = std::panic::catch_unwind(|| super::codec(&bytes));
-            assert!(result.is_ok(), "{} fails", f.display());
-        }
+        herald_proto::fuzzing::replay("store_codec", super::codec);
     }
 }
